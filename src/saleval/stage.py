@@ -1,0 +1,248 @@
+"""The stage contract of SPEC §9.1 in one place.
+
+Every stage module defines ``run(cfg) -> dict`` (tests call it) and
+``main = hydra_main("<config name>", run)`` (the console script). Inside ``run``::
+
+    with Stage(cfg, "score", inputs={"crowd": cfg.inputs.crowd}) as st:
+        df = tables.AGGREGATED.read(st.inputs["crowd"])
+        st.write(tables.SCORES, scores)        # writes into the run dir and logs it
+        st.log_metrics({...})
+
+``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``), writes the
+resolved config and ``run.json`` (run id, fingerprint, parents) into the run dir,
+starts an MLflow run (nested under an active pipeline run), tags it, and always
+ends it, marking it FAILED on an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from saleval import paths, tracking
+from saleval.tables import TableSpec
+
+log = logging.getLogger(__name__)
+
+RUN_JSON = "run.json"
+
+
+def _register_resolvers() -> None:
+    if not OmegaConf.has_resolver("saleval.root"):
+        OmegaConf.register_new_resolver("saleval.root", lambda: str(paths.project_root()))
+    if not OmegaConf.has_resolver("saleval.data_root"):
+        OmegaConf.register_new_resolver("saleval.data_root", lambda: str(paths.default_data_root()))
+
+
+_register_resolvers()
+
+
+class InputError(ValueError):
+    """An ``inputs.<name>`` value does not point at a usable run."""
+
+
+def resolve_input(name: str, spec: str | os.PathLike[str]) -> Path:
+    """A run dir or ``runs:/<run id>`` → a local run dir holding that run's files."""
+    spec = str(spec)
+    if spec in ("???", "", "None"):
+        raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
+    if spec.startswith("runs:/"):
+        run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
+        try:
+            run = mlflow.tracking.MlflowClient().get_run(run_id)
+        except mlflow.exceptions.MlflowException as err:
+            raise InputError(f"inputs.{name}={spec}: no such MLflow run ({err})") from err
+        local = run.data.tags.get("run_dir")
+        if local and Path(local, RUN_JSON).is_file():
+            return Path(local)
+        target = Path(paths.project_root(), "outputs", "downloads", run_id)
+        if not Path(target, RUN_JSON).is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=str(target))
+        return target
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise InputError(f"inputs.{name}={spec}: not a directory")
+    if not (path / RUN_JSON).is_file():
+        raise InputError(f"inputs.{name}={spec}: {RUN_JSON} missing; is this a saleval run dir?")
+    return path.resolve()
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads(Path(run_dir, RUN_JSON).read_text())
+
+
+def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
+    """Hash of what determines a stage's outputs: its config and its parents' fingerprints."""
+    blob = json.dumps(
+        {"cfg": cfg, "parents": dict(sorted(parents.items()))}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# Keys that name where things go rather than what is computed.
+_VOLATILE = ("run_dir", "paths", "tracking", "hydra", "inputs", "progress")
+
+
+def _run_dir_of(cfg: DictConfig) -> Path:
+    explicit = cfg.get("run_dir")
+    if explicit:
+        return Path(str(explicit))
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    raise ValueError("no run dir: set run_dir=<path> when calling a stage outside Hydra")
+
+
+class Stage:
+    """Context of one stage run: inputs, run dir, MLflow run, table writing."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        stage: str,
+        inputs: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.stage = stage
+        self.run_dir = _run_dir_of(cfg).resolve()
+        self.inputs: dict[str, Path] = {
+            k: resolve_input(k, v) for k, v in (inputs or {}).items() if v is not None
+        }
+        self.parents: dict[str, dict[str, Any]] = {
+            k: read_run_info(p) for k, p in self.inputs.items()
+        }
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(resolved, dict)
+        self.resolved: dict[str, Any] = resolved
+        stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
+        self.fingerprint = fingerprint(
+            {"stage": stage, **stable},
+            {k: str(v.get("fingerprint", "")) for k, v in self.parents.items()},
+        )
+        self.extra_tags = dict(tags or {})
+        self.run_id: str | None = None
+        self._t0 = 0.0
+        self._started_here = False
+
+    # -- context ------------------------------------------------------------------
+    def __enter__(self) -> Stage:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        dataset = str(OmegaConf.select(self.cfg, "dataset.name", default="none"))
+        model = str(OmegaConf.select(self.cfg, "model.name", default="none"))
+        experiment = str(
+            OmegaConf.select(self.cfg, "tracking.experiment", default=None) or f"saleval/{dataset}"
+        )
+        tracking.setup(
+            OmegaConf.select(self.cfg, "tracking.uri", default=None),
+            experiment,
+            OmegaConf.select(self.cfg, "tracking.artifact_root", default=None),
+        )
+        tags = {
+            "stage": self.stage,
+            "dataset": dataset,
+            "model": model,
+            "run_dir": str(self.run_dir),
+            "fingerprint": self.fingerprint,
+            **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self.parents.items()},
+            **{f"parent_dir.{k}": str(p) for k, p in self.inputs.items()},
+            **self.extra_tags,
+        }
+        if any(str(v.get("simulated", "")).lower() == "true" for v in self.parents.values()):
+            tags.setdefault("simulated", "true")
+        nested = mlflow.active_run() is not None
+        run = mlflow.start_run(
+            run_name=str(
+                OmegaConf.select(self.cfg, "tracking.run_name", default=None) or self.stage
+            ),
+            nested=nested,
+            tags=tags,
+        )
+        self._started_here = True
+        self.run_id = run.info.run_id
+        self.tags = tags
+        tracking.log_params({k: v for k, v in self.resolved.items() if k not in ("hydra",)})
+        self._write_run_json(status="RUNNING")
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        seconds = time.perf_counter() - self._t0
+        status = "FAILED" if exc_type else "FINISHED"
+        try:
+            if not exc_type:
+                tracking.log_metrics({"stage_seconds": seconds})
+                self._write_run_json(status=status, seconds=seconds)
+                tracking.log_files([self.run_dir / "config.yaml", self.run_dir / RUN_JSON])
+            else:
+                self._write_run_json(status=status, seconds=seconds, error=repr(exc))
+        finally:
+            if self._started_here:
+                mlflow.end_run(status=status)
+
+    def _write_run_json(self, **extra: Any) -> None:
+        info = {
+            "stage": self.stage,
+            "run_id": self.run_id,
+            "tracking_uri": mlflow.get_tracking_uri(),
+            "fingerprint": self.fingerprint,
+            "parents": {k: v.get("run_id") for k, v in self.parents.items()},
+            "parent_dirs": {k: str(p) for k, p in self.inputs.items()},
+            "simulated": self.tags.get("simulated", "false"),
+            **extra,
+        }
+        (self.run_dir / RUN_JSON).write_text(json.dumps(info, indent=2))
+
+    # -- outputs ------------------------------------------------------------------
+    def path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def write(self, spec: TableSpec, df: pd.DataFrame) -> Path:
+        """Validate, write into the run dir, and log the table as an artifact."""
+        path = spec.write(df, self.run_dir)
+        mlflow.log_artifact(str(path))
+        return path
+
+    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+        tracking.log_files([path], artifact_path)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        tracking.log_metrics(metrics, step=step)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.tags.update(tags)
+        mlflow.set_tags(dict(tags))
+
+
+def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+    """Wrap ``run`` as a console script whose config is ``conf/<config_name>.yaml``."""
+    import hydra
+
+    @hydra.main(config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3")
+    def _main(cfg: DictConfig) -> Any:
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        result = run(cfg)
+        if isinstance(result, dict) and "objective" in result:
+            return result["objective"]
+        return None
+
+    @functools.wraps(run)
+    def main() -> Any:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return _main()
+
+    return main

@@ -1,0 +1,61 @@
+"""``saleval-train``: fine-tune a BERT classifier on a dataset (SPEC §2, §9.1).
+
+Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
+(``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig
+
+from saleval.data import load_dataset
+from saleval.models import MODEL_DIR, build_model, load_tokenizer
+from saleval.stage import Stage, hydra_main
+from saleval.training import TextDataModule, fit
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    with Stage(cfg, "train") as st:
+        t0 = time.perf_counter()
+        L.seed_everything(int(cfg.seed), workers=True)
+        data = load_dataset(cfg.dataset)
+        tokenizer = load_tokenizer(cfg.model)
+        model = build_model(cfg.model, data.label_names, seed=int(cfg.seed))
+        dm = TextDataModule(
+            {s: data[s] for s in ("train", "validation", "test")},
+            tokenizer,
+            max_length=int(cfg.model.max_length),
+            batch_size=int(cfg.trainer.batch_size),
+            eval_batch_size=int(cfg.trainer.eval_batch_size),
+            num_workers=int(cfg.trainer.num_workers),
+        )
+        result = fit(model, dm, cfg.trainer, st.run_dir)
+        model.save_pretrained(st.path(MODEL_DIR))
+        tokenizer.save_pretrained(st.path(MODEL_DIR))
+        metrics = {
+            **result,
+            "n_train": len(data["train"]),
+            "n_validation": len(data["validation"]),
+            "n_test": len(data["test"]),
+            "seconds": time.perf_counter() - t0,
+            "data_source": data.source,
+        }
+        st.path("metrics.json").write_text(json.dumps(metrics, indent=2))
+        st.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        st.log_file(st.path("metrics.json"))
+        if cfg.tracking.get("log_model", True):
+            st.log_file(st.path(MODEL_DIR))
+        return {
+            "run_dir": str(st.run_dir),
+            "run_id": st.run_id,
+            **metrics,
+            "objective": metrics["val_accuracy"],
+        }
+
+
+main = hydra_main("train", run)

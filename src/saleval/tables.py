@@ -1,0 +1,374 @@
+"""Every table that crosses a stage boundary, declared once.
+
+A :class:`TableSpec` names the file a stage writes into its run dir, its columns
+and dtypes, and its key. ``write`` validates before anything touches disk and
+``read`` validates what it loads, so column drift between the stage that writes
+a table and the stages that read it fails loudly, naming the file and column.
+
+Dtypes are pandas names: ``string``, ``int64``, ``Int64`` (nullable int),
+``float64``, ``bool``. ``prefixes`` admits families of columns whose names depend
+on the dataset (``prob_<label name>`` in predictions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+
+class TableError(ValueError):
+    """A table on disk or in memory does not match its declaration."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    filename: str
+    columns: Mapping[str, str]
+    key: tuple[str, ...] = ()
+    optional: Mapping[str, str] = field(default_factory=dict)
+    prefixes: Mapping[str, str] = field(default_factory=dict)
+    doc: str = ""
+
+    @property
+    def fmt(self) -> str:
+        return "parquet" if self.filename.endswith(".parquet") else "csv"
+
+    def path(self, run_dir: str | Path) -> Path:
+        return Path(run_dir) / self.filename
+
+    # -- validation ---------------------------------------------------------------
+    def validate(self, df: pd.DataFrame, where: str = "<memory>") -> pd.DataFrame:
+        """Check and coerce ``df``; returns a frame with declared columns first."""
+        missing = [c for c in self.columns if c not in df.columns]
+        if missing:
+            raise TableError(
+                f"{where}: table '{self.name}' lacks column(s) {missing}; has {list(df.columns)}"
+            )
+        out = df.copy()
+        typed = dict(self.columns)
+        typed.update({c: t for c, t in self.optional.items() if c in out.columns})
+        for col in out.columns:
+            for prefix, dtype in self.prefixes.items():
+                if col.startswith(prefix):
+                    typed[col] = dtype
+        for col, dtype in typed.items():
+            try:
+                out[col] = _coerce(out[col], dtype)
+            except (TypeError, ValueError) as err:
+                bad = _first_bad_row(out[col], dtype)
+                raise TableError(
+                    f"{where}: column '{col}' of table '{self.name}' is not {dtype}"
+                    f"{'' if bad is None else f' (row {bad}: {out[col].iloc[bad]!r})'}: {err}"
+                ) from err
+        if self.key:
+            dup = out.duplicated(list(self.key), keep=False)
+            if dup.any():
+                rows = list(out.index[dup][:5])
+                raise TableError(
+                    f"{where}: table '{self.name}' has duplicate keys {self.key} "
+                    f"at rows {rows} (first {min(5, int(dup.sum()))} of {int(dup.sum())})"
+                )
+        declared = [c for c in self.columns] + [c for c in out.columns if c not in self.columns]
+        return out[declared]
+
+    # -- I/O ----------------------------------------------------------------------
+    def write(self, df: pd.DataFrame, run_dir: str | Path) -> Path:
+        path = self.path(run_dir)
+        checked = self.validate(df, where=str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.fmt == "parquet":
+            checked.to_parquet(path, index=False)
+        else:
+            checked.to_csv(path, index=False)
+        return path
+
+    def read(self, run_dir_or_file: str | Path) -> pd.DataFrame:
+        path = Path(run_dir_or_file)
+        if path.is_dir():
+            path = self.path(path)
+        if not path.is_file():
+            raise TableError(f"{path}: table '{self.name}' not found")
+        if self.fmt == "parquet":
+            df = pd.read_parquet(path)
+        else:
+            df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        return self.validate(df, where=str(path))
+
+
+def _coerce(s: pd.Series, dtype: str) -> pd.Series:
+    if dtype == "string":
+        return s.astype("string")
+    if dtype == "bool":
+        if s.dtype == bool:
+            return s
+        mapped = s.map(
+            lambda v: (
+                {"true": True, "false": False, "1": True, "0": False}.get(str(v).lower())
+                if not isinstance(v, bool)
+                else v
+            )
+        )
+        if mapped.isna().any():
+            raise ValueError("values other than true/false")
+        return mapped.astype(bool)
+    if dtype in ("int64", "Int64"):
+        numeric = pd.to_numeric(s, errors="raise")
+        if dtype == "int64" and numeric.isna().any():
+            raise ValueError("missing values")
+        if (numeric.dropna() % 1 != 0).any():
+            raise ValueError("non-integer values")
+        return numeric.astype(dtype)
+    if dtype == "float64":
+        return pd.to_numeric(s, errors="raise").astype("float64")
+    raise TypeError(f"unknown dtype {dtype}")
+
+
+def _first_bad_row(s: pd.Series, dtype: str) -> int | None:
+    for i, v in enumerate(s.tolist()):
+        try:
+            _coerce(pd.Series([v]), dtype)
+        except (TypeError, ValueError):
+            return i
+    return None
+
+
+# ---------------------------------------------------------------------------------
+# The tables of SPEC §9.1. Keep this list the single place where columns are named.
+# ---------------------------------------------------------------------------------
+
+PREDICTIONS = TableSpec(
+    name="predictions",
+    filename="predictions.parquet",
+    columns={
+        "sample_id": "string",
+        "text": "string",
+        "label": "int64",
+        "pred": "int64",
+    },
+    key=("sample_id",),
+    prefixes={"prob_": "float64"},
+    optional={"split": "string", "n_words": "int64", "truncated": "bool"},
+    doc="The explained model's prediction per sample; prob_<label name> per class.",
+)
+
+ATTRIBUTIONS = TableSpec(
+    name="attributions",
+    filename="attributions.parquet",
+    columns={
+        "sample_id": "string",
+        "method": "string",
+        "word_index": "int64",
+        "word": "string",
+        "char_start": "int64",
+        "char_end": "int64",
+        "score": "float64",
+    },
+    key=("sample_id", "method", "word_index"),
+    optional={"target": "int64"},
+    doc=(
+        "Word-level saliency (SPEC §3.3): one row per kept word (no punctuation-only "
+        "words, no special tokens, nothing lost to truncation). word_index counts kept "
+        "words in text order from 0; char spans index the sample's text. 'method' is "
+        "the method configuration's unique name (variants carry their settings)."
+    ),
+)
+
+TASKS = TableSpec(
+    name="tasks",
+    filename="tasks.csv",
+    columns={
+        "task_id": "string",
+        "sample_id": "string",
+        "method": "string",
+        "k": "int64",
+        "label": "int64",
+        "display_text": "string",
+        "n_words_shown": "int64",
+    },
+    key=("task_id",),
+    optional={
+        "n_words": "int64",
+        "all_shown": "bool",
+        "is_gold": "bool",
+        "target": "string",
+        "gold_label": "int64",
+        "pred": "int64",
+    },
+    doc=(
+        "One crowd task t_ijk (SPEC §4). 'label' is the answer that counts as correct: "
+        "the gold label, or the model's prediction in a forward-prediction study. Gold "
+        "(attention-check) items have is_gold=true and method 'gold'."
+    ),
+)
+
+BUNDLES = TableSpec(
+    name="bundles",
+    filename="bundles.csv",
+    columns={"bundle_id": "string", "position": "int64", "task_id": "string", "is_gold": "bool"},
+    key=("bundle_id", "position"),
+    doc="Which task sits at which position of which bundle.",
+)
+
+ANSWERS = TableSpec(
+    name="answers",
+    filename="answers.csv",
+    columns={"worker_id": "string", "task_id": "string", "answer": "string"},
+    optional={
+        "bundle_id": "string",
+        "position": "Int64",
+        "started_at": "string",
+        "submitted_at": "string",
+        "duration_s": "float64",
+        "simulated": "bool",
+    },
+    doc=(
+        "The import format (SPEC §5): one answer per row. answer is a label name, a "
+        'label index or "I don\'t know"; times are ISO 8601 or duration_s is given.'
+    ),
+)
+
+ANNOTATIONS = TableSpec(
+    name="annotations",
+    filename="annotations.parquet",
+    columns={
+        "worker_id": "string",
+        "task_id": "string",
+        "sample_id": "string",
+        "method": "string",
+        "k": "int64",
+        "answer_code": "int64",
+        "label": "int64",
+    },
+    key=("worker_id", "task_id"),
+    optional={"bundle_id": "string", "duration_s": "float64", "is_gold": "bool"},
+    doc="Accepted answers encoded as in SPEC §5: 0 = I don't know, c in 1..C = label c-1.",
+)
+
+AGGREGATED = TableSpec(
+    name="aggregated",
+    filename="aggregated.csv",
+    columns={"sample_id": "string", "method": "string", "k": "int64", "correct": "int64"},
+    key=("sample_id", "method", "k"),
+    optional={"label": "int64", "n_answers": "Int64", "pred": "Int64"},
+    doc="A[i, j, k] of SPEC §5: 1 when the crowd recognised the target label.",
+)
+
+REJECTS = TableSpec(
+    name="rejects",
+    filename="rejects.csv",
+    columns={"file": "string", "row": "Int64", "field": "string", "problem": "string"},
+    doc="Every input row the import did not accept, with why. Row numbers are 1-based data rows.",
+)
+
+ACCURACY = TableSpec(
+    name="accuracy",
+    filename="accuracy.csv",
+    columns={"method": "string", "k": "int64", "accuracy": "float64"},
+    key=("method", "k"),
+    optional={"ci_low": "float64", "ci_high": "float64", "rank": "int64", "n": "int64"},
+    doc="p_jk of SPEC §6 in percent, with bootstrap CIs.",
+)
+
+SCORES = TableSpec(
+    name="scores",
+    filename="scores.csv",
+    columns={"method": "string", "score": "float64", "rank": "int64"},
+    key=("method",),
+    optional={"ci_low": "float64", "ci_high": "float64", "p_vs_random": "float64"},
+    doc="s_j of SPEC §6 in percent; ties share the best rank.",
+)
+
+FLIPS = TableSpec(
+    name="flips",
+    filename="flips.csv",
+    columns={"method": "string", "flips": "int64", "aids": "int64"},
+    key=("method",),
+    optional={"always": "int64", "never": "int64"},
+    doc="Flip analysis of SPEC §6 per method.",
+)
+
+METRICS = TableSpec(
+    name="metrics",
+    filename="metrics.csv",
+    columns={"method": "string", "metric": "string", "k": "string", "value": "float64"},
+    key=("method", "metric", "k"),
+    doc=(
+        "Automated metrics of SPEC §7, averaged over examples. k is the number of words "
+        "(e.g. '5'), a fraction ('0.2'), or empty for metrics averaged over a grid."
+    ),
+)
+
+METRICS_PER_EXAMPLE = TableSpec(
+    name="metrics_per_example",
+    filename="metrics_per_example.parquet",
+    columns={
+        "sample_id": "string",
+        "method": "string",
+        "metric": "string",
+        "k": "string",
+        "value": "float64",
+    },
+    key=("sample_id", "method", "metric", "k"),
+    doc="Per-example values behind metrics.csv, for the instance-level analysis.",
+)
+
+COMPARISON = TableSpec(
+    name="comparison",
+    filename="comparison.csv",
+    columns={"method": "string", "human_score": "float64", "human_rank": "int64"},
+    key=("method",),
+    doc=(
+        "Human score and every automated metric per method: '<metric>' value and "
+        "'<metric>_rank' columns after the declared ones."
+    ),
+)
+
+CORRELATIONS = TableSpec(
+    name="correlations",
+    filename="correlations.csv",
+    columns={"metric": "string", "level": "string", "statistic": "string", "value": "float64"},
+    optional={"ci_low": "float64", "ci_high": "float64", "p_value": "float64", "n": "int64"},
+    doc="Rank correlations (method level) and instance-level correlations with crowd accuracy.",
+)
+
+SHORTCUT_RESULTS = TableSpec(
+    name="shortcut_results",
+    filename="shortcut_results.csv",
+    columns={
+        "dataset": "string",
+        "shortcut": "string",
+        "method": "string",
+        "config": "string",
+        "precision": "float64",
+        "mean_rank": "float64",
+        "n": "int64",
+    },
+    key=("dataset", "shortcut", "method", "config"),
+    doc="Precision@k and mean rank of the planted shortcut tokens (SPEC §8).",
+)
+
+ALL: dict[str, TableSpec] = {
+    t.name: t
+    for t in (
+        PREDICTIONS,
+        ATTRIBUTIONS,
+        TASKS,
+        BUNDLES,
+        ANSWERS,
+        ANNOTATIONS,
+        AGGREGATED,
+        REJECTS,
+        ACCURACY,
+        SCORES,
+        FLIPS,
+        METRICS,
+        METRICS_PER_EXAMPLE,
+        COMPARISON,
+        CORRELATIONS,
+        SHORTCUT_RESULTS,
+    )
+}

@@ -1,0 +1,263 @@
+"""Fine-tuning with PyTorch Lightning (SPEC §2): data module, module, trainer.
+
+Lightning owns the loop, devices, precision and early stopping so that the same
+code trains on this laptop CPU and on several GPUs (``trainer.devices``,
+``trainer.strategy``). Batches are padded dynamically, and every batch is sorted
+into length buckets at evaluation time, because padding is the main waste on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import mlflow
+import pandas as pd
+import torch
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, TQDMProgressBar
+from torch.utils.data import DataLoader
+from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerFast
+from transformers.optimization import get_linear_schedule_with_warmup
+
+from saleval import tracking
+
+
+class TokenizedTexts(torch.utils.data.Dataset):
+    def __init__(self, df: pd.DataFrame, tokenizer: PreTrainedTokenizerFast, max_length: int):
+        enc = tokenizer(df["text"].tolist(), truncation=True, max_length=max_length)
+        self.items = [
+            {"input_ids": ids, "attention_mask": am, "labels": int(y)}
+            for ids, am, y in zip(enc["input_ids"], enc["attention_mask"], df["label"].tolist())
+        ]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+
+def length_sorted_indices(ds: TokenizedTexts) -> list[int]:
+    return sorted(range(len(ds)), key=lambda i: len(ds.items[i]["input_ids"]))
+
+
+class TextDataModule(L.LightningDataModule):
+    """Train/validation/test splits of a :class:`saleval.data.DatasetSplits`."""
+
+    def __init__(
+        self,
+        splits: Mapping[str, pd.DataFrame],
+        tokenizer: PreTrainedTokenizerFast,
+        max_length: int = 256,
+        batch_size: int = 16,
+        eval_batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.splits = splits
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.collate = DataCollatorWithPadding(tokenizer)
+        self.ds: dict[str, TokenizedTexts] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        for name, df in self.splits.items():
+            if name not in self.ds:
+                self.ds[name] = TokenizedTexts(df, self.tokenizer, self.max_length)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.ds["train"],
+            batch_size=self.batch_size,
+            shuffle=True,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+        )
+
+    def _eval(self, name: str) -> DataLoader:
+        ds = self.ds[name]
+        subset = torch.utils.data.Subset(ds, length_sorted_indices(ds))
+        return DataLoader(
+            subset,
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval("test")
+
+
+class SequenceClassifier(L.LightningModule):
+    """AdamW fine-tuning of a Hugging Face sequence classifier."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        lr: float = 2e-5,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.0,
+        scheduler: str = "linear",
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_ratio = warmup_ratio
+        self.scheduler = scheduler
+        self._correct = 0
+        self._count = 0
+
+    def forward(self, **batch: torch.Tensor) -> Any:
+        return self.model(**batch)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.model(**batch)
+        self.log(
+            "train_loss",
+            out.loss,
+            prog_bar=True,
+            on_step=True,
+            on_epoch=True,
+            batch_size=batch["labels"].shape[0],
+        )
+        return out.loss
+
+    def _eval_step(self, batch: dict[str, torch.Tensor], prefix: str) -> None:
+        out = self.model(**batch)
+        acc = (out.logits.argmax(-1) == batch["labels"]).float().mean()
+        n = batch["labels"].shape[0]
+        self.log(f"{prefix}_loss", out.loss, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log(f"{prefix}_acc", acc, on_epoch=True, prog_bar=True, batch_size=n, sync_dist=True)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def configure_optimizers(self) -> Any:
+        no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+        groups = [
+            {
+                "params": [p for n, p in self.model.named_parameters() if not n.endswith(no_decay)],
+                "weight_decay": self.weight_decay,
+            },
+            {
+                "params": [p for n, p in self.model.named_parameters() if n.endswith(no_decay)],
+                "weight_decay": 0.0,
+            },
+        ]
+        opt = torch.optim.AdamW(groups, lr=self.lr)
+        if self.scheduler == "constant":
+            return opt
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = get_linear_schedule_with_warmup(opt, math.ceil(self.warmup_ratio * total), total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class MlflowEpochLogger(Callback):
+    """Per-epoch metrics into the active MLflow run (the stage's run)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def _log(self, trainer: L.Trainer, keys: tuple[str, ...]) -> None:
+        if trainer.global_rank != 0 or mlflow.active_run() is None:
+            return
+        vals = {
+            k: float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k.startswith(keys) and not k.endswith("_step")
+        }
+        vals["elapsed_s"] = time.perf_counter() - self.t0
+        tracking.log_metrics(vals, step=trainer.current_epoch)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning runs the epoch's validation before this hook: both are available.
+        self._log(trainer, ("val_", "train_loss"))
+
+
+def fit(
+    model: PreTrainedModel,
+    data: TextDataModule,
+    trainer_cfg: Mapping[str, Any],
+    workdir: Path,
+) -> dict[str, float]:
+    """Fit with early stopping on validation accuracy, restore the best epoch, test it."""
+    ckpt_dir = workdir / "checkpoints"
+    checkpoint = ModelCheckpoint(
+        dirpath=ckpt_dir,
+        monitor="val_acc",
+        mode="max",
+        save_top_k=1,
+        save_weights_only=True,
+        filename="best",
+    )
+    callbacks: list[Callback] = [
+        checkpoint,
+        EarlyStopping(monitor="val_acc", mode="max", patience=int(trainer_cfg.get("patience", 1))),
+        MlflowEpochLogger(),
+    ]
+    show_progress = bool(trainer_cfg.get("progress_bar", True))
+    if show_progress:
+        callbacks.append(TQDMProgressBar(refresh_rate=int(trainer_cfg.get("progress_refresh", 10))))
+    module = SequenceClassifier(
+        model,
+        lr=float(trainer_cfg["lr"]),
+        weight_decay=float(trainer_cfg.get("weight_decay", 0.01)),
+        warmup_ratio=float(trainer_cfg.get("warmup_ratio", 0.0)),
+        scheduler=str(trainer_cfg.get("scheduler", "linear")),
+    )
+    trainer = L.Trainer(
+        accelerator=trainer_cfg.get("accelerator", "auto"),
+        devices=trainer_cfg.get("devices", "auto"),
+        strategy=trainer_cfg.get("strategy", "auto"),
+        precision=trainer_cfg.get("precision", "32-true"),
+        max_epochs=int(trainer_cfg.get("max_epochs", 3)),
+        min_epochs=int(trainer_cfg.get("min_epochs", 1)),
+        limit_train_batches=trainer_cfg.get("limit_train_batches") or 1.0,
+        val_check_interval=trainer_cfg.get("val_check_interval") or 1.0,
+        gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
+        deterministic=bool(trainer_cfg.get("deterministic", False)),
+        callbacks=callbacks,
+        logger=False,
+        default_root_dir=str(workdir),
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        enable_progress_bar=show_progress,
+    )
+    # from_pretrained returns eval mode and Lightning keeps submodule modes: turn dropout on.
+    module.train()
+    trainer.fit(module, datamodule=data)
+    if checkpoint.best_model_path:
+        state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)
+        module.load_state_dict(state["state_dict"])
+    best_val = (
+        float(checkpoint.best_model_score)
+        if checkpoint.best_model_score is not None
+        else float("nan")
+    )
+    test = trainer.test(module, datamodule=data, verbose=False)[0]
+    for f in ckpt_dir.glob("*.ckpt"):
+        f.unlink()
+    if ckpt_dir.is_dir() and not any(ckpt_dir.iterdir()):
+        ckpt_dir.rmdir()
+    return {
+        "val_accuracy": best_val,
+        "test_accuracy": float(test["test_acc"]),
+        "test_loss": float(test["test_loss"]),
+        "epochs": int(trainer.current_epoch),
+        "steps": int(trainer.global_step),
+    }

@@ -1,0 +1,89 @@
+"""Shared fixtures: composed configs shrunk for tests, a private MLflow store, a tiny model.
+
+Nothing here touches the network: the tiny BERT is random, built from a config with
+the embedded tokenizer, and data comes from ../shared/data or is made in the test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, open_dict
+
+from saleval import paths
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DATA_ROOT = paths.default_data_root()
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One SQLite MLflow store for the whole session (creating one costs seconds)."""
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    yield uri
+    if old is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+def compose_config(
+    config_name: str, overrides: Sequence[str] = (), run_dir: Path | None = None
+) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` like Hydra would, with a test run dir."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+        cfg = compose(config_name, overrides=list(overrides))
+    if run_dir is not None:
+        with open_dict(cfg):
+            cfg.run_dir = str(run_dir)
+            cfg.tracking.artifact_root = str(run_dir.parent / "mlartifacts")
+    return cfg
+
+
+@pytest.fixture
+def make_cfg(tmp_path: Path, mlflow_uri: str) -> Callable[..., DictConfig]:
+    """``make_cfg("train", ["model=tiny"], name="train")`` → config whose run dir is in tmp."""
+
+    def _make(
+        config_name: str, overrides: Sequence[str] = (), name: str | None = None
+    ) -> DictConfig:
+        return compose_config(config_name, overrides, tmp_path / (name or config_name))
+
+    return _make
+
+
+TINY_TRAIN = [
+    "model=tiny",
+    "trainer=smoke",
+    "dataset=ag_news",
+    "dataset.max_train=160",
+    "dataset.max_validation=64",
+    "dataset.max_test=64",
+    "tracking.log_model=false",
+    "trainer.max_epochs=3",
+    "trainer.patience=3",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_train_run(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> Path:
+    """A real ``saleval-train`` run dir (tiny BERT, 160 AG News texts), shared by the session.
+
+    Later stages take it as ``inputs.model=<this dir>``.
+    """
+    from saleval.stages import train
+
+    run_dir = tmp_path_factory.mktemp("tiny_train") / "run"
+    train.run(compose_config("train", TINY_TRAIN, run_dir))
+    return run_dir
