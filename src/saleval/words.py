@@ -1,0 +1,195 @@
+"""From tokens to words (SPEC §3.1) — the one place where words are defined.
+
+A *word* is a whitespace-delimited chunk of the original text with punctuation
+stripped from its edges (``"(AP)"`` → ``AP``, ``"pension,"`` → ``pension``);
+inner punctuation stays (``state-of-the-art``, ``don't``, ``3.5``, URLs).
+Chunks made only of punctuation/symbols (``--``, ``...``, ``!!!``) are not
+words, and HTML line breaks (``<br />``) count as whitespace.
+
+Sub-word pieces belong to the word whose characters they cover, read from the
+fast tokenizer's offset mapping (never by string surgery on ``##`` pieces, which
+breaks on accents and lower-casing). Pieces that cover no word (special tokens,
+edge punctuation) map to -1 and never reach a ranking. A word any of whose
+pieces was cut by truncation is dropped whole: it is neither shown nor ranked.
+
+Every method produces token scores; :func:`token_to_word_scores` turns them into
+word scores the same way for all of them, so comparisons stay fair.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+
+_CHUNK = re.compile(r"\S+")
+_MARKUP_BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
+
+
+def _is_punct(ch: str) -> bool:
+    return unicodedata.category(ch).startswith("P")
+
+
+def _is_word_char(ch: str) -> bool:
+    cat = unicodedata.category(ch)
+    return cat[0] in ("L", "N") or cat in ("Sc",)  # letters, digits, currency ($10)
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the words of ``text`` (see the module docstring)."""
+    masked = _MARKUP_BREAK.sub(lambda m: " " * len(m.group(0)), text)
+    spans = []
+    for m in _CHUNK.finditer(masked):
+        s, e = m.start(), m.end()
+        while s < e and _is_punct(masked[s]):
+            s += 1
+        while e > s and _is_punct(masked[e - 1]):
+            e -= 1
+        if s < e and any(_is_word_char(c) for c in masked[s:e]):
+            spans.append((s, e))
+    return spans
+
+
+@dataclass(frozen=True)
+class Segmentation:
+    """A text's kept words and how its (truncated) token ids map onto them."""
+
+    text: str
+    input_ids: list[int]
+    token_word: list[int]  # per token: index into ``words`` or -1
+    special: list[bool]  # per token: [CLS], [SEP], ...
+    words: list[str]
+    spans: list[tuple[int, int]]
+    truncated: bool
+
+    @property
+    def n_words(self) -> int:
+        return len(self.words)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+    def word_token_index(self) -> list[list[int]]:
+        """Token positions of every word."""
+        out: list[list[int]] = [[] for _ in self.words]
+        for t, w in enumerate(self.token_word):
+            if w >= 0:
+                out[w].append(t)
+        return out
+
+
+def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> Segmentation:
+    """Tokenize ``text`` (with truncation) and map its tokens onto its words."""
+    enc = tokenizer(
+        text,
+        truncation=True,
+        max_length=max_length,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    full_len = len(tokenizer(text, truncation=False, add_special_tokens=True)["input_ids"])
+    ids: list[int] = enc["input_ids"]
+    offsets: list[tuple[int, int]] = enc["offset_mapping"]
+    special: list[int] = enc["special_tokens_mask"]
+    spans = word_spans(text)
+    starts = np.array([s for s, _ in spans], dtype=np.int64)
+
+    raw_word = [-1] * len(ids)
+    for t, ((s, e), sp) in enumerate(zip(offsets, special)):
+        if sp or e <= s:
+            continue
+        # the word overlapping the piece (a piece may start on stripped edge punctuation,
+        # e.g. an added token '#0' whose word is '0')
+        w = int(np.searchsorted(starts, e - 1, side="right")) - 1
+        if w >= 0 and s < spans[w][1]:
+            raw_word[t] = w
+    # A word survives only if the tokenizer produced all of its characters' pieces,
+    # i.e. its last character is covered by a kept token.
+    last_cover = {}
+    for t, w in enumerate(raw_word):
+        if w >= 0:
+            last_cover[w] = max(last_cover.get(w, -1), offsets[t][1])
+    truncated = full_len > len(ids)
+    kept = [w for w in range(len(spans)) if last_cover.get(w, -1) >= spans[w][1]]
+    new_index = {w: i for i, w in enumerate(kept)}
+    token_word = [new_index.get(w, -1) if w >= 0 else -1 for w in raw_word]
+    kept_spans = [spans[w] for w in kept]
+    return Segmentation(
+        text=text,
+        input_ids=ids,
+        token_word=token_word,
+        special=[bool(x) for x in special],
+        words=[text[s:e] for s, e in kept_spans],
+        spans=kept_spans,
+        truncated=truncated,
+    )
+
+
+REDUCERS = ("sum", "max", "mean")
+
+
+def token_to_word_scores(
+    token_scores: Sequence[float] | np.ndarray, seg: Segmentation, reduce: str = "sum"
+) -> np.ndarray:
+    """Word scores from token scores: sum (default), max or mean over a word's pieces."""
+    if reduce not in REDUCERS:
+        raise ValueError(f"word reduction must be one of {REDUCERS}, got {reduce!r}")
+    scores = np.asarray(token_scores, dtype=np.float64)
+    if scores.shape[0] < seg.n_tokens:
+        raise ValueError(f"{scores.shape[0]} token scores for {seg.n_tokens} tokens")
+    tw = np.asarray(seg.token_word)
+    mask = tw >= 0
+    idx, vals = tw[mask], scores[: seg.n_tokens][mask]
+    if reduce == "max":
+        out = np.full(seg.n_words, -np.inf)
+        np.maximum.at(out, idx, vals)
+        return out
+    out = np.zeros(seg.n_words)
+    np.add.at(out, idx, vals)
+    if reduce == "mean":
+        counts = np.bincount(idx, minlength=seg.n_words)
+        out = out / np.maximum(counts, 1)
+    return out
+
+
+def perturb_ids(
+    seg: Segmentation,
+    keep: Sequence[bool] | np.ndarray,
+    mode: str = "delete",
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    keep_other: bool = True,
+) -> list[int]:
+    """Token ids with the words where ``keep`` is False removed — always on ids.
+
+    ``mode``: ``delete`` drops the word's tokens (the sequence gets shorter), ``mask``
+    / ``unk`` replace each of them with ``[MASK]`` / ``[UNK]`` (length kept).
+    Tokens that belong to no word (special tokens, punctuation) stay when
+    ``keep_other``; special tokens always stay.
+    """
+    keep = np.asarray(keep, dtype=bool)
+    if keep.shape[0] != seg.n_words:
+        raise ValueError(f"keep has {keep.shape[0]} entries for {seg.n_words} words")
+    replacement: int | None = None
+    if mode in ("mask", "unk"):
+        if tokenizer is None:
+            raise ValueError(f"mode={mode} needs the tokenizer")
+        replacement = tokenizer.mask_token_id if mode == "mask" else tokenizer.unk_token_id
+    elif mode != "delete":
+        raise ValueError(f"removal mode must be delete, mask or unk; got {mode!r}")
+    out: list[int] = []
+    for tok, w, sp in zip(seg.input_ids, seg.token_word, seg.special):
+        if w >= 0:
+            if keep[w]:
+                out.append(tok)
+            elif replacement is not None:
+                out.append(replacement)
+        elif sp or keep_other:
+            out.append(tok)
+        elif replacement is not None:
+            out.append(replacement)
+    return out
