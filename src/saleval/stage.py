@@ -95,6 +95,21 @@ def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
 _VOLATILE = ("run_dir", "paths", "tracking", "hydra", "inputs", "progress")
 
 
+def stage_fingerprint(cfg: DictConfig, stage: str, input_dirs: Mapping[str, Path]) -> str:
+    """What a run of ``stage`` with ``cfg`` on these parent run dirs would compute.
+
+    Two runs with the same fingerprint produce the same outputs (up to hardware
+    nondeterminism); ``saleval-run`` reuses a finished one instead of recomputing.
+    """
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
+    if isinstance(stable.get("dataset"), dict):  # where the files sit is not what they are
+        stable["dataset"] = {k: v for k, v in stable["dataset"].items() if k != "data_root"}
+    parents = {k: str(read_run_info(p).get("fingerprint", "")) for k, p in input_dirs.items()}
+    return fingerprint({"stage": stage, **stable}, parents)
+
+
 def _run_dir_of(cfg: DictConfig) -> Path:
     explicit = cfg.get("run_dir")
     if explicit:
@@ -128,11 +143,7 @@ class Stage:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
         self.resolved: dict[str, Any] = resolved
-        stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
-        self.fingerprint = fingerprint(
-            {"stage": stage, **stable},
-            {k: str(v.get("fingerprint", "")) for k, v in self.parents.items()},
-        )
+        self.fingerprint = stage_fingerprint(cfg, stage, self.inputs)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None
         self._t0 = 0.0
@@ -162,6 +173,7 @@ class Stage:
             **{f"parent_dir.{k}": str(p) for k, p in self.inputs.items()},
             **self.extra_tags,
         }
+        tags.update(_sweep_tags())
         if any(str(v.get("simulated", "")).lower() == "true" for v in self.parents.values()):
             tags.setdefault("simulated", "true")
         nested = mlflow.active_run() is not None
@@ -226,6 +238,23 @@ class Stage:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)
         mlflow.set_tags(dict(tags))
+
+
+def _sweep_tags() -> dict[str, str]:
+    """Group the jobs of one ``-m`` multirun: same sweep dir, job number, overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return {}
+    return {
+        "sweep": str(hc.sweep.dir),
+        "sweep.job": str(hc.job.num),
+        "sweep.overrides": ",".join(hc.overrides.task)[:5000],
+    }
 
 
 def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:

@@ -95,7 +95,11 @@ class TableSpec:
         if self.fmt == "parquet":
             df = pd.read_parquet(path)
         else:
-            df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+            # string columns stay strings ('5' must not come back as '5.0', '007' as '7')
+            strings = {
+                c: str for c, t in {**self.columns, **self.optional}.items() if t == "string"
+            }
+            df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=strings)
         return self.validate(df, where=str(path))
 
 
@@ -197,11 +201,13 @@ TASKS = TableSpec(
         "target": "string",
         "gold_label": "int64",
         "pred": "int64",
+        "shown_words": "string",
     },
     doc=(
         "One crowd task t_ijk (SPEC §4). 'label' is the answer that counts as correct: "
         "the gold label, or the model's prediction in a forward-prediction study. Gold "
-        "(attention-check) items have is_gold=true and method 'gold'."
+        "(attention-check) items have is_gold=true and method 'gold'. shown_words lists "
+        "the shown word positions (word_index of the attributions), space-separated."
     ),
 )
 
@@ -253,7 +259,13 @@ AGGREGATED = TableSpec(
     filename="aggregated.csv",
     columns={"sample_id": "string", "method": "string", "k": "int64", "correct": "int64"},
     key=("sample_id", "method", "k"),
-    optional={"label": "int64", "n_answers": "Int64", "pred": "Int64"},
+    optional={
+        "label": "int64",
+        "n_answers": "Int64",
+        "pred": "Int64",
+        "gold_label": "Int64",
+        "frac_correct": "float64",
+    },
     doc="A[i, j, k] of SPEC §5: 1 when the crowd recognised the target label.",
 )
 
@@ -278,7 +290,12 @@ SCORES = TableSpec(
     filename="scores.csv",
     columns={"method": "string", "score": "float64", "rank": "int64"},
     key=("method",),
-    optional={"ci_low": "float64", "ci_high": "float64", "p_vs_random": "float64"},
+    optional={
+        "ci_low": "float64",
+        "ci_high": "float64",
+        "p_vs_random": "float64",
+        "p_vs_random_holm": "float64",
+    },
     doc="s_j of SPEC §6 in percent; ties share the best rank.",
 )
 
@@ -296,6 +313,7 @@ METRICS = TableSpec(
     filename="metrics.csv",
     columns={"method": "string", "metric": "string", "k": "string", "value": "float64"},
     key=("method", "metric", "k"),
+    optional={"n": "int64", "std": "float64"},
     doc=(
         "Automated metrics of SPEC §7, averaged over examples. k is the number of words "
         "(e.g. '5'), a fraction ('0.2'), or empty for metrics averaged over a grid."
@@ -321,6 +339,7 @@ COMPARISON = TableSpec(
     filename="comparison.csv",
     columns={"method": "string", "human_score": "float64", "human_rank": "int64"},
     key=("method",),
+    optional={"simulated": "bool"},
     doc=(
         "Human score and every automated metric per method: '<metric>' value and "
         "'<metric>_rank' columns after the declared ones."
@@ -331,7 +350,14 @@ CORRELATIONS = TableSpec(
     name="correlations",
     filename="correlations.csv",
     columns={"metric": "string", "level": "string", "statistic": "string", "value": "float64"},
-    optional={"ci_low": "float64", "ci_high": "float64", "p_value": "float64", "n": "int64"},
+    optional={
+        "ci_low": "float64",
+        "ci_high": "float64",
+        "p_value": "float64",
+        "n": "int64",
+        "higher_is_better": "bool",
+        "simulated": "bool",
+    },
     doc="Rank correlations (method level) and instance-level correlations with crowd accuracy.",
 )
 

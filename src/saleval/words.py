@@ -130,13 +130,16 @@ def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> S
     )
 
 
-REDUCERS = ("sum", "max", "mean")
+REDUCERS = ("sum", "max", "mean", "first")
 
 
 def token_to_word_scores(
     token_scores: Sequence[float] | np.ndarray, seg: Segmentation, reduce: str = "sum"
 ) -> np.ndarray:
-    """Word scores from token scores: sum (default), max or mean over a word's pieces."""
+    """Word scores from token scores: sum (default), max or mean over a word's pieces.
+
+    ``first`` takes the word's first piece only (what the original crowd study displayed).
+    """
     if reduce not in REDUCERS:
         raise ValueError(f"word reduction must be one of {REDUCERS}, got {reduce!r}")
     scores = np.asarray(token_scores, dtype=np.float64)
@@ -145,6 +148,11 @@ def token_to_word_scores(
     tw = np.asarray(seg.token_word)
     mask = tw >= 0
     idx, vals = tw[mask], scores[: seg.n_tokens][mask]
+    if reduce == "first":
+        out = np.zeros(seg.n_words)
+        first = np.unique(idx, return_index=True)
+        out[first[0]] = vals[first[1]]
+        return out
     if reduce == "max":
         out = np.full(seg.n_words, -np.inf)
         np.maximum.at(out, idx, vals)

@@ -1,0 +1,16 @@
+"""The web annotation app (SPEC §4): serve a task run's bundles to people, lose no answer.
+
+* :mod:`saleval.annotate.study` reads a ``saleval-tasks`` run dir (tasks, bundles,
+  instructions, label names) into a :class:`Study`.
+* :mod:`saleval.annotate.store` is the durable store: SQLite in WAL mode, every answer
+  committed on its own with timestamps, one bundle per worker per dataset enforced by a
+  unique constraint in the database.
+* :mod:`saleval.annotate.app` builds the FastAPI app (server-rendered Jinja2 pages).
+* :mod:`saleval.annotate.export` writes the answers in the import format (``tables.ANSWERS``).
+
+``saleval-annotate`` (:mod:`saleval.stages.annotate`) is the console script.
+"""
+
+from saleval.annotate.study import IDK, Study, StudyError, load_study
+
+__all__ = ["IDK", "Study", "StudyError", "load_study"]

@@ -1,0 +1,67 @@
+"""Word-level saliency (SPEC §3): every method, batched, on any device.
+
+Two entry points for the other stages:
+
+``attribute_words(model, tokenizer, segs, targets, method_cfg) -> list[np.ndarray]``
+    One finite float score per *kept* word of every :class:`saleval.words.Segmentation`
+    (same order as ``segs``; ``len(out[i]) == segs[i].n_words``). Higher = more
+    important for ``targets[i]``. ``method_cfg`` is one entry of the ``method``
+    config group (a mapping with ``_target_`` naming a class of this package, or a
+    registry name, plus its settings), or an already-built :class:`Attributor`.
+
+``explain_frame(model, tokenizer, df, methods, target="predicted", max_length=256, ...)``
+    For a table with ``sample_id, text, label``: predictions and word attributions of
+    every configured method, as frames matching ``tables.PREDICTIONS`` and
+    ``tables.ATTRIBUTIONS`` (``method`` = the method's unique name: its key in
+    ``methods`` or an explicit ``name:`` in its config).
+
+Every method produces *token* scores over a padded batch; one shared step
+(:func:`saleval.words.token_to_word_scores`) turns them into word scores, so no method
+post-processes on its own (SPEC §3.1).
+"""
+
+from __future__ import annotations
+
+from saleval.attribution.attention import AllAttention, LastAttention, attention_token_scores
+from saleval.attribution.base import (
+    REGISTRY,
+    AttributionError,
+    Attributor,
+    TokenAttributor,
+    attribute_words,
+    build_method,
+    method_name,
+    top_k,
+)
+from saleval.attribution.frame import explain_frame
+from saleval.attribution.gradient import (
+    DeepLiftMethod,
+    InputXGradientMethod,
+    IntegratedGradientsMethod,
+    VanillaGradient,
+)
+from saleval.attribution.perturbation import CaptumLime, Lime, Occlusion
+from saleval.attribution.random import RandomScores
+
+__all__ = [
+    "REGISTRY",
+    "AllAttention",
+    "AttributionError",
+    "Attributor",
+    "CaptumLime",
+    "DeepLiftMethod",
+    "InputXGradientMethod",
+    "IntegratedGradientsMethod",
+    "LastAttention",
+    "Lime",
+    "Occlusion",
+    "RandomScores",
+    "TokenAttributor",
+    "VanillaGradient",
+    "attention_token_scores",
+    "attribute_words",
+    "build_method",
+    "explain_frame",
+    "method_name",
+    "top_k",
+]

@@ -1,0 +1,282 @@
+"""The ``attribute`` protocol, the method registry and the one entry point other stages call.
+
+Shape of the protocol (Captum's, SPEC §3): an :class:`Attributor` is built from a
+method config — its *structural* settings (baseline, n_steps, perturbation, word
+reducer, batch size) go to the constructor — and is then called per batch with the
+model, tokenizer, segmented texts and target classes. Token-level methods
+(:class:`TokenAttributor`) return a ``(batch, tokens)`` tensor over a right-padded
+batch and share one token→word step (:func:`saleval.words.token_to_word_scores`);
+word-level methods (LIME, occlusion, random) score words directly.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from saleval.words import REDUCERS, Segmentation, token_to_word_scores
+
+
+class AttributionError(ValueError):
+    """A method config or an attribution input is unusable; the message says which."""
+
+
+REGISTRY: dict[str, type[Attributor]] = {}
+
+
+def register(name: str) -> Callable[[type[Attributor]], type[Attributor]]:
+    """Class decorator: make a method buildable by its registry name."""
+
+    def deco(cls: type[Attributor]) -> type[Attributor]:
+        REGISTRY[name] = cls
+        cls.registry_name = name
+        return cls
+
+    return deco
+
+
+@dataclass
+class Batch:
+    """Right-padded token ids of a list of segmentations, on the model's device."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long: 1 real token, 0 padding
+    token_type_ids: torch.Tensor  # (B, T) long zeros: single-segment inputs
+    keep_own: torch.Tensor  # (B, T) bool: special tokens and padding (baselines keep these)
+    lengths: list[int]
+    texts: list[str]
+
+    @classmethod
+    def from_segs(
+        cls, segs: Sequence[Segmentation], pad_token_id: int, device: torch.device
+    ) -> Batch:
+        width = max(s.n_tokens for s in segs)
+        ids = torch.full((len(segs), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(segs), width), dtype=torch.long)
+        keep = torch.ones((len(segs), width), dtype=torch.bool)
+        for i, s in enumerate(segs):
+            ids[i, : s.n_tokens] = torch.as_tensor(s.input_ids, dtype=torch.long)
+            mask[i, : s.n_tokens] = 1
+            keep[i, : s.n_tokens] = torch.as_tensor(s.special, dtype=torch.bool)
+        return cls(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            token_type_ids=torch.zeros_like(ids).to(device),
+            keep_own=keep.to(device),
+            lengths=[s.n_tokens for s in segs],
+            texts=[s.text for s in segs],
+        )
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def sample_rng(seed: int, text: str) -> np.random.Generator:
+    """A generator seeded by (seed, sample): the same text gets the same draws in any batch."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return np.random.default_rng([int(seed), *np.frombuffer(digest[:16], dtype=np.uint32)])
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` highest scores; ties go to the earlier word (stable)."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    return order[: max(int(k), 0)]
+
+
+class Attributor(abc.ABC):
+    """A saliency method: ``attribute(model, tokenizer, segs, targets)`` → word scores.
+
+    ``name``: the unique name written in the attributions table (defaults to the
+    method's config key). ``batch_size``: examples per call of the per-batch
+    computation (memory bound). ``word_reduce``: how pieces merge into words.
+    """
+
+    registry_name = "?"
+    #: forward-only methods may run under bf16 autocast (``bf16: true``).
+    forward_only = False
+
+    def __init__(
+        self, *, name: str | None = None, batch_size: int = 16, word_reduce: str = "sum"
+    ) -> None:
+        if word_reduce not in REDUCERS:
+            raise AttributionError(f"word_reduce must be one of {REDUCERS}, got {word_reduce!r}")
+        if int(batch_size) < 1:
+            raise AttributionError(f"batch_size must be >= 1, got {batch_size}")
+        self.name = name
+        self.batch_size = int(batch_size)
+        self.word_reduce = word_reduce
+        #: per-example diagnostics of the last calls (e.g. IG convergence deltas)
+        self.diagnostics: dict[str, list[float]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+    def attribute(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        """Word scores for every segmentation, in the caller's order.
+
+        Inputs are sorted by length and cut into batches of ``batch_size`` so padding
+        stays small; padding never changes a score (each method masks it).
+        """
+        if len(segs) != len(targets):
+            raise AttributionError(f"{len(segs)} texts but {len(targets)} targets")
+        n_labels = int(model.config.num_labels)
+        for i, t in enumerate(targets):
+            if not 0 <= int(t) < n_labels:
+                raise AttributionError(f"example {i}: target {t} outside 0..{n_labels - 1}")
+        model.eval()
+        out: list[np.ndarray | None] = [None] * len(segs)
+        order = np.argsort([s.n_tokens for s in segs], kind="stable")
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            scores = self.word_scores(
+                model, tokenizer, [segs[i] for i in idx], [int(targets[i]) for i in idx]
+            )
+            for i, s in zip(idx, scores):
+                out[i] = np.asarray(s, dtype=np.float64)
+        for i, (seg, s) in enumerate(zip(segs, out)):
+            assert s is not None
+            if s.shape != (seg.n_words,):
+                raise AttributionError(
+                    f"{self!r}: example {i} got {s.shape} scores for {seg.n_words} words"
+                )
+            if not np.isfinite(s).all():
+                raise AttributionError(f"{self!r}: example {i} got non-finite scores {s}")
+        return out  # type: ignore[return-value]
+
+    __call__ = attribute
+
+    @abc.abstractmethod
+    def word_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        """One score per kept word for each example of one batch."""
+
+    def _note(self, key: str, values: Sequence[float]) -> None:
+        self.diagnostics.setdefault(key, []).extend(float(v) for v in values)
+
+
+class TokenAttributor(Attributor):
+    """A method that scores tokens of a padded batch; words come from the shared merge."""
+
+    def word_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        batch = Batch.from_segs(segs, int(tokenizer.pad_token_id or 0), model_device(model))
+        target = torch.as_tensor(list(targets), dtype=torch.long, device=batch.input_ids.device)
+        with torch.enable_grad():
+            tok = self.token_scores(model, tokenizer, batch, target)
+        tok_np = tok.detach().float().cpu().numpy()
+        return [
+            token_to_word_scores(tok_np[i, : s.n_tokens], s, self.word_reduce)
+            for i, s in enumerate(segs)
+        ]
+
+    @abc.abstractmethod
+    def token_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        batch: Batch,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        """``(B, T)`` scores; entries at padding positions are ignored."""
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            out = OmegaConf.to_container(cfg, resolve=True)
+            assert isinstance(out, dict)
+            return out
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg)
+
+
+def build_method(cfg: Attributor | str | Mapping[str, Any], key: str | None = None) -> Attributor:
+    """An :class:`Attributor` from a method config entry.
+
+    Accepts a built attributor, a registry name (``"lime"``), or a mapping with
+    ``_target_`` (a class path, as in ``conf/method/*.yaml``) or ``kind`` (a registry
+    name); with neither, ``key`` is looked up in the registry.
+    """
+    if isinstance(cfg, Attributor):
+        return cfg
+    if isinstance(cfg, str):
+        cfg, key = {"kind": cfg}, key or cfg
+    conf = _plain(cfg)
+    target = conf.pop("_target_", None)
+    kind = conf.pop("kind", None)
+    if target:
+        import hydra.utils
+
+        try:
+            cls = hydra.utils.get_class(str(target))
+        except Exception as err:
+            raise AttributionError(f"method {key}: cannot import _target_={target}: {err}") from err
+    else:
+        kind = kind or key
+        if kind not in REGISTRY:
+            raise AttributionError(
+                f"method {key}: unknown method {kind!r}; known: {sorted(REGISTRY)} "
+                "(or give _target_)"
+            )
+        cls = REGISTRY[kind]
+    if not (isinstance(cls, type) and issubclass(cls, Attributor)):
+        raise AttributionError(f"method {key}: {target} is not an Attributor")
+    if conf.get("name") is None:
+        conf["name"] = key or cls.registry_name
+    try:
+        return cls(**conf)
+    except TypeError as err:
+        raise AttributionError(f"method {key}: bad settings for {cls.__name__}: {err}") from err
+
+
+def method_name(key: str, cfg: Attributor | str | Mapping[str, Any] | None) -> str:
+    """The name written in the attributions table: an explicit ``name`` or the config key."""
+    if isinstance(cfg, Attributor):
+        return cfg.name or key
+    if isinstance(cfg, Mapping):
+        name = cfg.get("name")
+        if name:
+            return str(name)
+    return key
+
+
+def attribute_words(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    segs: Sequence[Segmentation],
+    targets: Sequence[int],
+    method_cfg: Attributor | str | Mapping[str, Any],
+) -> list[np.ndarray]:
+    """One finite score per kept word of every example (same order as ``segs``).
+
+    ``method_cfg``: a ``conf/method`` entry (mapping with ``_target_`` or ``kind``), a
+    registry name, or a built :class:`Attributor`. Runs on the model's device.
+    """
+    return build_method(method_cfg).attribute(model, tokenizer, segs, targets)

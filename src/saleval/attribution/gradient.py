@@ -1,0 +1,348 @@
+"""Gradient-family methods on the embedding layer (SPEC §3): Captum, whole padded batches.
+
+All four attribute to the output of one embedding layer — by default the model's
+embeddings module (word + position + token-type embeddings after LayerNorm, as in
+the original crowd study), or ``layer: word_embeddings``. :class:`EmbeddingForward`
+runs the classifier with that layer's output replaced by a given tensor (a forward
+hook, which is also how Captum's ``Layer*`` methods work internally), so Captum's
+``Saliency``, ``InputXGradient``, ``IntegratedGradients`` and ``DeepLift`` see the
+embeddings as their input. Working on the tensor rather than through
+``LayerIntegratedGradients``/``LayerDeepLift`` lets baselines live in embedding
+space: Captum's layer methods take baselines as *input ids*, which cannot express the
+zero-embedding baseline.
+
+Baselines (IG, DeepLIFT): ``zero`` (the zero vector), ``pad``/``mask``/``unk`` (the
+embedding layer's output for ids where every word token is replaced by that token).
+Special tokens and padding keep their own embedding in every baseline, so their
+attribution is exactly zero and padding cannot move any score.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from captum.attr import DeepLift, InputXGradient, IntegratedGradients, Saliency
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
+
+LAYERS = ("embeddings", "word_embeddings")
+OUTPUTS = ("logits", "probs")
+BASELINES = ("zero", "pad", "mask", "unk")
+REDUCTIONS = ("l1", "l2", "mean", "sum")
+# Captum's IG quadrature rules (captum.attr._utils.approximation_methods).
+ONE_STEP_ALPHA = {
+    "riemann_right": 1.0,
+    "riemann_left": 0.0,
+    "riemann_middle": 0.5,
+    "gausslegendre": 0.5,
+}
+IG_METHODS = (
+    "gausslegendre",
+    "riemann_right",
+    "riemann_left",
+    "riemann_middle",
+    "riemann_trapezoid",
+)
+
+
+def embedding_layer(model: PreTrainedModel, layer: str) -> nn.Module:
+    """The module whose output the gradient methods attribute to."""
+    if layer == "word_embeddings":
+        return model.get_input_embeddings()
+    if layer == "embeddings":
+        base = getattr(model, "base_model", model)
+        emb = getattr(base, "embeddings", None)
+        if not isinstance(emb, nn.Module):
+            raise AttributionError(
+                f"{type(model).__name__} has no embeddings module; use layer: word_embeddings"
+            )
+        return emb
+    raise AttributionError(f"layer must be one of {LAYERS}, got {layer!r}")
+
+
+class EmbeddingForward(nn.Module):
+    """``f(embeds, ids, mask, types)``: the classifier with ``layer``'s output set to ``embeds``.
+
+    ``output``: ``logits`` or ``probs`` (softmax). The softmax is functional on
+    purpose: an ``nn.Softmax`` module would get DeepLIFT's rescale rule.
+    """
+
+    def __init__(self, model: PreTrainedModel, layer: str = "embeddings", output: str = "logits"):
+        super().__init__()
+        if output not in OUTPUTS:
+            raise AttributionError(f"output must be one of {OUTPUTS}, got {output!r}")
+        self.model = model
+        self.layer = embedding_layer(model, layer)
+        self.output = output
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """The layer's own output for ``input_ids`` (no gradient)."""
+        captured: list[torch.Tensor] = []
+        handle = self.layer.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+        try:
+            with torch.no_grad():
+                if isinstance(self.layer, nn.Embedding):
+                    self.layer(input_ids)
+                else:
+                    self.layer(input_ids=input_ids, token_type_ids=token_type_ids)
+        finally:
+            handle.remove()
+        return captured[0]
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        handle = self.layer.register_forward_hook(lambda m, i, o: embeds)
+        try:
+            logits = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).logits
+        finally:
+            handle.remove()
+        return torch.softmax(logits, dim=-1) if self.output == "probs" else logits
+
+
+def make_baseline(
+    fwd: EmbeddingForward,
+    tokenizer: PreTrainedTokenizerFast,
+    batch: Batch,
+    embeds: torch.Tensor,
+    kind: str,
+) -> torch.Tensor:
+    """Baseline embeddings; special tokens and padding keep their own (SPEC §3)."""
+    keep = batch.keep_own.unsqueeze(-1)
+    if kind == "zero":
+        return torch.where(keep, embeds, torch.zeros_like(embeds))
+    token = {
+        "pad": tokenizer.pad_token_id,
+        "mask": tokenizer.mask_token_id,
+        "unk": tokenizer.unk_token_id,
+    }.get(kind)
+    if kind not in BASELINES:
+        raise AttributionError(f"baseline must be one of {BASELINES}, got {kind!r}")
+    if token is None:
+        raise AttributionError(f"baseline {kind}: the tokenizer has no {kind} token")
+    ids = torch.where(batch.keep_own, batch.input_ids, torch.full_like(batch.input_ids, token))
+    base = fwd.embed(ids, batch.token_type_ids)
+    return torch.where(keep, embeds, base)
+
+
+class _EmbeddingMethod(TokenAttributor):
+    def __init__(self, *, layer: str = "embeddings", output: str = "logits", **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if layer not in LAYERS:
+            raise AttributionError(f"layer must be one of {LAYERS}, got {layer!r}")
+        if output not in OUTPUTS:
+            raise AttributionError(f"output must be one of {OUTPUTS}, got {output!r}")
+        self.layer = layer
+        self.output = output
+
+    def _setup(self, model: PreTrainedModel, batch: Batch) -> tuple[EmbeddingForward, torch.Tensor]:
+        fwd = EmbeddingForward(model, self.layer, self.output)
+        return fwd, fwd.embed(batch.input_ids, batch.token_type_ids).requires_grad_()
+
+    @staticmethod
+    def _args(batch: Batch) -> tuple[torch.Tensor, ...]:
+        return (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+
+
+def reduce_hidden(grad: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Gradient ``(B, T, H)`` → token score ``(B, T)``: l1 (|g| summed, Captum Saliency),
+    l2 (Euclidean norm), mean or sum of the signed gradient."""
+    if reduction == "l1":
+        return grad.abs().sum(-1)
+    if reduction == "l2":
+        return grad.norm(dim=-1)
+    if reduction == "mean":
+        return grad.mean(-1)
+    if reduction == "sum":
+        return grad.sum(-1)
+    raise AttributionError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+@register("vanilla_gradient")
+class VanillaGradient(_EmbeddingMethod):
+    """Gradient of the target output w.r.t. the embeddings (Captum ``Saliency``), reduced
+    over the hidden dimension by ``reduction`` (``l1`` default, ``l2``, ``mean``, ``sum``)."""
+
+    def __init__(self, *, reduction: str = "l1", **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if reduction not in REDUCTIONS:
+            raise AttributionError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self.reduction = reduction
+
+    def token_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        batch: Batch,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        fwd, embeds = self._setup(model, batch)
+        grad = Saliency(fwd).attribute(
+            embeds,
+            target=targets,
+            abs=self.reduction in ("l1", "l2"),
+            additional_forward_args=self._args(batch),
+        )
+        return reduce_hidden(grad, self.reduction)
+
+
+@register("input_x_gradient")
+class InputXGradientMethod(_EmbeddingMethod):
+    """Gradient · embedding per token (Captum ``InputXGradient`` summed over the hidden dim)."""
+
+    def token_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        batch: Batch,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        fwd, embeds = self._setup(model, batch)
+        attr = InputXGradient(fwd).attribute(
+            embeds, target=targets, additional_forward_args=self._args(batch)
+        )
+        return attr.sum(-1)
+
+
+# Measured on this 2-core CPU with the embedded MiniLM (SPEC §3 facts): see
+# benchmarks/attribution.py --ig-chunks. Rows per chunk = examples × steps per chunk.
+DEFAULT_INTERNAL_BATCH_SIZE = 16
+
+
+@register("integrated_gradients")
+class IntegratedGradientsMethod(_EmbeddingMethod):
+    """Captum IG from a baseline to the embeddings, summed over the hidden dim.
+
+    ``n_steps`` interpolation points (integrated with ``method``, Gauss–Legendre by
+    default) are batched ``internal_batch_size`` rows at a time (``null``: all at
+    once, Captum's default, which needs ~3× the memory). Completeness
+    (Σ attributions = f(x) − f(baseline)) is checked per example: the convergence
+    deltas land in ``diagnostics["convergence_delta"]``.
+    """
+
+    def __init__(
+        self,
+        *,
+        baseline: str = "zero",
+        n_steps: int = 50,
+        method: str = "gausslegendre",
+        internal_batch_size: int | None = DEFAULT_INTERNAL_BATCH_SIZE,
+        **kw: object,
+    ):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if baseline not in BASELINES:
+            raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        if method not in IG_METHODS:
+            raise AttributionError(f"method must be one of {IG_METHODS}, got {method!r}")
+        if int(n_steps) < 1:
+            raise AttributionError(f"n_steps must be >= 1, got {n_steps}")
+        self.baseline = baseline
+        self.n_steps = int(n_steps)
+        self.method = method
+        self.internal_batch_size = int(internal_batch_size) if internal_batch_size else None
+
+    def token_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        batch: Batch,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        fwd, embeds = self._setup(model, batch)
+        base = make_baseline(fwd, tokenizer, batch, embeds, self.baseline)
+        if self.n_steps == 1:
+            attr, delta = self._one_step(fwd, embeds, base, targets, batch)
+            self._note("convergence_delta", delta.detach().cpu().tolist())
+            return attr.sum(-1)
+        attr, delta = IntegratedGradients(fwd, multiply_by_inputs=True).attribute(
+            embeds,
+            baselines=base,
+            target=targets,
+            additional_forward_args=self._args(batch),
+            n_steps=self.n_steps,
+            method=self.method,
+            internal_batch_size=self.internal_batch_size,
+            return_convergence_delta=True,
+        )
+        self._note("convergence_delta", delta.detach().cpu().tolist())
+        return attr.sum(-1)
+
+    def _one_step(
+        self,
+        fwd: EmbeddingForward,
+        embeds: torch.Tensor,
+        base: torch.Tensor,
+        targets: torch.Tensor,
+        batch: Batch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One-node quadrature, which Captum's rules refuse (they assert n_steps > 1):
+        (x − b) · ∇f(b + α(x − b)) with α = 1 (riemann_right), 0 (left), ½ (middle, and the
+        one-point Gauss–Legendre rule). Riemann-right from the zero baseline is input×gradient.
+        """
+        alpha = ONE_STEP_ALPHA.get(self.method)
+        if alpha is None:
+            raise AttributionError(f"n_steps=1 is not defined for method {self.method}")
+        point = (base + alpha * (embeds - base)).detach().requires_grad_()
+        grad = Saliency(fwd).attribute(
+            point, target=targets, abs=False, additional_forward_args=self._args(batch)
+        )
+        attr = (embeds - base).detach() * grad
+        with torch.no_grad():
+            rows = torch.arange(len(targets), device=targets.device)
+            gap = (
+                fwd(embeds, *self._args(batch))[rows, targets]
+                - fwd(base, *self._args(batch))[rows, targets]
+            )
+        return attr, attr.sum(dim=(1, 2)) - gap
+
+
+@register("deeplift")
+class DeepLiftMethod(_EmbeddingMethod):
+    """Captum DeepLIFT (rescale rule) from a baseline to the embeddings, summed over hidden.
+
+    What Captum does on BERT (SPEC §3, measured with Captum 0.9): its rescale rule is
+    attached by forward hooks only to ``nn.Module`` non-linearities in its list (ReLU,
+    ELU, Sigmoid, Tanh, Softmax, ...). In a Hugging Face BERT that is just the pooler's
+    ``nn.Tanh``; the GELU of every feed-forward block is a ``GELUActivation`` module
+    Captum does not know, and the attention softmax and LayerNorm are function calls,
+    so all of those pass *plain gradients* evaluated at the input. The result is
+    therefore DeepLIFT-rescale at the pooler and gradient×(x − baseline) elsewhere —
+    not an exact DeepLIFT, and its summation-to-delta property holds only
+    approximately (the deltas land in ``diagnostics["convergence_delta"]``).
+    """
+
+    def __init__(self, *, baseline: str = "zero", **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if baseline not in BASELINES:
+            raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        self.baseline = baseline
+
+    def token_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        batch: Batch,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        fwd, embeds = self._setup(model, batch)
+        base = make_baseline(fwd, tokenizer, batch, embeds, self.baseline)
+        with warnings.catch_warnings():  # Captum warns about its hooks on every call
+            warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
+            attr, delta = DeepLift(fwd, multiply_by_inputs=True).attribute(
+                embeds,
+                baselines=base,
+                target=targets,
+                additional_forward_args=self._args(batch),
+                return_convergence_delta=True,
+            )
+        self._note("convergence_delta", delta.detach().cpu().tolist())
+        return attr.sum(-1)

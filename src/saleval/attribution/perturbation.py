@@ -1,0 +1,296 @@
+"""Perturbation methods (SPEC §3): LIME over word presence, leave-one-word-out occlusion,
+and the original crowd study's Captum-LIME over embedding values.
+
+Word-level perturbation always acts on token ids (:func:`saleval.words.perturb_ids`),
+never on decoded strings, so a word is removed exactly as segmented. The perturbed
+inputs of a whole batch of examples go through :func:`saleval.inference.predict_proba`
+at once, sorted by length under a token budget — ``erase`` shortens inputs, and
+sorting before batching is what makes that pay off (SPEC §3 facts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from functools import partial
+
+import numpy as np
+import torch
+from captum._utils.models.linear_model import SkLearnLinearRegression
+from captum.attr import Lime as CaptumLimeImpl
+from captum.attr._core.lime import get_exp_kernel_similarity_function
+from lime.lime_base import LimeBase
+from sklearn.metrics.pairwise import pairwise_distances
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from saleval.attribution.base import (
+    AttributionError,
+    Attributor,
+    Batch,
+    TokenAttributor,
+    register,
+    sample_rng,
+)
+from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
+from saleval.inference import forward_logits
+from saleval.words import Segmentation, perturb_ids
+
+PERTURBATIONS = {"erase": "delete", "unk": "unk", "mask": "mask"}
+DISTANCES = ("cosine", "euclidean")
+
+
+def _probs(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+class _Perturbation(Attributor):
+    forward_only = True
+
+    def __init__(
+        self,
+        *,
+        perturbation: str = "erase",
+        max_tokens: int = 16384,
+        max_batch: int = 1024,
+        bf16: bool = False,
+        **kw: object,
+    ):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if perturbation not in PERTURBATIONS:
+            raise AttributionError(
+                f"perturbation must be one of {sorted(PERTURBATIONS)}, got {perturbation!r}"
+            )
+        self.perturbation = perturbation
+        self.max_tokens = int(max_tokens)
+        self.max_batch = int(max_batch)
+        self.bf16 = bool(bf16)
+
+    def _logits(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seqs: list[list[int]]
+    ) -> np.ndarray:
+        return forward_logits(
+            model,
+            seqs,
+            pad_token_id=int(tokenizer.pad_token_id or 0),
+            max_tokens=self.max_tokens,
+            max_batch=self.max_batch,
+            bf16=self.bf16,
+        )
+
+
+def lime_neighbourhood(n_words: int, num_samples: int, rng: np.random.Generator) -> np.ndarray:
+    """Binary word-presence rows as ``LimeTextExplainer`` draws them.
+
+    Row 0 is the original (all ones); every other row removes a uniformly drawn number
+    1..d of distinct words chosen uniformly (lime_text's ``__data_labels_distances``).
+    """
+    data = np.ones((num_samples, n_words))
+    sizes = rng.integers(1, n_words + 1, num_samples - 1)
+    for i, size in enumerate(sizes, start=1):
+        data[i, rng.choice(n_words, size, replace=False)] = 0
+    return data
+
+
+def lime_kernel(d: np.ndarray, kernel_width: float) -> np.ndarray:
+    """LIME's exponential kernel on distances: sqrt(exp(−d² / width²)) (lime_text)."""
+    return np.sqrt(np.exp(-(d**2) / kernel_width**2))
+
+
+@register("lime")
+class Lime(_Perturbation):
+    """LIME (Ribeiro et al. 2016) over word presence, with the ``lime`` package's surrogate.
+
+    Per example: ``num_samples`` neighbourhood rows (:func:`lime_neighbourhood`, row 0
+    the original), each removing words by ``perturbation`` (``erase`` drops the word's
+    tokens, ``unk``/``mask`` replace them); distances are cosine distances to the
+    original row × 100 and weights LIME's exponential kernel (width 25), as in
+    ``LimeTextExplainer(bow=False)``; ``lime.lime_base.LimeBase`` fits its weighted
+    ridge surrogate on p(target) with every word as a feature
+    (``feature_selection='none'``). A word's score is its surrogate coefficient.
+    The neighbourhood is drawn from a generator seeded by (``seed``, sample).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_samples: int = 1000,
+        kernel_width: float = 25.0,
+        distance: str = "cosine",
+        feature_selection: str = "none",
+        seed: int = 0,
+        **kw: object,
+    ):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if int(num_samples) < 2:
+            raise AttributionError(f"num_samples must be >= 2, got {num_samples}")
+        if distance not in DISTANCES:
+            raise AttributionError(f"distance must be one of {DISTANCES}, got {distance!r}")
+        self.num_samples = int(num_samples)
+        self.kernel_width = float(kernel_width)
+        self.distance = distance
+        self.feature_selection = feature_selection
+        self.seed = int(seed)
+
+    def word_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        mode = PERTURBATIONS[self.perturbation]
+        neighbourhoods: list[np.ndarray] = []
+        seqs: list[list[int]] = []
+        for seg in segs:
+            data = (
+                lime_neighbourhood(seg.n_words, self.num_samples, sample_rng(self.seed, seg.text))
+                if seg.n_words
+                else np.ones((0, 0))
+            )
+            neighbourhoods.append(data)
+            seqs.extend(perturb_ids(seg, row.astype(bool), mode, tokenizer) for row in data)
+        probs = _probs(self._logits(model, tokenizer, seqs))
+        out, start = [], 0
+        for seg, data, target in zip(segs, neighbourhoods, targets):
+            if not seg.n_words:
+                out.append(np.zeros(0))
+                continue
+            labels = probs[start : start + len(data)]
+            start += len(data)
+            distances = pairwise_distances(data, data[:1], metric=self.distance).ravel() * 100
+            base = LimeBase(
+                partial(lime_kernel, kernel_width=self.kernel_width),
+                random_state=np.random.RandomState(self.seed),
+            )
+            _, weights, score, _ = base.explain_instance_with_data(
+                data,
+                labels,
+                distances,
+                int(target),
+                seg.n_words,
+                feature_selection=self.feature_selection,
+            )
+            self._note("surrogate_r2", [score])
+            scores = np.zeros(seg.n_words)
+            for feature, weight in weights:
+                scores[int(feature)] = weight
+            out.append(scores)
+        return out
+
+
+@register("occlusion")
+class Occlusion(_Perturbation):
+    """Leave-one-word-out ("word omission"): p(target | x) − p(target | x without w).
+
+    ``perturbation`` says how the word is removed (``erase`` default, ``unk``,
+    ``mask``); ``output: logits`` uses the target logit instead of its probability.
+    """
+
+    def __init__(self, *, output: str = "probs", **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if output not in OUTPUTS:
+            raise AttributionError(f"output must be one of {OUTPUTS}, got {output!r}")
+        self.output = output
+
+    def word_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        mode = PERTURBATIONS[self.perturbation]
+        seqs: list[list[int]] = []
+        for seg in segs:
+            seqs.append(list(seg.input_ids))
+            for w in range(seg.n_words):
+                keep = np.ones(seg.n_words, dtype=bool)
+                keep[w] = False
+                seqs.append(perturb_ids(seg, keep, mode, tokenizer))
+        values = self._logits(model, tokenizer, seqs)
+        if self.output == "probs":
+            values = _probs(values)
+        out, start = [], 0
+        for seg, target in zip(segs, targets):
+            block = values[start : start + 1 + seg.n_words, int(target)]
+            start += 1 + seg.n_words
+            out.append(block[0] - block[1:])
+        return out
+
+
+@contextlib.contextmanager
+def _torch_seed(rng: np.random.Generator) -> Iterator[None]:
+    """Seed torch's global generator (Captum's sampler uses it) without leaking the state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(rng.integers(0, 2**63 - 1)))
+        yield
+
+
+@register("captum_lime")
+class CaptumLime(TokenAttributor):
+    """The original crowd study's LIME (SPEC §3 preset ``lu2024``): Captum ``Lime`` over
+    every single embedding value.
+
+    No feature mask (each of the T×H embedding values is its own feature), the zero
+    baseline (a perturbed value becomes 0), ``n_samples`` Bernoulli(½) perturbations
+    evaluated ``perturbations_per_eval`` at a time, a linear-regression surrogate, and
+    Captum's exponential kernel on the Euclidean distance between the perturbed and
+    original embeddings with ``kernel_width`` 1000. A token's score is its values'
+    coefficients summed. Each example runs alone at its own length (padding would add
+    features and change distances); Captum's sampling is seeded by (``seed``, sample).
+    """
+
+    def __init__(
+        self,
+        *,
+        n_samples: int = 40,
+        kernel_width: float = 1000.0,
+        distance: str = "euclidean",
+        perturbations_per_eval: int = 40,
+        layer: str = "embeddings",
+        output: str = "logits",
+        seed: int = 0,
+        **kw: object,
+    ):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if distance not in DISTANCES:
+            raise AttributionError(f"distance must be one of {DISTANCES}, got {distance!r}")
+        self.n_samples = int(n_samples)
+        self.kernel_width = float(kernel_width)
+        self.distance = distance
+        self.perturbations_per_eval = int(perturbations_per_eval)
+        self.layer = layer
+        self.output = output
+        self.seed = int(seed)
+
+    def token_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        batch: Batch,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        fwd = EmbeddingForward(model, self.layer, self.output)
+        lime = CaptumLimeImpl(
+            fwd,
+            interpretable_model=SkLearnLinearRegression(),
+            similarity_func=get_exp_kernel_similarity_function(self.distance, self.kernel_width),
+        )
+        out = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
+        for i, n in enumerate(batch.lengths):
+            ids = batch.input_ids[i : i + 1, :n]
+            types = batch.token_type_ids[i : i + 1, :n]
+            embeds = fwd.embed(ids, types)
+            with _torch_seed(sample_rng(self.seed, batch.texts[i])), torch.no_grad():
+                attr = lime.attribute(
+                    embeds,
+                    baselines=0.0,
+                    target=int(targets[i]),
+                    additional_forward_args=(ids, batch.attention_mask[i : i + 1, :n], types),
+                    n_samples=self.n_samples,
+                    perturbations_per_eval=self.perturbations_per_eval,
+                )
+            out[i, :n] = attr[0].sum(-1)
+        return out

@@ -1,0 +1,35 @@
+"""The random baseline (SPEC §3): i.i.d. uniform word scores, reproducible per sample."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from saleval.attribution.base import Attributor, register, sample_rng
+from saleval.words import Segmentation
+
+
+@register("random")
+class RandomScores(Attributor):
+    """Uniform(0, 1) per word, drawn from a generator seeded by (``seed``, the sample's text).
+
+    Keying on the sample rather than on its position in a batch makes the scores
+    independent of batching, order and which other samples are explained.
+    """
+
+    forward_only = True
+
+    def __init__(self, *, seed: int = 0, **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.seed = int(seed)
+
+    def word_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        return [sample_rng(self.seed, s.text).uniform(size=s.n_words) for s in segs]

@@ -1,0 +1,396 @@
+"""A simulated crowd (SPEC §4): answers for every bundle so that every later stage runs
+and is tested without people. Everything it produces is SIMULATED and says so.
+
+A simulated worker reads only a task's ``display_text``. Its "understanding" is a
+bag-of-words classifier (TF-IDF + logistic regression, scikit-learn) trained on a
+split of the dataset disjoint from the explained samples, so it never saw the
+explained classifier nor the study texts. Per task a worker
+
+1. lapses with its own noise rate (drawn per worker from a configured
+   distribution) and then picks a label uniformly at random;
+2. otherwise answers "I don't know" when the classifier's normalised confidence
+   ``(p_max - 1/C) / (1 - 1/C)`` is below its threshold (the configured threshold
+   plus per-worker jitter);
+3. otherwise answers the classifier's label (``argmax``) or a label drawn from its
+   probabilities (``sample``, a worker who is unsure disagrees with others).
+
+A configured fraction of workers are spammers who answer fast and ignore the text:
+uniformly random labels, "I don't know" throughout, or one constant label. The
+quality filters of SPEC §5 (bundle under 2 minutes, all "I don't know", gold
+accuracy) have them to find; ``workers.csv`` says who they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
+from tqdm.auto import tqdm
+
+from saleval.crowd.design import IDK, seeded_rng
+
+log = logging.getLogger(__name__)
+
+SPAMMER_KINDS = ("random", "idk", "constant")
+
+
+class SimulationError(ValueError):
+    """The simulated crowd cannot run as configured on these tasks."""
+
+
+@dataclass
+class BowConfig:
+    """The simulated workers' reading model."""
+
+    split: str = "train"
+    max_train: int | None = None
+    ngram_max: int = 1
+    min_df: int = 2
+    max_features: int | None = 50000
+    sublinear_tf: bool = True
+    C: float = 10.0
+    solver: str = "saga"
+    max_iter: int = 1000
+
+
+@dataclass
+class SimulationConfig:
+    """``conf/simulation/*.yaml``; see ``conf/simulation/default.yaml`` for the meaning."""
+
+    name: str = "default"
+    seed: int = 42
+    noise: dict[str, Any] = field(
+        default_factory=lambda: {"distribution": "beta", "a": 2.0, "b": 18.0}
+    )
+    idk_threshold: float = 0.25
+    idk_jitter: float = 0.05
+    decision: str = "sample"
+    temperature: float = 0.5
+    spammers: dict[str, Any] = field(
+        default_factory=lambda: {
+            "fraction": 0.1,
+            "kinds": {"random": 0.6, "idk": 0.2, "constant": 0.2},
+            "seconds_median": 0.8,
+            "seconds_sigma": 0.3,
+        }
+    )
+    timing: dict[str, Any] = field(
+        default_factory=lambda: {
+            "base_s": 4.0,
+            "per_word_s": 0.25,
+            "sigma": 0.35,
+            "speed_sigma": 0.25,
+            "gap_s": 0.5,
+            "start": "2024-01-01T09:00:00+00:00",
+            "spread_hours": 48.0,
+        }
+    )
+    bow: BowConfig = field(default_factory=BowConfig)
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any] | Any) -> SimulationConfig:
+        conf = _plain(cfg)
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(conf) - known)
+        if unknown:
+            raise SimulationError(
+                f"simulation config has unknown field(s) {unknown}; known: {sorted(known)}"
+            )
+        bow = conf.pop("bow", {}) or {}
+        bad = sorted(set(bow) - set(BowConfig.__dataclass_fields__))
+        if bad:
+            raise SimulationError(f"simulation.bow has unknown field(s) {bad}")
+        out = cls(**conf, bow=BowConfig(**bow))
+        defaults = cls()
+        out.noise = {**defaults.noise, **(out.noise or {})}
+        out.spammers = {**defaults.spammers, **(out.spammers or {})}
+        out.timing = {**defaults.timing, **(out.timing or {})}
+        if out.decision not in ("argmax", "sample"):
+            raise SimulationError(
+                f"simulation.decision must be argmax or sample, got {out.decision!r}"
+            )
+        if not 0.0 <= float(out.spammers["fraction"]) <= 1.0:
+            raise SimulationError(
+                f"simulation.spammers.fraction must lie in [0, 1], got {out.spammers['fraction']}"
+            )
+        kinds = dict(out.spammers["kinds"] or {})
+        if set(kinds) - set(SPAMMER_KINDS) or (
+            float(out.spammers["fraction"]) > 0 and sum(kinds.values()) <= 0
+        ):
+            raise SimulationError(
+                f"simulation.spammers.kinds must weight some of {SPAMMER_KINDS}, got {kinds}"
+            )
+        return out
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    if hasattr(cfg, "items"):
+        return {k: _plain(v) if hasattr(v, "items") else v for k, v in cfg.items()}
+    return dict(cfg)
+
+
+# ---------------------------------------------------------------------------------
+# The reading model
+# ---------------------------------------------------------------------------------
+
+
+def train_bow(
+    texts: Sequence[str], labels: Sequence[int], cfg: BowConfig, seed: int = 0
+) -> Pipeline:
+    """TF-IDF + logistic regression on full texts of the training split.
+
+    TF-IDF's default token pattern ignores the dots of the display text, so a
+    rendered view reads as the bag of its shown words.
+    """
+    model = make_pipeline(
+        TfidfVectorizer(
+            lowercase=True,
+            ngram_range=(1, int(cfg.ngram_max)),
+            min_df=int(cfg.min_df),
+            max_features=None if cfg.max_features is None else int(cfg.max_features),
+            sublinear_tf=bool(cfg.sublinear_tf),
+        ),
+        LogisticRegression(
+            C=float(cfg.C), solver=str(cfg.solver), max_iter=int(cfg.max_iter), random_state=seed
+        ),
+    )
+    model.fit(list(texts), np.asarray(labels, dtype=np.int64))
+    return model
+
+
+def normalised_confidence(probs: np.ndarray) -> np.ndarray:
+    """(p_max − 1/C)/(1 − 1/C): 0 at a uniform posterior, 1 when certain, for any C."""
+    c = probs.shape[1]
+    return (probs.max(axis=1) - 1.0 / c) / (1.0 - 1.0 / c)
+
+
+# ---------------------------------------------------------------------------------
+# Workers
+# ---------------------------------------------------------------------------------
+
+
+def _draw_noise(spec: Mapping[str, Any], rng: np.random.Generator) -> float:
+    kind = str(spec.get("distribution", "beta"))
+    if kind == "beta":
+        return float(rng.beta(float(spec["a"]), float(spec["b"])))
+    if kind == "uniform":
+        return float(rng.uniform(float(spec["low"]), float(spec["high"])))
+    if kind == "fixed":
+        return float(spec["value"])
+    raise SimulationError(
+        f"simulation.noise.distribution must be beta, uniform or fixed, got {kind!r}"
+    )
+
+
+def draw_workers(bundle_ids: Sequence[str], n_labels: int, cfg: SimulationConfig) -> pd.DataFrame:
+    """One simulated worker per bundle, with kind, noise rate, IDK threshold and speed."""
+    n = len(bundle_ids)
+    width = max(4, len(str(n)))
+    ids = [f"sim-{i + 1:0{width}d}" for i in range(n)]
+    rng = seeded_rng(cfg.seed, "spammers")
+    n_spam = round(float(cfg.spammers["fraction"]) * n)
+    spam = set(rng.choice(n, size=n_spam, replace=False).tolist()) if n_spam else set()
+    kinds = dict(cfg.spammers["kinds"])
+    names = [k for k in SPAMMER_KINDS if float(kinds.get(k, 0)) > 0]
+    weights = np.array([float(kinds[k]) for k in names]) if names else np.array([])
+    rows = []
+    for i, (wid, bid) in enumerate(zip(ids, bundle_ids)):
+        r = seeded_rng(cfg.seed, "worker", wid)
+        noise = min(max(_draw_noise(cfg.noise, r), 0.0), 1.0)
+        threshold = float(cfg.idk_threshold) + float(cfg.idk_jitter) * float(r.standard_normal())
+        speed = float(np.exp(float(cfg.timing["speed_sigma"]) * r.standard_normal()))
+        kind, constant = "honest", -1
+        if i in spam:
+            kind = str(names[int(r.choice(len(names), p=weights / weights.sum()))])
+            constant = int(r.integers(n_labels)) if kind == "constant" else -1
+        rows.append(
+            {
+                "worker_id": wid,
+                "bundle_id": bid,
+                "kind": kind,
+                "noise_rate": noise if kind == "honest" else 1.0,
+                "idk_threshold": min(max(threshold, 0.0), 1.0),
+                "speed": speed,
+                "constant_label": constant,
+                "simulated": True,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat(timespec="milliseconds")
+
+
+def simulate_answers(
+    tasks: pd.DataFrame,
+    bundles: pd.DataFrame,
+    probs: np.ndarray,
+    workers: pd.DataFrame,
+    label_names: Sequence[str],
+    cfg: SimulationConfig,
+) -> pd.DataFrame:
+    """Every worker answers its bundle in position order (``tables.ANSWERS`` columns).
+
+    ``probs`` holds the reading model's class probabilities per row of ``tasks``.
+    """
+    n_labels = len(label_names)
+    row_of = {t: i for i, t in enumerate(tasks["task_id"])}
+    conf = normalised_confidence(probs)
+    if cfg.decision == "sample":
+        tempered = np.power(np.clip(probs, 1e-12, 1.0), 1.0 / float(cfg.temperature))
+        tempered /= tempered.sum(axis=1, keepdims=True)
+    n_shown = tasks["n_words_shown"].to_numpy(dtype=np.float64)
+    timing, spam = cfg.timing, cfg.spammers
+    start0 = datetime.fromisoformat(str(timing["start"]))
+    if start0.tzinfo is None:
+        start0 = start0.replace(tzinfo=timezone.utc)
+    by_bundle = {b: g.sort_values("position") for b, g in bundles.groupby("bundle_id", sort=True)}
+    out: list[dict[str, Any]] = []
+    for w in tqdm(
+        workers.itertuples(index=False), total=len(workers), desc="simulated workers", leave=False
+    ):
+        g = by_bundle.get(w.bundle_id)
+        if g is None:
+            raise SimulationError(f"worker {w.worker_id}: bundle {w.bundle_id!r} not in bundles")
+        r = seeded_rng(cfg.seed, "answers", w.worker_id)
+        # times on a millisecond grid, so ISO stamps and duration_s agree exactly
+        offset_ms = round(float(r.uniform(0.0, float(timing["spread_hours"]))) * 3_600_000)
+        cursor = start0.replace(microsecond=0) + timedelta(milliseconds=offset_ms)
+        for pos, tid in zip(g["position"], g["task_id"]):
+            i = row_of[tid]
+            if w.kind == "honest":
+                if r.random() < w.noise_rate:
+                    answer = label_names[int(r.integers(n_labels))]
+                elif conf[i] < w.idk_threshold:
+                    answer = IDK
+                elif cfg.decision == "sample":
+                    answer = label_names[int(r.choice(n_labels, p=tempered[i]))]
+                else:
+                    answer = label_names[int(np.argmax(probs[i]))]
+                seconds = w.speed * (
+                    float(timing["base_s"]) + float(timing["per_word_s"]) * n_shown[i]
+                )
+                seconds *= float(np.exp(float(timing["sigma"]) * r.standard_normal()))
+            else:
+                if w.kind == "random":
+                    answer = label_names[int(r.integers(n_labels))]
+                elif w.kind == "idk":
+                    answer = IDK
+                else:
+                    answer = label_names[int(w.constant_label)]
+                seconds = float(spam["seconds_median"]) * float(
+                    np.exp(float(spam["seconds_sigma"]) * r.standard_normal())
+                )
+            seconds = max(round(seconds, 3), 0.001)
+            started = cursor
+            submitted = started + timedelta(seconds=seconds)
+            cursor = submitted + timedelta(milliseconds=round(float(timing["gap_s"]) * 1000))
+            out.append(
+                {
+                    "worker_id": w.worker_id,
+                    "task_id": tid,
+                    "answer": answer,
+                    "bundle_id": w.bundle_id,
+                    "position": int(pos),
+                    "started_at": _iso(started),
+                    "submitted_at": _iso(submitted),
+                    "duration_s": seconds,
+                    "simulated": True,
+                }
+            )
+    return pd.DataFrame(out)
+
+
+@dataclass
+class SimulatedCrowd:
+    """The answers (``tables.ANSWERS``), who the workers were, and a summary."""
+
+    answers: pd.DataFrame
+    workers: pd.DataFrame
+    summary: dict[str, float]
+    by_k: pd.DataFrame
+
+
+def simulate_crowd(
+    tasks: pd.DataFrame,
+    bundles: pd.DataFrame,
+    train: pd.DataFrame,
+    label_names: Sequence[str],
+    cfg: SimulationConfig,
+) -> SimulatedCrowd:
+    """Train the reading model on ``train`` and let one worker answer each bundle."""
+    overlap = sorted(set(tasks["sample_id"]) & set(train["sample_id"]))
+    if overlap:
+        raise SimulationError(
+            f"{len(overlap)} task samples (e.g. {overlap[:3]}) are in the simulated workers' "
+            f"training split {cfg.bow.split!r}; the reading model must not have seen study texts "
+            "(explain test samples, or set simulation.bow.split to a disjoint split)"
+        )
+    bad = ~tasks["label"].between(0, len(label_names) - 1)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise SimulationError(
+            f"tasks: row {row + 1}, field label: {tasks['label'].iloc[row]!r} is not an index of "
+            f"dataset.label_names {list(label_names)}"
+        )
+    if cfg.bow.max_train and len(train) > int(cfg.bow.max_train):
+        train = train.sample(n=int(cfg.bow.max_train), random_state=int(cfg.seed))
+    model = train_bow(
+        train["text"].astype(str).tolist(), train["label"].tolist(), cfg.bow, int(cfg.seed)
+    )
+    probs = np.zeros((len(tasks), len(label_names)))
+    probs[:, model.classes_] = model.predict_proba(tasks["display_text"].astype(str).tolist())
+    bundle_ids = sorted(bundles["bundle_id"].unique())
+    workers = draw_workers(bundle_ids, len(label_names), cfg)
+    answers = simulate_answers(tasks, bundles, probs, workers, label_names, cfg)
+    summary, by_k = summarise(answers, tasks, workers, label_names)
+    summary["bow_train_size"] = float(len(train))
+    log.info("SIMULATED crowd: %s", summary)
+    return SimulatedCrowd(answers, workers, summary, by_k)
+
+
+def summarise(
+    answers: pd.DataFrame, tasks: pd.DataFrame, workers: pd.DataFrame, label_names: Sequence[str]
+) -> tuple[dict[str, float], pd.DataFrame]:
+    """Answer-level accuracy and "I don't know" rate of the simulated crowd, overall and
+    per k (study tasks only), for the run's metrics; the study's scores come from
+    the import and score stages."""
+    a = answers.merge(
+        tasks[["task_id", "k", "label", "is_gold", "method"]],
+        on="task_id",
+        how="left",
+        validate="many_to_one",
+    ).merge(workers[["worker_id", "kind"]], on="worker_id", how="left")
+    a["correct"] = a["answer"] == a["label"].map(lambda c: label_names[int(c)])
+    a["idk"] = a["answer"] == IDK
+    study = a[~a["is_gold"].astype(bool)]
+    honest = study[study["kind"] == "honest"]
+    by_k = (
+        study.groupby("k")
+        .agg(accuracy=("correct", "mean"), idk_rate=("idk", "mean"), n=("correct", "size"))
+        .reset_index()
+    )
+    summary = {
+        "sim_accuracy": float(study["correct"].mean()),
+        "sim_accuracy_honest": float(honest["correct"].mean()) if len(honest) else float("nan"),
+        "sim_idk_rate": float(study["idk"].mean()),
+        "sim_n_answers": float(len(a)),
+        "sim_n_workers": float(workers["worker_id"].nunique()),
+        "sim_n_spammers": float((workers["kind"] != "honest").sum()),
+    }
+    gold = a[a["is_gold"].astype(bool)]
+    if len(gold):
+        summary["sim_gold_accuracy"] = float(gold["correct"].mean())
+    for rec in by_k.itertuples(index=False):
+        summary[f"sim_accuracy_k{int(rec.k)}"] = float(rec.accuracy)
+        summary[f"sim_idk_rate_k{int(rec.k)}"] = float(rec.idk_rate)
+    return summary, by_k

@@ -1,0 +1,316 @@
+"""The shortcut experiment, step by step (SPEC §8): data → two models → verification
+→ saliency sweep. The ``saleval-shortcut`` stage strings these together; each step is
+a plain function so tests can run or replace one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from saleval.data import load_dataset
+from saleval.models import MODEL_DIR, build_model, load_tokenizer, load_trained
+from saleval.shortcut.generate import (
+    ShortcutData,
+    ShortcutRule,
+    build_shortcut_data,
+    extend_vocabulary,
+    prepare_source,
+    rule_from_config,
+)
+from saleval.shortcut.metrics import mean_rank, precision_at_k, rank_words
+from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
+from saleval.stage import fingerprint
+from saleval.training import TextDataModule, fit
+from saleval.words import segment
+
+log = logging.getLogger(__name__)
+
+DATA_DIR = "data"
+MODEL_NAMES = ("original", "mixed")
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+# ---------------------------------------------------------------------------------
+# 1. data
+# ---------------------------------------------------------------------------------
+
+
+def prepare_data(cfg: DictConfig) -> tuple[ShortcutData, PreTrainedTokenizerFast]:
+    """Source dataset (binary, token-free) → mixed train/validation and synthetic test."""
+    rule = rule_from_config(cfg.shortcut)
+    raw = load_dataset(cfg.dataset)
+    label_map = cfg.get("label_map")
+    source, dropped = prepare_source(raw, rule, None if label_map is None else list(label_map))
+    tokenizer = load_tokenizer(cfg.model)
+    extend_vocabulary(tokenizer, rule)
+    data = build_shortcut_data(
+        source,
+        rule,
+        tokenizer,
+        seed=int(cfg.seed),
+        max_length=int(cfg.model.max_length),
+        synthetic_fraction=float(cfg.shortcut.synthetic_fraction),
+        distractor_fraction=float(cfg.shortcut.distractor_fraction),
+        synthetic_test_size=int(cfg.shortcut.synthetic_test_size),
+    )
+    data.info.update(dropped)
+    data.info["data_source"] = raw.source
+    return data, tokenizer
+
+
+def write_data(data: ShortcutData, run_dir: Path) -> list[Path]:
+    """The generated sets as Parquet under ``data/`` (ground truth included)."""
+    out = Path(run_dir, DATA_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "mixed_train.parquet": data.mixed["train"],
+        "mixed_validation.parquet": data.mixed["validation"],
+        "synthetic_test.parquet": data.synthetic_test,
+    }
+    paths = []
+    for name, df in files.items():
+        df.to_parquet(out / name, index=False)
+        paths.append(out / name)
+    return paths
+
+
+# ---------------------------------------------------------------------------------
+# 2. two models
+# ---------------------------------------------------------------------------------
+
+
+def train_classifier(
+    cfg: DictConfig,
+    rule: ShortcutRule,
+    tokenizer: PreTrainedTokenizerFast,
+    label_names: Sequence[str],
+    splits: Mapping[str, pd.DataFrame],
+    workdir: Path,
+) -> tuple[PreTrainedModel, dict[str, float]]:
+    """One classifier with the shortcut tokens in its vocabulary, fitted on ``splits``
+    and saved to ``workdir/model``. Both models go through here: same architecture,
+    same seed, same trainer settings; only the data differ."""
+    L.seed_everything(int(cfg.seed), workers=True)
+    model = build_model(cfg.model, label_names, seed=int(cfg.seed))
+    extend_vocabulary(tokenizer, rule, model)
+    dm = TextDataModule(
+        {s: df[["sample_id", "text", "label"]] for s, df in splits.items()},
+        tokenizer,
+        max_length=int(cfg.model.max_length),
+        batch_size=int(cfg.trainer.batch_size),
+        eval_batch_size=int(cfg.trainer.eval_batch_size),
+        num_workers=int(cfg.trainer.num_workers),
+    )
+    t0 = time.perf_counter()
+    metrics = fit(model, dm, cfg.trainer, workdir)
+    metrics["seconds"] = time.perf_counter() - t0
+    model.save_pretrained(workdir / MODEL_DIR)
+    tokenizer.save_pretrained(workdir / MODEL_DIR)
+    (workdir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    model.eval()
+    return model, metrics
+
+
+def original_cache_key(cfg: DictConfig, rule: ShortcutRule) -> str:
+    """What determines the original model: the same for st, tic and op (no planted
+    tokens in its data, all three tokens in its vocabulary), so a sweep trains it once."""
+    dataset = {k: v for k, v in _plain(cfg.dataset).items() if k != "data_root"}
+    what = {
+        "dataset": dataset,
+        "label_map": _plain(cfg.get("label_map")),
+        "model": _plain(cfg.model),
+        "trainer": {k: v for k, v in _plain(cfg.trainer).items() if "progress" not in k},
+        "seed": int(cfg.seed),
+        "vocabulary": rule.vocabulary,
+    }
+    return fingerprint(what, {})
+
+
+def train_pair(
+    cfg: DictConfig, data: ShortcutData, tokenizer: PreTrainedTokenizerFast, run_dir: Path
+) -> tuple[dict[str, PreTrainedModel], dict[str, dict[str, Any]]]:
+    """The original and the mixed model, saved under ``original/`` and ``mixed/``.
+
+    With ``original_cache`` set, an original model trained earlier under the same
+    :func:`original_cache_key` is copied instead of retrained (logged as ``reused``).
+    """
+    models: dict[str, PreTrainedModel] = {}
+    metrics: dict[str, dict[str, Any]] = {}
+    cache_root = cfg.get("original_cache")
+    cached = (
+        Path(str(cache_root), f"original-{original_cache_key(cfg, data.rule)}")
+        if cache_root
+        else None
+    )
+    orig_dir = run_dir / "original"
+    if cached is not None and (cached / MODEL_DIR / "config.json").is_file():
+        log.info("original model: reusing %s", cached)
+        shutil.copytree(cached, orig_dir, dirs_exist_ok=True)
+        models["original"], _ = load_trained(orig_dir, attn_implementation=None)
+        metrics["original"] = {
+            **json.loads((orig_dir / "metrics.json").read_text()),
+            "reused_from": str(cached),
+        }
+    else:
+        models["original"], metrics["original"] = train_classifier(
+            cfg, data.rule, tokenizer, data.label_names, data.original, orig_dir
+        )
+        if cached is not None:
+            tmp = cached.with_name(cached.name + ".tmp")
+            shutil.copytree(orig_dir, tmp, dirs_exist_ok=True)
+            if cached.exists():  # a sibling job got there first
+                shutil.rmtree(tmp)
+            else:
+                tmp.replace(cached)
+    models["mixed"], metrics["mixed"] = train_classifier(
+        cfg, data.rule, tokenizer, data.label_names, data.mixed, run_dir / "mixed"
+    )
+    return models, metrics
+
+
+# ---------------------------------------------------------------------------------
+# 3. verification
+# ---------------------------------------------------------------------------------
+
+
+def verify_models(
+    models: Mapping[str, PreTrainedModel],
+    tokenizer: PreTrainedTokenizerFast,
+    data: ShortcutData,
+    thresholds: Mapping[str, float],
+    max_length: int,
+) -> tuple[VerificationReport, np.ndarray]:
+    """Accuracies of both models on the synthetic and the original test set, checked.
+
+    Returns the report and the mixed model's predictions on the synthetic test set.
+    """
+    acc: dict[str, float] = {}
+    preds: dict[str, np.ndarray] = {}
+    for name in MODEL_NAMES:
+        acc[f"{name}_synthetic"], preds[name] = accuracy(
+            models[name], tokenizer, data.synthetic_test, max_length
+        )
+        acc[f"{name}_test"], _ = accuracy(
+            models[name], tokenizer, data.original["test"], max_length
+        )
+    report = verify(
+        **acc,
+        chance=chance_accuracy(data.synthetic_test["label"]),
+        n_synthetic=len(data.synthetic_test),
+        n_test=len(data.original["test"]),
+        thresholds=thresholds,
+    )
+    return report, preds["mixed"]
+
+
+# ---------------------------------------------------------------------------------
+# 4. saliency sweep
+# ---------------------------------------------------------------------------------
+
+
+def explain_subset(synthetic_test: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+    """``n`` examples of the synthetic test set, balanced over the two labels, seeded."""
+    if n is None or n >= len(synthetic_test):
+        return synthetic_test.reset_index(drop=True)
+    rng = np.random.default_rng(seed)
+    per = [n // 2 + (n % 2 if c == 0 else 0) for c in (0, 1)]
+    parts = []
+    for c, m in zip((0, 1), per):
+        rows = synthetic_test.index[synthetic_test["label"] == c].to_numpy()
+        parts.append(rng.choice(rows, size=min(m, len(rows)), replace=False))
+    return synthetic_test.loc[np.sort(np.concatenate(parts))].reset_index(drop=True)
+
+
+def score_method(
+    scores: Sequence[np.ndarray], ground_truth: Sequence[Sequence[int]]
+) -> tuple[list[float], list[float]]:
+    """Per-example precision@k and rank of the ground truth for one method's scores."""
+    prec, ranks = [], []
+    for s, gt in zip(scores, ground_truth):
+        r = rank_words(s, gt)
+        prec.append(precision_at_k([r], [gt]))
+        ranks.append(mean_rank([r], [gt]))
+    return prec, ranks
+
+
+def saliency_sweep(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    examples: pd.DataFrame,
+    targets: Sequence[int],
+    methods: Mapping[str, Any],
+    max_length: int,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Precision@k and mean rank of every method configuration on ``examples``.
+
+    Returns the summary (one row per configuration: method family, config name,
+    precision, mean_rank, n, k, seconds) and the per-example values.
+    """
+    from saleval.attribution import attribute_words, build_method, method_name
+
+    segs = [segment(t, tokenizer, max_length) for t in examples["text"]]
+    gts = [list(map(int, g)) for g in examples["gt_words"]]
+    for i, (seg, gt) in enumerate(zip(segs, gts)):
+        if not gt or max(gt) >= seg.n_words:
+            raise ValueError(
+                f"example {examples['sample_id'].iloc[i]}: ground truth {gt} outside its "
+                f"{seg.n_words} words (was the data made with another tokenizer/max_length?)"
+            )
+    summary, per_example = [], []
+    for key, mcfg in tqdm(list(methods.items()), desc="shortcut sweep", disable=not progress):
+        attributor = build_method(mcfg, key)
+        config = method_name(key, mcfg)
+        t0 = time.perf_counter()
+        scores = attribute_words(model, tokenizer, segs, list(targets), attributor)
+        seconds = time.perf_counter() - t0
+        prec, ranks = score_method(scores, gts)
+        family = type(attributor).registry_name
+        summary.append(
+            {
+                "method": family,
+                "config": config,
+                "precision": float(np.mean(prec)),
+                "mean_rank": float(np.mean(ranks)),
+                "n": len(segs),
+                "k": len(gts[0]),
+                "seconds": seconds,
+            }
+        )
+        per_example.append(
+            pd.DataFrame(
+                {
+                    "sample_id": examples["sample_id"].to_numpy(),
+                    "method": family,
+                    "config": config,
+                    "target": np.asarray(targets, dtype=np.int64),
+                    "n_words": [s.n_words for s in segs],
+                    "precision": prec,
+                    "rank": ranks,
+                }
+            )
+        )
+        log.info(
+            "%s: P@k %.3f, mean rank %.2f (%.1fs)",
+            config,
+            summary[-1]["precision"],
+            summary[-1]["mean_rank"],
+            seconds,
+        )
+    return pd.DataFrame(summary), pd.concat(per_example, ignore_index=True)

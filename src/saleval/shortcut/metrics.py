@@ -1,0 +1,100 @@
+"""Does a saliency method find the planted shortcut? (SPEC §8; Bastings et al. 2022, §4).
+
+A *ranking* is a sequence of word indices, most important first. Ground truth is
+the set of word indices where the shortcut tokens were planted. Both metrics are
+averaged over examples; each is one pure function over rankings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def rank_words(
+    scores: Sequence[float] | np.ndarray, ground_truth: Sequence[int] = ()
+) -> np.ndarray:
+    """Word indices sorted by score, highest first; ties put ground-truth words last.
+
+    Breaking ties *against* the ground truth means a method gets no credit for a tie
+    (a constant explanation ranks the shortcut last, not first by luck of position).
+    Other ties keep text order.
+
+    >>> rank_words([0.1, 0.5, 0.5, 0.2], ground_truth=[1]).tolist()
+    [2, 1, 3, 0]
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1:
+        raise ValueError(f"scores must be one score per word, got shape {s.shape}")
+    if not np.isfinite(s).all():
+        raise ValueError(
+            f"scores hold non-finite values at words {np.flatnonzero(~np.isfinite(s))}"
+        )
+    is_gt = np.zeros(len(s), dtype=bool)
+    is_gt[list(ground_truth)] = True
+    # lexsort: last key is primary
+    return np.lexsort((np.arange(len(s)), is_gt, -s))
+
+
+def _check(ranking: Sequence[int], truth: Sequence[int], i: int) -> tuple[list[int], set[int]]:
+    r, gt = [int(x) for x in ranking], {int(x) for x in truth}
+    if not gt:
+        raise ValueError(f"example {i}: empty ground truth")
+    if len(set(r)) != len(r):
+        raise ValueError(f"example {i}: ranking repeats a word: {r}")
+    missing = gt - set(r)
+    if missing:
+        raise ValueError(f"example {i}: ground-truth words {sorted(missing)} not in the ranking")
+    return r, gt
+
+
+def precision_at_k(
+    rankings: Sequence[Sequence[int]], ground_truth: Sequence[Sequence[int]], k: int | None = None
+) -> float:
+    r"""Mean precision@k of the shortcut (SPEC §8; Bastings et al. 2022, eq. 1):
+
+    .. math:: P@k = \frac{1}{N} \sum_{i=1}^{N} \frac{|\mathrm{top}_k(r_i) \cap G_i|}{k}
+
+    with :math:`k = |G_i|` by default (1 for ``st``, 2 for ``tic``/``op``), so 1.0
+    means the method put exactly the shortcut tokens on top of every example.
+
+    >>> precision_at_k([[3, 1, 0, 2], [0, 2, 1]], [[3, 0], [1, 2]])
+    0.5
+    """
+    if len(rankings) != len(ground_truth):
+        raise ValueError(f"{len(rankings)} rankings for {len(ground_truth)} ground truths")
+    if not rankings:
+        raise ValueError("no examples")
+    values = []
+    for i, (ranking, truth) in enumerate(zip(rankings, ground_truth)):
+        r, gt = _check(ranking, truth, i)
+        kk = len(gt) if k is None else int(k)
+        if kk < 1:
+            raise ValueError(f"k must be ≥ 1, got {kk}")
+        values.append(len(set(r[:kk]) & gt) / kk)
+    return float(np.mean(values))
+
+
+def mean_rank(rankings: Sequence[Sequence[int]], ground_truth: Sequence[Sequence[int]]) -> float:
+    r"""Mean rank of the shortcut (SPEC §8; Bastings et al. 2022): per example the
+    smallest :math:`r` such that the top-:math:`r` words contain every ground-truth word,
+
+    .. math:: \mathrm{MR} = \frac{1}{N} \sum_{i=1}^{N} \min\{r : G_i \subseteq \mathrm{top}_r(r_i)\}
+                         = \frac{1}{N} \sum_{i=1}^{N} \max_{g \in G_i} \mathrm{pos}_i(g)
+
+    (1-based positions). The best possible value is :math:`|G_i|` (1 for ``st``, 2 for
+    ``tic``/``op``); lower is better.
+
+    >>> mean_rank([[3, 1, 0, 2], [0, 2, 1]], [[3, 0], [1, 2]])
+    3.0
+    """
+    if len(rankings) != len(ground_truth):
+        raise ValueError(f"{len(rankings)} rankings for {len(ground_truth)} ground truths")
+    if not rankings:
+        raise ValueError("no examples")
+    values = []
+    for i, (ranking, truth) in enumerate(zip(rankings, ground_truth)):
+        r, gt = _check(ranking, truth, i)
+        values.append(max(r.index(g) for g in gt) + 1)
+    return float(np.mean(values))

@@ -1,0 +1,189 @@
+"""``saleval-compare``: human scores next to automated metrics, for one dataset (SPEC §7).
+
+Reads a score run (``scores.csv`` and the ``aggregated.csv`` it scored, found in
+the run dir or its import parent) and a metrics run (``metrics.csv``,
+``metrics_per_example.parquet``, and through its explain parent the classifier's
+predictions). Writes ``comparison.csv``, ``correlations.csv``, ``comparison.md``,
+``rank_vs_rank.png``, ``ols.txt`` and ``instance_level.parquet``, in one MLflow
+run tagged with every run of both chains (``link.<stage>``). A simulated crowd
+anywhere upstream is said in the title, a ``simulated`` column and the run's tag.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saleval import comparison, scoring, tables
+from saleval.stage import Stage, hydra_main, read_run_info, resolve_input
+
+log = logging.getLogger(__name__)
+
+
+def ancestry(run_dir: Path) -> dict[str, Path]:
+    """Every run upstream of ``run_dir`` (itself included), by stage name."""
+    out: dict[str, Path] = {}
+    todo = [Path(run_dir)]
+    while todo:
+        d = todo.pop()
+        if not (d / "run.json").is_file():
+            continue
+        info = read_run_info(d)
+        stage = str(info.get("stage", d.name))
+        if stage in out:
+            continue
+        out[stage] = d
+        todo += [Path(p) for p in (info.get("parent_dirs") or {}).values() if Path(p).is_dir()]
+    return out
+
+
+def is_simulated(runs: dict[str, Path]) -> bool:
+    return any(str(read_run_info(d).get("simulated", "")).lower() == "true" for d in runs.values())
+
+
+def dataset_of(runs: dict[str, Path]) -> str | None:
+    """The dataset named in the nearest config.yaml of a chain."""
+    for d in runs.values():
+        path = d / "config.yaml"
+        if path.is_file():
+            name = OmegaConf.select(OmegaConf.load(path), "dataset.name", default=None)
+            if name:
+                return str(name)
+    return None
+
+
+def find_table(spec: tables.TableSpec, runs: dict[str, Path]) -> Path | None:
+    """The first run of a chain (nearest first) that holds ``spec``'s file."""
+    for d in runs.values():
+        if spec.path(d).is_file():
+            return d
+    return None
+
+
+def classifier_outcomes(predictions: pd.DataFrame) -> pd.DataFrame:
+    """sample_id, confidence = p(ŷ|x) (the largest class probability), correct = ŷ == y."""
+    prob = [c for c in predictions.columns if c.startswith("prob_")]
+    if not prob:
+        raise ValueError("predictions.parquet has no prob_<label> columns")
+    return pd.DataFrame(
+        {
+            "sample_id": predictions["sample_id"].astype(str),
+            "confidence": predictions[prob].max(axis=1).astype(float),
+            "correct": (predictions["pred"] == predictions["label"]).astype(int),
+        }
+    )
+
+
+def human_score_fn(A: np.ndarray) -> np.ndarray:
+    """s_j in percent from A[..., i, j, k], exactly as saleval-score computes it."""
+    return 100 * scoring.method_scores(np.nan_to_num(scoring.accuracy(A)))
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    score_dir = resolve_input("score", cfg.inputs.score)
+    metrics_dir = resolve_input("metrics", cfg.inputs.metrics)
+    human_runs, auto_runs = ancestry(score_dir), ancestry(metrics_dir)
+    h_data, a_data = dataset_of(human_runs), dataset_of(auto_runs)
+    given = OmegaConf.select(cfg, "dataset.name", default=None)
+    names = {n for n in (h_data, a_data, given) if n}
+    if len(names) > 1:
+        raise ValueError(
+            f"the score run ({score_dir}: dataset {h_data}) and the metrics run "
+            f"({metrics_dir}: dataset {a_data}) are not about one dataset"
+            + (f" (dataset={given} given)" if given else "")
+        )
+    dataset = names.pop() if names else "unknown"
+    simulated = is_simulated(human_runs) or is_simulated(auto_runs)
+    links = {
+        f"link.{stage}": str(read_run_info(d).get("run_id", ""))
+        for stage, d in {**auto_runs, **human_runs}.items()
+    }
+    tags = {"dataset": dataset, "human_run": links.get("link.score", ""), **links}
+    tags["automated_run"] = str(read_run_info(metrics_dir).get("run_id", ""))
+    if simulated:
+        tags["simulated"] = "true"
+    with open_dict(cfg):  # tracking is not part of the fingerprint
+        cfg.tracking.experiment = cfg.tracking.experiment or f"saleval/{dataset}"
+    inputs = {"score": score_dir, "metrics": metrics_dir}
+    with Stage(cfg, "compare", inputs, tags=tags) as st:
+        ccfg = cfg.compare
+        scores = tables.SCORES.read(score_dir)
+        human = scores.set_index(scores["method"].astype(str))["score"].astype(float)
+        metrics = tables.METRICS.read(metrics_dir)
+        per_example = tables.METRICS_PER_EXAMPLE.read(metrics_dir)
+        agg_dir = find_table(tables.AGGREGATED, human_runs)
+        aggregated = cube = None
+        if agg_dir is not None:
+            aggregated = tables.AGGREGATED.read(agg_dir)
+            cube = scoring.Cube.from_aggregated(aggregated)
+        else:
+            log.warning("no aggregated.csv upstream of %s: no CIs, no instance level", score_dir)
+        explain_dir = auto_runs.get("explain")
+        predictions = None
+        if explain_dir is not None and tables.PREDICTIONS.path(explain_dir).is_file():
+            predictions = classifier_outcomes(tables.PREDICTIONS.read(explain_dir))
+        cols = ccfg.columns
+        if not isinstance(cols, str):
+            cols = [str(c) for c in cols]
+        result = comparison.compare(
+            human,
+            metrics,
+            per_example,
+            aggregated=aggregated,
+            human_A=None if cube is None else cube.A,
+            human_samples=None if cube is None else cube.samples,
+            human_methods=None if cube is None else cube.methods,
+            human_score_fn=human_score_fn,
+            predictions=predictions,
+            columns=cols,
+            n_boot=int(ccfg.bootstrap.n),
+            level=float(ccfg.bootstrap.level),
+            seed=int(cfg.seed),
+        )
+        table = result.comparison.assign(simulated=simulated)
+        corr = result.correlations.assign(simulated=simulated)
+        st.write(tables.COMPARISON, table)
+        st.write(tables.CORRELATIONS, corr)
+        prefix = "SIMULATED crowd — " if simulated else ""
+        title = f"{prefix}Human vs automated evaluation of saliency methods: {dataset}"
+        notes = list(result.notes)
+        if simulated:
+            notes.insert(0, "The human side comes from a SIMULATED crowd, not from people.")
+        missing = sorted(set(human.index) ^ set(metrics["method"].astype(str)))
+        if missing:
+            notes.append(f"Methods on one side only (left out): {', '.join(missing)}.")
+        md = comparison.markdown_report(table, corr, result.columns, title, notes)
+        st.path("comparison.md").write_text(md)
+        comparison.plot_rank_vs_rank(
+            table, result.columns, corr, st.path("rank_vs_rank.png"), title
+        )
+        outputs = ["comparison.md", "rank_vs_rank.png"]
+        if result.ols_text:
+            st.path("ols.txt").write_text(result.ols_text)
+            outputs.append("ols.txt")
+        if result.instance is not None:
+            result.instance.to_parquet(st.path("instance_level.parquet"), index=False)
+            outputs.append("instance_level.parquet")
+        for name in outputs:
+            st.log_file(st.path(name))
+        logged = {}
+        for r in corr.itertuples():
+            if pd.notna(r.value) and r.statistic in ("spearman", "kendall"):
+                level = "" if r.level == "method" else "instance_"
+                logged[f"{level}{r.statistic}/{r.metric}"] = r.value
+        st.log_metrics(logged)
+        return {
+            "run_dir": str(st.run_dir),
+            "run_id": st.run_id,
+            "simulated": simulated,
+            "columns": result.columns,
+            "markdown": md,
+        }
+
+
+main = hydra_main("compare", run)

@@ -1,0 +1,140 @@
+"""``saleval-explain``: word-level saliency of a trained model (SPEC §3, §9.1).
+
+Reads ``inputs.model`` (a train run), explains ``data.split`` of ``dataset`` (all of
+it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``) with
+every method in ``method``, through Lightning's predict loop on
+``trainer.accelerator``. Writes ``attributions.parquet`` and ``predictions.parquet``;
+logs per-method wall time and examples/s, IG/DeepLIFT convergence deltas, and the
+views (``views/highlights.html``, ``views/overlap.csv``, ``views/overlap.png``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from saleval import tables, views
+from saleval.attribution import explain_frame
+from saleval.data import DataError, load_dataset
+from saleval.inference import predict_proba
+from saleval.models import label_names_of, load_trained
+from saleval.stage import Stage, hydra_main
+
+
+def select_samples(
+    df: pd.DataFrame,
+    n: int | None,
+    seed: int,
+    sample_ids: Sequence[str] | None = None,
+    n_classes: int | None = None,
+) -> pd.DataFrame:
+    """Explicit ``sample_ids`` (in that order), or ``n`` seeded, class-balanced rows.
+
+    Balanced: each class gets ⌊n/C⌋ rows (the first n mod C classes one more); a class
+    with too few rows gives all it has and the rest is drawn from the others.
+    """
+    if sample_ids is not None:
+        ids = [str(s) for s in sample_ids]
+        index = pd.Index(df["sample_id"].astype(str))
+        missing = [s for s in ids if s not in index]
+        if missing:
+            raise DataError(f"data.sample_ids: {missing[:5]} not in the split")
+        return df.iloc[index.get_indexer(ids)].reset_index(drop=True)
+    if n is None or n >= len(df):
+        return df.reset_index(drop=True)
+    rng = np.random.default_rng(seed)
+    classes = sorted(df["label"].unique()) if n_classes is None else list(range(n_classes))
+    quota = {c: n // len(classes) + (i < n % len(classes)) for i, c in enumerate(classes)}
+    picked: list[int] = []
+    for c in classes:
+        rows = np.flatnonzero(df["label"].to_numpy() == c)
+        picked.extend(rng.permutation(rows)[: quota[c]].tolist())
+    rest = np.setdiff1d(np.arange(len(df)), picked)
+    picked.extend(rng.permutation(rest)[: n - len(picked)].tolist())
+    return df.iloc[sorted(picked)].reset_index(drop=True)
+
+
+OUTCOMES = ("all", "correct", "incorrect")
+
+
+def filter_outcome(
+    model: Any, tokenizer: Any, df: pd.DataFrame, outcome: str, max_length: int
+) -> pd.DataFrame:
+    """Keep the samples the model classifies correctly / incorrectly (SPEC §4 study pools)."""
+    if outcome not in OUTCOMES:
+        raise DataError(f"data.outcome must be one of {OUTCOMES}, got {outcome!r}")
+    if outcome == "all":
+        return df
+    ids = tokenizer(df["text"].astype(str).tolist(), truncation=True, max_length=max_length)
+    pred = predict_proba(
+        model, ids["input_ids"], pad_token_id=int(tokenizer.pad_token_id or 0)
+    ).argmax(1)
+    right = pred == df["label"].to_numpy()
+    return df[right if outcome == "correct" else ~right].reset_index(drop=True)
+
+
+def _parent_model_cfg(run_dir: Path) -> Mapping[str, Any]:
+    path = run_dir / "config.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)).get("model", {}) if path.is_file() else {}  # type: ignore[union-attr]
+
+
+def _metrics(
+    timings: Mapping[str, Mapping[str, float]], diag: Mapping[str, Any]
+) -> dict[str, float]:
+    out = {f"{k}.{m}": v for m, t in timings.items() for k, v in t.items()}
+    for m, d in diag.items():
+        for key, vals in d.items():
+            out[f"{key}_abs_mean.{m}"] = float(np.mean(np.abs(vals)))
+    return out
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    with Stage(cfg, "explain", inputs={"model": cfg.inputs.model}) as st:
+        model, tokenizer = load_trained(st.inputs["model"])
+        parent = _parent_model_cfg(st.inputs["model"])
+        st.set_tags({"model": str(parent.get("name", "unknown"))})
+        data = load_dataset(cfg.dataset)
+        if list(data.label_names) != label_names_of(model):
+            raise DataError(
+                f"dataset {cfg.dataset.name} labels {data.label_names} != the model's "
+                f"{label_names_of(model)} (inputs.model={cfg.inputs.model})"
+            )
+        max_length = int(cfg.max_length or parent.get("max_length", 256))
+        pool = filter_outcome(
+            model, tokenizer, data[cfg.data.split], str(cfg.data.outcome), max_length
+        )
+        df = select_samples(
+            pool, cfg.data.n_samples, int(cfg.seed), cfg.data.sample_ids, len(data.label_names)
+        )
+        timings: dict[str, dict[str, float]] = {}
+        diag: dict[str, dict[str, list[float]]] = {}
+        attributions, predictions = explain_frame(
+            model, tokenizer, df, dict(cfg.method), target=str(cfg.target),
+            max_length=max_length,
+            batch_size=int(cfg.batch_size), trainer=OmegaConf.to_container(cfg.trainer),
+            progress=bool(cfg.progress), timings=timings, diagnostics=diag,
+        )  # fmt: skip
+        predictions["split"] = str(cfg.data.split)
+        st.write(tables.PREDICTIONS, predictions)
+        st.write(tables.ATTRIBUTIONS, attributions)
+        metrics = {
+            "n_samples": len(df),
+            "accuracy": float((predictions["pred"] == predictions["label"]).mean()),
+        }
+        metrics.update(_metrics(timings, diag))
+        st.log_metrics(metrics)
+        samples = cfg.view.samples if isinstance(cfg.view.samples, int) else list(cfg.view.samples)
+        for path in views.write_views(
+            st.path("views"), predictions, attributions, samples, int(cfg.view.top_k),
+            int(cfg.view.overlap_k), data.label_names,
+        ):  # fmt: skip
+            st.log_file(path, "views")
+        return {"run_dir": str(st.run_dir), "run_id": st.run_id, **metrics}
+
+
+main = hydra_main("explain", run)

@@ -1,0 +1,208 @@
+"""``saleval-import``: crowd answers → A[i, j, k] (SPEC §5, §9.1).
+
+Long answers::
+
+    saleval-import inputs.tasks=<tasks run> inputs.answers=<answers.csv | run dir | runs:/id>
+
+Published results of the original study::
+
+    saleval-import crowd=lu2024 crowd.path=<data root>/published/lu2024/IMDB.csv dataset=imdb
+
+Writes ``annotations.parquet`` (accepted answers that passed the quality filters),
+``aggregated.csv``, ``rejects.csv``, ``filtered.csv`` (answers removed by a filter)
+and ``import_report.json`` (hashes, counts, filters, agreement, expert check).
+``inputs.answers`` may be a plain file: its path and sha256 become params and tags;
+when it sits in a run dir, that run is recorded as the ``answers`` parent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saleval import tables, tracking
+from saleval.crowd.importer import (
+    ANSWER_FILE,
+    CrowdImport,
+    import_answers,
+    import_published,
+    sha256_file,
+)
+from saleval.stage import RUN_JSON, InputError, Stage, hydra_main, resolve_input
+
+REPORT_FILE = "import_report.json"
+FILTERED_FILE = "filtered.csv"
+
+
+def given_input(cfg: DictConfig, key: str) -> str | None:
+    """``inputs.<key>`` as a string, or None when left at ``???``/null."""
+    if OmegaConf.is_missing(cfg.inputs, key):
+        return None
+    value = OmegaConf.select(cfg, f"inputs.{key}")
+    return None if value in (None, "", "None") else str(value)
+
+
+def answers_source(spec: str) -> tuple[Path, str | None]:
+    """``inputs.answers`` → (the answers file, a run dir to record as parent or None)."""
+    if spec.startswith("runs:/"):
+        run_dir = resolve_input("answers", spec)
+        return run_dir / ANSWER_FILE, str(run_dir)
+    path = Path(spec).expanduser().resolve()
+    if path.is_dir():
+        return path / ANSWER_FILE, str(path) if (path / RUN_JSON).is_file() else None
+    if path.is_file():
+        in_run = path.name == ANSWER_FILE and (path.parent / RUN_JSON).is_file()
+        return path, str(path.parent) if in_run else None
+    raise InputError(f"inputs.answers={spec}: no such file or directory")
+
+
+def adopt_dataset(cfg: DictConfig, run_dir: str | Path) -> list[str]:
+    """Take the dataset config of a parent run unless one was given (then they must agree)."""
+    parent = OmegaConf.load(Path(run_dir, "config.yaml"))
+    theirs = OmegaConf.select(parent, "dataset")
+    ours = OmegaConf.select(cfg, "dataset")
+    if ours is None and theirs is None:
+        raise InputError(f"{run_dir}: its config.yaml names no dataset; pass dataset=<name>")
+    if ours is None:
+        with open_dict(cfg):
+            cfg.dataset = theirs
+    elif theirs is not None and list(ours.label_names) != list(theirs.label_names):
+        raise InputError(
+            f"dataset={ours.name} has labels {list(ours.label_names)} but the run {run_dir} "
+            f"used {theirs.name} with labels {list(theirs.label_names)}"
+        )
+    return [str(n) for n in cfg.dataset.label_names]
+
+
+def study_of(tasks_dir: Path, tasks: pd.DataFrame) -> dict[str, str]:
+    """Target (gold | prediction) and population (correct | misclassified) of a task run."""
+    tcfg = OmegaConf.load(tasks_dir / "config.yaml")
+    target = OmegaConf.select(tcfg, "study.target", default=None)
+    if "target" in tasks and tasks["target"].notna().any():
+        target = str(tasks["target"].dropna().iloc[0])
+    population = OmegaConf.select(tcfg, "study.population", default=None)
+    if population is None and {"gold_label", "pred"} <= set(tasks.columns):
+        t = tasks.dropna(subset=["gold_label", "pred"])
+        if len(t) and (t["gold_label"] != t["pred"]).all():
+            population = "misclassified"
+    return {"target": str(target or "gold"), "population": str(population or "correct")}
+
+
+def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, Any]:
+    """Write the four outputs (+ filtered.csv) and log their counts."""
+    report = {"simulated": simulated, **result.report}
+    st.write(tables.ANNOTATIONS, result.annotations)
+    st.write(tables.AGGREGATED, result.aggregated)
+    st.write(tables.REJECTS, result.rejects)
+    if len(result.removed) or result.report.get("format") == "answers":
+        result.removed.to_csv(st.path(FILTERED_FILE), index=False)
+        st.log_file(st.path(FILTERED_FILE))
+    st.path(REPORT_FILE).write_text(json.dumps(report, indent=2, default=str))
+    st.log_file(st.path(REPORT_FILE))
+    metrics: dict[str, float] = {
+        k: float(report[k])
+        for k in (
+            "n_rows",
+            "n_accepted",
+            "n_rejected_rows",
+            "n_annotations",
+            "n_workers",
+            "n_tasks",
+            "tasks_without_answers",
+        )
+        if isinstance(report.get(k), int | float)
+    }
+    metrics["n_reject_entries"] = float(len(result.rejects))
+    metrics["crowd_accuracy"] = float(result.aggregated["correct"].mean() * 100)
+    for f in report.get("filters", []):
+        metrics[f"filter/{f['name']}/workers"] = f["n_workers"]
+        metrics[f"filter/{f['name']}/answers"] = f["n_answers"]
+    alpha = (report.get("agreement") or {}).get("krippendorff_alpha")
+    if alpha is not None:
+        metrics["krippendorff_alpha"] = alpha
+    expert = report.get("expert") or {}
+    if expert.get("agreement") is not None:
+        metrics["expert_agreement"] = expert["agreement"]
+    st.log_metrics(metrics)
+    return {"run_dir": str(st.run_dir), "run_id": st.run_id, "simulated": simulated, **metrics}
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    if cfg.crowd.format == "lu2024":
+        return _run_published(cfg)
+    if cfg.crowd.format != "answers":
+        raise ValueError(f"crowd.format must be 'answers' or 'lu2024', not {cfg.crowd.format!r}")
+    tasks_spec, answers_spec = given_input(cfg, "tasks"), given_input(cfg, "answers")
+    if tasks_spec is None or answers_spec is None:
+        raise InputError(
+            "saleval-import needs inputs.tasks=<tasks run> and inputs.answers=<answers.csv or "
+            "run dir> (or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
+        )
+    answers_file, answers_run = answers_source(answers_spec)
+    tasks_dir = resolve_input("tasks", tasks_spec)
+    label_names = adopt_dataset(cfg, tasks_dir)
+    digest = sha256_file(answers_file) if answers_file.is_file() else ""
+    inputs = {"tasks": str(tasks_dir), **({"answers": answers_run} if answers_run else {})}
+    tags = {"answers_path": str(answers_file), "answers_sha256": digest}
+    with Stage(cfg, "import", inputs=inputs, tags=tags) as st:
+        tracking.log_params({"source.path": str(answers_file), "source.sha256": digest})
+        tasks = tables.TASKS.read(tasks_dir)
+        bundles_path = tables.BUNDLES.path(tasks_dir)
+        bundles = tables.BUNDLES.read(tasks_dir) if bundles_path.is_file() else None
+        expert_path = OmegaConf.select(cfg, "crowd.expert.path")
+        expert = pd.read_csv(expert_path, dtype=str, keep_default_na=False) if expert_path else None
+        crowd = OmegaConf.to_container(cfg.crowd, resolve=True)
+        assert isinstance(crowd, dict)
+        result = import_answers(
+            answers_file, tasks, bundles, label_names, crowd, seed=int(cfg.seed), expert=expert
+        )
+        if result.report.pop("simulated_column", False):
+            st.set_tags({"simulated": "true"})
+        result.report.update(
+            dataset=str(cfg.dataset.name),
+            source={"path": str(answers_file), "sha256": digest},
+            tasks={
+                "path": str(tables.TASKS.path(tasks_dir)),
+                "sha256": sha256_file(tables.TASKS.path(tasks_dir)),
+            },
+            study=study_of(tasks_dir, tasks),
+        )
+        return write_outputs(st, result, st.tags.get("simulated") == "true")
+
+
+def _run_published(cfg: DictConfig) -> dict[str, Any]:
+    path, dataset = published_args(cfg)
+    digest = sha256_file(path)
+    with Stage(cfg, "import", tags={"source_path": str(path), "source_sha256": digest}) as st:
+        tracking.log_params({"source.path": str(path), "source.sha256": digest})
+        crowd = OmegaConf.to_container(cfg.crowd, resolve=True)
+        assert isinstance(crowd, dict)
+        result = import_published(path, list(dataset.label_names), str(dataset.name), crowd)
+        result.report.update(
+            dataset=str(dataset.name),
+            source={"path": str(path), "sha256": digest},
+            study={"target": "gold", "population": "correct"},
+        )
+        return write_outputs(st, result, simulated=False)
+
+
+def published_args(cfg: DictConfig) -> tuple[Path, DictConfig]:
+    """(file, dataset config) for ``crowd=lu2024``, with a clear error for what is missing."""
+    if OmegaConf.is_missing(cfg.crowd, "path") or not cfg.crowd.path:
+        raise InputError(
+            "crowd=lu2024 needs crowd.path=<data root>/published/lu2024/<IMDB|AGNEWS>.csv"
+        )
+    dataset = OmegaConf.select(cfg, "dataset")
+    if dataset is None:
+        raise InputError("crowd=lu2024 needs dataset=imdb or dataset=ag_news (for the label names)")
+    path = Path(str(cfg.crowd.path)).expanduser()
+    if not path.is_file():
+        raise InputError(f"crowd.path={path}: file not found")
+    return path.resolve(), dataset
+
+
+main = hydra_main("import", run)

@@ -1,0 +1,200 @@
+"""``saleval-metrics``: faithfulness and plausibility of every method's word scores (SPEC §7).
+
+Reads the explain run (``attributions.parquet``, ``predictions.parquet``, its
+``max_length`` and dataset) and the train run's model; writes ``metrics.csv``
+(means per method, metric, k), ``metrics_per_example.parquet`` (what the
+instance-level comparison needs) and ``metric_timings.csv`` (wall time and
+forward passes per metric family), and logs every mean as ``<metric>/<method>``
+(``<metric>/<method>/k<k>`` per k) so the MLflow UI charts them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saleval import tables
+from saleval.faithfulness import (
+    Explanation,
+    FaithfulnessConfig,
+    evaluate,
+    explanations_from_tables,
+    summarize,
+)
+from saleval.models import load_trained
+from saleval.stage import Stage, hydra_main, read_run_info, resolve_input
+
+log = logging.getLogger(__name__)
+
+TIMINGS = "metric_timings.csv"
+
+
+def parent_config(run_dir: Path) -> DictConfig:
+    path = Path(run_dir, "config.yaml")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the run's config.yaml is missing")
+    cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def _check_matches(cfg: DictConfig, key: str, parent: DictConfig, where: Path) -> str:
+    """The parent's ``<key>.name``; a value set here must agree with it."""
+    theirs = str(OmegaConf.select(parent, f"{key}.name", default="none"))
+    ours = OmegaConf.select(cfg, f"{key}.name", default=None)
+    if ours is not None and str(ours) != theirs:
+        raise ValueError(f"{key}={ours} but the run at {where} used {key}={theirs}")
+    return theirs
+
+
+def explain_max_length(explain_cfg: DictConfig, train_cfg: DictConfig, where: Path) -> int:
+    """The max_length the explain run segmented with: its own, else the train run's."""
+    for cfg, key in (
+        (explain_cfg, "max_length"),
+        (explain_cfg, "model.max_length"),
+        (train_cfg, "model.max_length"),
+    ):
+        value = OmegaConf.select(cfg, key, default=None)
+        if value:
+            return int(value)
+    raise ValueError(
+        f"{where}/config.yaml sets no max_length and the train run's config has no "
+        "model.max_length: cannot re-segment the texts as the explain run did"
+    )
+
+
+def _warn_on_other_model(explain_dir: Path, model_dir: Path) -> None:
+    explained_with = (read_run_info(explain_dir).get("parent_dirs") or {}).get("model")
+    if explained_with and Path(explained_with).resolve() != Path(model_dir).resolve():
+        log.warning(
+            "the explain run %s explained the model of %s, but inputs.model=%s: the metrics "
+            "measure another model than the one explained",
+            explain_dir,
+            explained_with,
+            model_dir,
+        )
+
+
+def plausibility_rows(
+    explanations: list[Explanation], explain_cfg: DictConfig, cfg: DictConfig
+) -> pd.DataFrame | None:
+    """AUPRC, token F1, IOU F1 per explanation, when the dataset has human rationales."""
+    from saleval.data import load_dataset
+    from saleval.plausibility import plausibility_scores, rationale_word_mask
+
+    pcfg = cfg.metrics.plausibility
+    enabled = str(pcfg.enabled).lower()
+    if enabled == "false":
+        return None
+    dcfg = OmegaConf.to_container(explain_cfg.dataset, resolve=True)
+    assert isinstance(dcfg, dict)
+    dcfg["data_root"] = str(cfg.paths.data_root)  # where the files sit here, not where they sat
+    split = str(OmegaConf.select(explain_cfg, "data.split", default="test") or "test")
+    frame = load_dataset(dcfg)[split]
+    if "rationale_spans" not in frame.columns:
+        if enabled == "true":
+            raise ValueError(
+                f"metrics.plausibility.enabled=true but dataset {dcfg['name']} has no human "
+                "rationales (only eraser_movies does)"
+            )
+        return None
+    rows = frame.set_index(frame["sample_id"].astype(str))
+    missing = sorted({e.sample_id for e in explanations} - set(rows.index))
+    if missing:
+        raise ValueError(
+            f"samples {missing[:5]} of the explain run are not in split {split!r} of "
+            f"dataset {dcfg['name']}"
+        )
+    top_k = pcfg.top_k
+    out = []
+    for e in explanations:
+        row = rows.loc[e.sample_id]
+        if str(row["text"]) != e.seg.text:
+            raise ValueError(
+                f"predictions.parquet: sample {e.sample_id}, field text: differs from the "
+                f"dataset's text, so the rationale spans would not line up"
+            )
+        human = rationale_word_mask(e.seg.spans, row["rationale_spans"])
+        scores = plausibility_scores(
+            human, e.scores, None if top_k is None else int(top_k), float(pcfg.iou_threshold)
+        )
+        out.extend((e.sample_id, e.method, m, "", v) for m, v in scores.items())
+    return pd.DataFrame(out, columns=["sample_id", "method", "metric", "k", "value"])
+
+
+def mlflow_names(summary: pd.DataFrame) -> dict[str, float]:
+    """``<metric>/<method>`` for grid averages and single-valued metrics, ``/k<k>`` per k."""
+    out = {}
+    for r in summary.itertuples():
+        key = f"{r.metric}/{r.method}" + (f"/k{r.k}" if r.k else "")
+        out[key] = float(r.value)
+    return out
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    explain_dir = resolve_input("explain", cfg.inputs.explain)
+    model_dir = resolve_input("model", cfg.inputs.model)
+    explain_cfg = parent_config(explain_dir)
+    _warn_on_other_model(explain_dir, model_dir)
+    dataset = _check_matches(cfg, "dataset", explain_cfg, explain_dir)
+    model_name = _check_matches(cfg, "model", parent_config(model_dir), model_dir)
+    with open_dict(cfg):  # tracking is not part of the fingerprint
+        cfg.tracking.experiment = cfg.tracking.experiment or f"saleval/{dataset}"
+    tags = {"dataset": dataset, "model": model_name}
+    with Stage(cfg, "metrics", {"model": model_dir, "explain": explain_dir}, tags=tags) as st:
+        mcfg = cfg.metrics
+        fcfg = FaithfulnessConfig.from_mapping(OmegaConf.to_container(mcfg, resolve=True))
+        model, tok = load_trained(st.inputs["model"], attn_implementation=None)
+        preds = tables.PREDICTIONS.read(st.inputs["explain"])
+        attrs = tables.ATTRIBUTIONS.read(st.inputs["explain"])
+        if mcfg.max_samples is not None:
+            keep = sorted(preds["sample_id"].astype(str))[: int(mcfg.max_samples)]
+            attrs = attrs[attrs["sample_id"].isin(keep)]
+        max_length = explain_max_length(explain_cfg, parent_config(model_dir), explain_dir)
+        methods = None if mcfg.methods is None else [str(m) for m in mcfg.methods]
+        explanations = explanations_from_tables(
+            preds, attrs, tok, max_length, methods, where=str(tables.ATTRIBUTIONS.path(explain_dir))
+        )
+        result = evaluate(model, tok, explanations, fcfg, progress=bool(cfg.get("progress", True)))
+        _warn_on_prediction_mismatch(preds, result.full)
+        per_example = result.per_example
+        plaus = plausibility_rows(explanations, explain_cfg, cfg)
+        if plaus is not None:
+            per_example = pd.concat([per_example, plaus], ignore_index=True)
+        summary = summarize(per_example)
+        st.write(tables.METRICS_PER_EXAMPLE, per_example)
+        st.write(tables.METRICS, summary)
+        result.timings.to_csv(st.path(TIMINGS), index=False)
+        st.log_file(st.path(TIMINGS))
+        st.log_metrics(mlflow_names(summary))
+        st.log_metrics({f"seconds/{r.metric}": r.seconds for r in result.timings.itertuples()})
+        st.log_metrics(
+            {"n_forward": result.extra["n_forward"], "n_explanations": len(explanations)}
+        )
+        return {
+            "run_dir": str(st.run_dir),
+            "run_id": st.run_id,
+            "n_explanations": len(explanations),
+            "n_forward": result.extra["n_forward"],
+            "timings": result.timings.to_dict("records"),
+        }
+
+
+def _warn_on_prediction_mismatch(preds: pd.DataFrame, full: pd.DataFrame) -> None:
+    """Metrics target the model's prediction now; say if the explain run saw another one."""
+    both = full.merge(preds[["sample_id", "pred"]], on="sample_id", suffixes=("", "_explain"))
+    n = int((both["pred"] != both["pred_explain"]).sum())
+    if n:
+        log.warning(
+            "%d of %d samples: the model's prediction differs from predictions.parquet "
+            "(bf16 or another model?); metrics use the prediction recomputed here",
+            n,
+            len(both),
+        )
+
+
+main = hydra_main("metrics", run)

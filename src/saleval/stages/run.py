@@ -1,0 +1,194 @@
+"""``saleval-run``: the whole study with one command (what ``make run`` calls).
+
+train → explain → tasks → simulate → import → score, and metrics → compare, each
+stage its own MLflow run nested under one parent run. A profile
+(``conf/profile/*.yaml``) gives every stage its overrides. Stages chain through
+``inputs.<name>=<run dir>`` exactly as a user would chain them by hand.
+
+Resumable: before running a stage its fingerprint (config + parents'
+fingerprints, see :func:`saleval.stage.stage_fingerprint`) is looked up among
+finished runs in the MLflow store; a match whose run dir still exists is reused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saleval import paths, tracking
+from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
+
+log = logging.getLogger(__name__)
+
+# (stage, module, config name, {input name: producing stage})
+PIPELINE: list[tuple[str, str, str, dict[str, str]]] = [
+    ("train", "saleval.stages.train", "train", {}),
+    ("explain", "saleval.stages.explain", "explain", {"model": "train"}),
+    ("tasks", "saleval.stages.tasks", "tasks", {"explain": "explain"}),
+    ("simulate", "saleval.stages.simulate", "simulate", {"tasks": "tasks"}),
+    ("import", "saleval.stages.import_", "import", {"tasks": "tasks", "answers": "simulate"}),
+    ("score", "saleval.stages.score", "score", {"crowd": "import"}),
+    ("metrics", "saleval.stages.metrics", "metrics", {"model": "train", "explain": "explain"}),
+    ("compare", "saleval.stages.compare", "compare", {"score": "score", "metrics": "metrics"}),
+]
+
+
+def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
+    """Compose a stage's root config as its console script would."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    gh = GlobalHydra.instance()
+    was = gh.is_initialized()
+    if was:
+        # inside a Hydra app: compose with the already-initialised config search path
+        return compose(config_name, overrides=overrides)
+    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+        return compose(config_name, overrides=overrides)
+
+
+def find_reusable(stage: str, fp: str) -> Path | None:
+    """A finished run of ``stage`` with fingerprint ``fp`` whose run dir still exists."""
+    client = MlflowClient()
+    exps = [e.experiment_id for e in client.search_experiments()]
+    if not exps:
+        return None
+    runs = client.search_runs(
+        exps,
+        filter_string=f"tags.stage = '{stage}' and tags.fingerprint = '{fp}' "
+        "and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=10,
+    )
+    for r in runs:
+        d = r.data.tags.get("run_dir")
+        if d and Path(d, RUN_JSON).is_file() and read_run_info(d).get("status") == "FINISHED":
+            return Path(d)
+    return None
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    profile = cfg.profile
+    out_root = Path(str(cfg.run_dir)) if cfg.get("run_dir") else _hydra_dir()
+    out_root.mkdir(parents=True, exist_ok=True)
+    common = [f"{k}={v}" for k, v in dict(profile.get("common", {})).items()]
+    uri = tracking.tracking_uri(cfg.tracking.uri)
+    tracking.setup(uri, f"saleval/{profile.get('dataset', 'study')}", cfg.tracking.artifact_root)
+    dirs: dict[str, Path] = {}
+    timings: dict[str, dict[str, Any]] = {}
+    selected = list(profile.get("stages_to_run") or [s for s, *_ in PIPELINE])
+
+    with mlflow.start_run(
+        run_name=f"run:{profile.name}",
+        tags={
+            "stage": "run",
+            "profile": str(profile.name),
+            "dataset": str(profile.get("dataset", "")),
+            "model": str(profile.get("model", "")),
+            "run_dir": str(out_root),
+            "simulated": "true" if "simulate" in selected else "false",
+        },
+    ) as parent:
+        tracking.log_params({"profile": OmegaConf.to_container(profile, resolve=True)})
+        for stage, module, config_name, needs in PIPELINE:
+            if stage not in selected:
+                continue
+            given = dict(cfg.get("inputs") or {})
+            overrides = list(common) + [str(o) for o in profile.stages.get(stage, [])]
+            for name, producer in needs.items():
+                src = given.get(f"{stage}.{name}") or given.get(producer)
+                if src:
+                    overrides.append(f"inputs.{name}={resolve_input(name, src)}")
+                elif producer in dirs:
+                    overrides.append(f"inputs.{name}={dirs[producer]}")
+                else:
+                    raise ValueError(
+                        f"stage {stage} needs inputs.{name} from {producer}, which did "
+                        f"not run; pass inputs.{producer}=<run dir>"
+                    )
+            stage_dir = out_root / stage
+            overrides.append(f"run_dir={stage_dir}")
+            stage_cfg = compose_stage(config_name, overrides)
+            input_dirs = {
+                k: Path(str(v))
+                for k, v in (stage_cfg.get("inputs") or {}).items()
+                if isinstance(v, str) and Path(v).is_dir()
+            }
+            fp = stage_fingerprint(stage_cfg, stage, input_dirs)
+            reused = find_reusable(stage, fp) if cfg.reuse else None
+            t0 = time.perf_counter()
+            if reused is not None:
+                log.info("[run] %s: reusing %s (fingerprint %s)", stage, reused, fp)
+                dirs[stage] = reused
+                mlflow.set_tag(f"reused.{stage}", read_run_info(reused).get("run_id", ""))
+            else:
+                log.info("[run] %s: running (fingerprint %s) -> %s", stage, fp, stage_dir)
+                fn: Callable[[DictConfig], Any] = importlib.import_module(module).run
+                with open_dict(stage_cfg):
+                    stage_cfg.tracking = cfg.tracking
+                fn(stage_cfg)
+                dirs[stage] = stage_dir
+            seconds = time.perf_counter() - t0
+            timings[stage] = {
+                "seconds": round(seconds, 1),
+                "reused": reused is not None,
+                "run_dir": str(dirs[stage]),
+            }
+            tracking.log_metrics({f"seconds/{stage}": seconds})
+            print(
+                f"[saleval-run] {stage:<9} {'reused' if reused else 'ran':<6} "
+                f"{seconds:8.1f} s  {dirs[stage]}",
+                flush=True,
+            )
+        summary = {
+            "parent_run_id": parent.info.run_id,
+            "stages": timings,
+            "tracking_uri": uri,
+            "profile": str(profile.name),
+        }
+        (out_root / "pipeline.json").write_text(json.dumps(summary, indent=2))
+        mlflow.log_artifact(str(out_root / "pipeline.json"))
+    _final_report(dirs, timings, uri)
+    return summary
+
+
+def _hydra_dir() -> Path:
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def _final_report(
+    dirs: Mapping[str, Path], timings: Mapping[str, Mapping[str, Any]], uri: str
+) -> None:
+    total = sum(float(t["seconds"]) for t in timings.values())
+    print("\n== saleval-run: wall time per stage ==")
+    for stage, t in timings.items():
+        print(f"  {stage:<9} {t['seconds']:>8.1f} s{'  (reused)' if t['reused'] else ''}")
+    print(f"  {'total':<9} {total:>8.1f} s")
+    if "compare" in dirs and (dirs["compare"] / "comparison.md").is_file():
+        print("\n== human (crowd) vs automated metrics ==")
+        print((dirs["compare"] / "comparison.md").read_text())
+    elif "score" in dirs and (dirs["score"] / "scores.md").is_file():
+        print((dirs["score"] / "scores.md").read_text())
+    if "simulate" in dirs:
+        print(
+            "NOTE: the human scores above come from the SIMULATED crowd (saleval-simulate), "
+            "not from people. See README: 'Real answers' to swap in real crowd answers."
+        )
+    if uri.startswith("sqlite:///"):
+        print(f"\nOpen the runs side by side:\n  .venv/bin/mlflow ui --backend-store-uri {uri}\n")
+    else:
+        print(f"\nRuns are in the MLflow tracking server at {uri}\n")
+
+
+main = hydra_main("run", run)

@@ -1,0 +1,197 @@
+"""``saleval-score``: accuracy, scores, ranks, CIs, flips, tables and plots (SPEC §6, §9.1).
+
+From an import run::
+
+    saleval-score inputs.crowd=<import run dir | runs:/id>
+
+Straight from the published results of the original study::
+
+    saleval-score crowd=lu2024 crowd.path=<data root>/published/lu2024/IMDB.csv dataset=imdb
+
+Writes ``accuracy.csv``, ``scores.csv``, ``flips.csv``, ``flip_histogram.csv``,
+``scores.md``, ``scores.tex``, ``accuracy_vs_k.png``, ``flip_histogram.png``,
+``score_report.json`` and a copy of the scored ``aggregated.csv`` (and the import's
+``annotations.parquet``) so a score run is self-contained for the comparison stage;
+misclassified studies add ``counts.csv``, forward-prediction studies ``outcomes.csv``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from saleval import reports, scoring, tables, tracking
+from saleval.crowd.importer import import_published, sha256_file
+from saleval.stage import InputError, Stage, hydra_main, resolve_input
+from saleval.stages.import_ import REPORT_FILE, adopt_dataset, given_input, published_args
+
+COUNTS_FILE = "counts.csv"
+OUTCOMES_FILE = "outcomes.csv"
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    crowd = OmegaConf.select(cfg, "crowd")
+    if crowd is not None and crowd.format == "lu2024":
+        path, dataset = published_args(cfg)
+        digest = sha256_file(path)
+        tags = {"source_path": str(path), "source_sha256": digest}
+        with Stage(cfg, "score", tags=tags) as st:
+            tracking.log_params({"source.path": str(path), "source.sha256": digest})
+            source = OmegaConf.to_container(crowd, resolve=True)
+            assert isinstance(source, dict)
+            imported = import_published(path, list(dataset.label_names), str(dataset.name), source)
+            if len(imported.rejects):
+                st.write(tables.REJECTS, imported.rejects)
+            info = {
+                "source": {"path": str(path), "sha256": digest, "format": "lu2024"},
+                "study": {"target": "gold", "population": "correct"},
+            }
+            return score_outputs(st, cfg, imported.aggregated, info)
+    if crowd is not None:
+        raise InputError(
+            f"saleval-score takes inputs.crowd=<import run> or crowd=lu2024; crowd={crowd.name} "
+            "answers must go through saleval-import first"
+        )
+    spec = given_input(cfg, "crowd")
+    if spec is None:
+        raise InputError(
+            "saleval-score needs inputs.crowd=<import run dir or runs:/id> "
+            "(or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
+        )
+    crowd_dir = resolve_input("crowd", spec)
+    adopt_dataset(cfg, crowd_dir)
+    with Stage(cfg, "score", inputs={"crowd": str(crowd_dir)}) as st:
+        report_path = crowd_dir / REPORT_FILE
+        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        annotations = tables.ANNOTATIONS.path(crowd_dir)
+        if annotations.is_file():
+            shutil.copy2(annotations, st.path(annotations.name))
+            st.log_file(st.path(annotations.name))
+        info = {
+            "source": {"import_run": str(crowd_dir), **(report.get("source") or {})},
+            "study": report.get("study") or {"target": "gold", "population": "correct"},
+            "aggregator": report.get("aggregator"),
+        }
+        return score_outputs(st, cfg, tables.AGGREGATED.read(crowd_dir), info)
+
+
+def score_outputs(
+    st: Stage, cfg: DictConfig, aggregated: pd.DataFrame, info: dict[str, Any]
+) -> dict[str, Any]:
+    """Score A, write every table, report and plot into the run dir, log metrics."""
+    sc = cfg.scoring
+    simulated = st.tags.get("simulated") == "true"
+    dataset = str(cfg.dataset.name)
+    result = scoring.score(
+        aggregated,
+        baseline=str(sc.baseline),
+        n_bootstrap=int(sc.bootstrap.n),
+        level=float(sc.bootstrap.level),
+        n_resamples=int(sc.test_resamples),
+        seed=int(cfg.seed),
+        histogram_exclude=list(sc.flip_histogram_exclude),
+    )
+    st.write(tables.AGGREGATED, aggregated)
+    st.write(tables.ACCURACY, result.accuracy)
+    st.write(tables.SCORES, result.scores)
+    st.write(tables.FLIPS, result.flips)
+    result.histogram.to_csv(st.path("flip_histogram.csv"), index=False)
+    sections: dict[str, pd.DataFrame] = {}
+    study = info["study"]
+    if study.get("population") == "misclassified":
+        counts = scoring.recognised_counts(result.cube)
+        counts.to_csv(st.path(COUNTS_FILE), index=False)
+        wide = counts.pivot(index="method", columns="k", values="recognised")
+        wide = wide.loc[scoring.order_methods(wide.index)].reset_index()
+        sections["Misclassified samples recognised (count per method and k)"] = wide
+    if study.get("target") == "prediction" and {"gold_label", "pred"} <= set(aggregated.columns):
+        outcomes = scoring.outcome_breakdown(
+            aggregated, positive=int(sc.positive_label), n_labels=len(cfg.dataset.label_names)
+        )
+        outcomes.to_csv(st.path(OUTCOMES_FILE), index=False)
+        pooled = outcomes[outcomes["k"] == "all"].pivot(
+            index="method", columns="outcome", values="accuracy"
+        )
+        pooled = pooled.loc[scoring.order_methods(pooled.index)].round(1).reset_index()
+        sections["Forward prediction: accuracy (%) by model outcome, all k"] = pooled
+    caption = f"{dataset}: crowd accuracy and score per saliency method"
+    if study.get("population") == "misclassified":
+        caption += " (misclassified samples)"
+    if study.get("target") == "prediction":
+        caption += " (forward prediction)"
+    md = reports.scores_markdown(
+        result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
+    )
+    st.path("scores.md").write_text(md)
+    tex = reports.scores_latex(
+        result.accuracy, result.scores, caption, simulated, label=f"tab:scores-{dataset}"
+    )
+    st.path("scores.tex").write_text(tex)
+    reports.plot_accuracy_vs_k(
+        result.accuracy, st.path("accuracy_vs_k.png"), f"{dataset}: accuracy vs k", simulated
+    )
+    reports.plot_flip_histogram(
+        result.histogram, st.path("flip_histogram.png"), f"{dataset}: flips per sample", simulated
+    )
+    summary = {
+        "simulated": simulated,
+        "dataset": dataset,
+        **info,
+        **result.info,
+        "weights": result.weights,
+    }
+    st.path("score_report.json").write_text(json.dumps(summary, indent=2, default=str))
+    for name in (
+        "flip_histogram.csv",
+        "scores.md",
+        "scores.tex",
+        "accuracy_vs_k.png",
+        "flip_histogram.png",
+        "score_report.json",
+        COUNTS_FILE,
+        OUTCOMES_FILE,
+    ):
+        if st.path(name).is_file():
+            st.log_file(st.path(name))
+    _log_metrics(st, result)
+    return {
+        "run_dir": str(st.run_dir),
+        "run_id": st.run_id,
+        "simulated": simulated,
+        "scores": dict(zip(result.scores["method"], result.scores["score"])),
+        "ranks": dict(zip(result.scores["method"], result.scores["rank"].astype(int))),
+    }
+
+
+def _log_metrics(st: Stage, result: scoring.ScoreResult) -> None:
+    """score/<method>, rank/<method>, accuracy/<method>/k<k> (+ accuracy/<method> stepped by k)."""
+    m: dict[str, float] = {}
+    for r in result.scores.itertuples():
+        m[f"score/{r.method}"] = r.score
+        m[f"rank/{r.method}"] = r.rank
+        if hasattr(r, "p_vs_random") and pd.notna(r.p_vs_random):
+            m[f"p_vs_random/{r.method}"] = r.p_vs_random
+    for r in result.accuracy.itertuples():
+        m[f"accuracy/{r.method}/k{r.k}"] = r.accuracy
+    for r in result.flips.itertuples():
+        m[f"flips/{r.method}"] = r.flips
+        m[f"aids/{r.method}"] = r.aids
+    for k, w in result.weights.items():
+        m[f"weight/k{k}"] = w
+    m["n_samples"] = result.info["n_samples"]
+    st.log_metrics(m)
+    for k in result.cube.ks:  # stepped series so the MLflow UI draws accuracy against k
+        st.log_metrics(
+            {
+                f"accuracy/{r.method}": r.accuracy
+                for r in result.accuracy[result.accuracy["k"] == k].itertuples()
+            },
+            step=int(k),
+        )
+
+
+main = hydra_main("score", run)

@@ -1,0 +1,106 @@
+"""``saleval-shortcut``: saliency faithfulness against a planted shortcut (SPEC §8, §9.1).
+
+data (source + planted tokens) → two models (original, mixed) → verification (fails
+loudly, before any saliency) → every method configuration of ``method`` on the
+synthetic test set. Writes ``shortcut_results.csv``, ``verification.json``,
+``shortcut_table.md`` (published layout), ``shortcut_per_example.parquet``,
+``data/*.parquet`` and both models (``original/model``, ``mixed/model``).
+``-m shortcut=st,tic,op dataset=...`` sweeps; each job also refreshes the sweep's
+combined table (``<sweep dir>/shortcut_table.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from saleval import tables
+from saleval.models import load_trained
+from saleval.shortcut import experiment as ex
+from saleval.shortcut.report import combine_runs, published_table, to_markdown
+from saleval.shortcut.verify import require
+from saleval.stage import Stage, hydra_main
+
+TABLE_MD = "shortcut_table.md"
+
+
+def dataset_label(cfg: DictConfig) -> str:
+    """The dataset column: the dataset's name, ``_binary`` when classes were mapped."""
+    return f"{cfg.dataset.name}_binary" if cfg.get("label_map") is not None else cfg.dataset.name
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    kind = str(cfg.shortcut.kind)
+    with Stage(cfg, "shortcut", tags={"shortcut": kind}) as st:
+        data, tokenizer = ex.prepare_data(cfg)
+        for path in ex.write_data(data, st.run_dir):
+            st.log_file(path, ex.DATA_DIR)
+        st.log_metrics({k: v for k, v in data.info.items() if isinstance(v, int | float)})
+        models, fits = ex.train_pair(cfg, data, tokenizer, st.run_dir)
+        for name, fit_metrics in fits.items():
+            st.log_metrics({f"{name}.{k}": v for k, v in fit_metrics.items() if _num(v)})
+        max_length = int(cfg.model.max_length)
+        report, mixed_pred = ex.verify_models(
+            models, tokenizer, data, cfg.shortcut.verify, max_length
+        )
+        info = {**report.to_dict(), "data": data.info, "training": fits}
+        st.path("verification.json").write_text(json.dumps(info, indent=2, default=str))
+        st.log_file(st.path("verification.json"))
+        st.log_metrics({f"verify.{k}": v for k, v in report.to_dict().items() if _num(v)})
+        st.set_tags({"verification": "passed" if report.passed else "failed"})
+        require(report)  # raises VerificationError: no saliency on a model without the shortcut
+
+        model, _ = load_trained(st.run_dir / "mixed", attn_implementation="eager")
+        pool = data.synthetic_test.assign(pred=mixed_pred)
+        examples = ex.explain_subset(pool, cfg.explain.n_samples, int(cfg.seed))
+        target_col = {"predicted": "pred", "gold": "label"}[str(cfg.explain.target)]
+        summary, per_example = ex.saliency_sweep(
+            model,
+            tokenizer,
+            examples,
+            examples[target_col].tolist(),
+            cfg.method,
+            max_length,
+            progress=bool(cfg.get("progress", True)),
+        )
+        results = summary.assign(dataset=dataset_label(cfg), shortcut=kind)
+        st.write(tables.SHORTCUT_RESULTS, results)
+        per_example.to_parquet(st.path("shortcut_per_example.parquet"), index=False)
+        st.log_file(st.path("shortcut_per_example.parquet"))
+        st.path(TABLE_MD).write_text(to_markdown(published_table(results), "Shortcut results"))
+        st.log_file(st.path(TABLE_MD))
+        for r in summary.itertuples(index=False):
+            st.log_metrics({f"precision/{r.config}": r.precision, f"mean_rank/{r.config}": r.mean_rank})
+        _refresh_sweep_table(st)
+        return {
+            "run_dir": str(st.run_dir),
+            "run_id": st.run_id,
+            "verification": report.to_dict(),
+            "results": results,
+            "objective": float(summary["precision"].mean()),
+        }
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _refresh_sweep_table(st: Stage) -> None:
+    """In a Hydra multirun, rebuild the combined table of every finished job so far."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    sweep_dir = st.run_dir.parent  # hydra.sweep.dir/<job number>
+    jobs = sorted(p for p in sweep_dir.iterdir() if tables.SHORTCUT_RESULTS.path(p).is_file())
+    table = published_table(combine_runs(jobs))
+    path = sweep_dir / TABLE_MD
+    path.write_text(to_markdown(table, f"Shortcut results ({len(jobs)} sweep jobs)"))
+    st.log_file(path, "sweep")
+
+
+main = hydra_main("shortcut", run)

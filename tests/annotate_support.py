@@ -1,0 +1,66 @@
+"""Helpers for the annotation app tests: a hand-built task run, a served app, Chromium.
+
+Browser tests drive Debian's ``chromium`` (``apt-get install -y chromium``) through
+Playwright for Python, never a browser that Playwright downloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks.annotate_load import make_task_run
+
+from saleval.annotate.app import AppSettings, background_server, create_app
+from saleval.annotate.study import Study, load_study
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TOKEN = "admin-token-for-tests"
+
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.is_file(),
+    reason="/usr/bin/chromium absent: apt-get install -y chromium (CI installs it in .ci/run)",
+)
+
+
+@dataclass
+class Served:
+    url: str
+    app: Any
+    study: Study
+    tasks_dir: Path
+    db: Path
+
+
+@contextmanager
+def served_app(
+    root: Path, n_bundles: int = 3, bundle_size: int = 5, **settings: Any
+) -> Iterator[Served]:
+    """A fresh task run and database under ``root``, served from a thread on loopback."""
+    tasks_dir = make_task_run(root / "tasks", n_bundles=n_bundles, bundle_size=bundle_size)
+    db = root / "annotations.sqlite"
+    study = load_study(tasks_dir)
+    app = create_app(study, AppSettings(db, TOKEN, **settings))
+    try:
+        with background_server(app) as url:
+            yield Served(url, app, study, tasks_dir, db)
+    finally:
+        app.state.store.close()
+
+
+def launch_chromium(playwright: Any) -> Any:
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

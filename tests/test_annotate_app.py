@@ -1,0 +1,307 @@
+"""The annotation app over HTTP (no browser): flow, validation, escaping, admin, the stage."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from benchmarks.annotate_load import make_task_run
+from fastapi.testclient import TestClient
+from markupsafe import escape
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from saleval import tables
+from saleval.annotate.app import AppSettings, create_app, valid_worker_id
+from saleval.annotate.study import IDK, load_study
+from saleval.stages import annotate as annotate_stage
+from tests.annotate_support import TOKEN
+
+POSITION = re.compile(r'name="position" value="(\d+)"')
+
+
+@pytest.fixture
+def tasks_dir(tmp_path: Path) -> Path:
+    return make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
+
+
+@pytest.fixture
+def app(tmp_path: Path, tasks_dir: Path) -> Iterator[object]:
+    app = create_app(tasks_dir, AppSettings(tmp_path / "db.sqlite", TOKEN))
+    yield app
+    app.state.store.close()
+
+
+def client(app: object) -> TestClient:
+    return TestClient(app, follow_redirects=False)  # type: ignore[arg-type]
+
+
+def begin(c: TestClient, worker: str) -> None:
+    r = c.post("/start", data={"worker_id": worker})
+    assert (r.status_code, r.headers["location"]) == (303, "/instructions")
+    assert c.post("/instructions").headers["location"] == "/task"
+
+
+def answer_current(c: TestClient, answer: str) -> tuple[int, str]:
+    page = c.get("/task")
+    assert page.status_code == 200, page.text
+    pos = int(POSITION.search(page.text).group(1))
+    r = c.post("/answer", data={"position": str(pos), "answer": answer})
+    assert r.status_code == 303
+    return pos, r.headers["location"]
+
+
+def test_flow_instructions_first_tasks_in_order_then_code(app: object) -> None:
+    c = client(app)
+    assert c.get("/task").headers["location"] == "/"  # no session yet
+    r = c.post("/start", data={"worker_id": "  prolific_5f3a.b@x  "})  # stripped
+    assert r.headers["location"] == "/instructions"
+    assert c.get("/task").headers["location"] == "/instructions"  # instructions come first
+    assert c.get("/done").headers["location"] == "/task"
+    page = c.get("/instructions").text
+    assert "<h2>Guess the topic</h2>" in page and "prolific_5f3a.b@x" in page
+    c.post("/instructions")
+    heads = []
+    for ans in ("World", IDK, "Sci/Tech"):
+        heads.append(re.search(r"<h1>(.*?)</h1>", c.get("/task").text).group(1))
+        _, loc = answer_current(c, ans)
+    assert heads == ["Task 1 of 3", "Task 2 of 3", "Task 3 of 3"]
+    assert loc == "/done"
+    done = c.get("/done")
+    code = re.search(r'id="completion-code">([^<]+)<', done.text).group(1)
+    assert re.fullmatch(r"[A-Z2-9]{4}-[A-Z2-9]{4}", code)
+    assert c.get("/task").headers["location"] == "/done"
+    # Coming back with the same id: refused, never a second bundle.
+    r = client(app).post("/start", data={"worker_id": "prolific_5f3a.b@x"})
+    assert r.status_code == 409 and "already completed" in r.text
+    assert len(app.state.store.answers(app.state.study.run_key)) == 3  # type: ignore[attr-defined]
+
+
+def test_progress_bar_counts_answers(app: object) -> None:
+    c = client(app)
+    begin(c, "w1")
+    answer_current(c, "World")
+    page = c.get("/task").text
+    assert '<progress id="progress" max="3" value="1">' in page
+    assert '<label for="progress">1 of 3 tasks answered</label>' in page
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "<script>alert(1)</script>",
+        '"><img src=x onerror=alert(1)>',
+        "w1' onmouseover='alert(1)",
+        "",
+        " ",
+        "x" * 101,
+        "two words",
+        "-leading-dash",
+    ],
+)
+def test_worker_id_validated_and_echo_escaped(app: object, raw: str) -> None:
+    assert valid_worker_id(raw) is None
+    r = client(app).post("/start", data={"worker_id": raw})
+    assert r.status_code == 400
+    assert "not a valid worker ID" in r.text
+    if raw.strip():
+        assert str(escape(raw)) in r.text  # echoed, escaped
+    assert "<script>alert" not in r.text and "<img src=x" not in r.text
+    assert "onmouseover='alert" not in r.text
+    prefill = client(app).get("/", params={"worker_id": raw}).text
+    assert "<script>alert" not in prefill and "<img src=x" not in prefill
+
+
+def test_answers_are_validated(app: object) -> None:
+    c = client(app)
+    begin(c, "w1")
+    pos = int(POSITION.search(c.get("/task").text).group(1))
+    bad = c.post("/answer", data={"position": str(pos), "answer": "<b>Weather</b>"})
+    assert bad.status_code == 400 and "&lt;b&gt;Weather&lt;/b&gt;" in bad.text
+    assert c.post("/answer", data={"position": "x", "answer": "World"}).status_code == 400
+    assert c.post("/answer", data={"position": str(pos + 1), "answer": "World"}).status_code == 409
+    assert c.post("/answer", data={"answer": "World"}).status_code == 400
+    # A double submission is answered like the first and stored once.
+    for _ in range(2):
+        r = c.post("/answer", data={"position": str(pos), "answer": "World"})
+        assert (r.status_code, r.headers["location"]) == (303, "/task")
+    assert len(app.state.store.answers(app.state.study.run_key)) == 1  # type: ignore[attr-defined]
+    # No session: refused.
+    assert client(app).post("/answer", data={"position": "0", "answer": "World"}).status_code == 403
+
+
+def test_task_text_is_escaped(app: object) -> None:
+    c = client(app)
+    begin(c, "w1")
+    seen = []
+    for _ in range(3):
+        seen.append(c.get("/task").text)
+        answer_current(c, "World")
+    tricky = [p for p in seen if "AT&amp;T" in p]
+    assert len(tricky) == 1  # sample s000 sits in every bundle once
+    assert "&lt;b&gt;AT&amp;T&lt;/b&gt;" in tricky[0] and "<b>AT&T" not in tricky[0]
+    assert "&#34;quoted&#34;" in tricky[0]
+
+
+def test_security_headers_and_no_inline_script(app: object) -> None:
+    c = client(app)
+    r = c.get("/")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["cache-control"] == "no-store"
+    begin(c, "w1")
+    for page in (c.get("/"), c.get("/instructions"), c.get("/task")):
+        assert not re.search(r"<script(?![^>]*\bsrc=)", page.text)
+        assert not re.search(r"<[^>]+\son\w+=", page.text)  # no inline handlers
+    assert "keydown" in c.get("/static/app.js").text
+
+
+def test_admin_needs_the_token_never_a_worker_session(app: object) -> None:
+    worker = client(app)
+    begin(worker, "w1")
+    answer_current(worker, "World")
+    assert worker.get("/admin").status_code == 401
+    assert worker.get("/admin/export.csv").status_code == 401
+    assert worker.post("/admin/login", data={"token": "w1"}).status_code == 401
+    assert (
+        client(app).get("/admin", headers={"Authorization": "Bearer wrong-token"}).status_code
+        == 401
+    )
+    admin = client(app)
+    r = admin.post("/admin/login", data={"token": TOKEN})
+    assert (r.status_code, r.headers["location"]) == (303, "/admin")
+    page = admin.get("/admin")
+    assert page.status_code == 200
+    assert re.search(r"<th scope=\"row\">b0000</th>\s*<td>w1</td>", page.text)
+    assert '<span class="count">1/3</span>' in page.text
+    assert '<span class="count">0/3</span>' in page.text
+    assert "1 of 2 bundles assigned" in page.text
+    csv = admin.get("/admin/export.csv")
+    assert csv.status_code == 200 and "attachment" in csv.headers["content-disposition"]
+    assert csv.text.splitlines()[0].startswith("worker_id,task_id,answer,started_at,submitted_at")
+    bearer = client(app).get("/admin/export.csv", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bearer.text == csv.text
+    admin.post("/admin/logout")
+    assert admin.get("/admin").status_code == 401
+
+
+def test_admin_token_must_be_set(tmp_path: Path, tasks_dir: Path) -> None:
+    with pytest.raises(ValueError, match="admin_token"):
+        create_app(tasks_dir, AppSettings(tmp_path / "x.sqlite", ""))
+
+
+def test_worker_id_is_escaped_in_admin_view(tmp_path: Path, tasks_dir: Path) -> None:
+    # Ids are validated, but the admin page escapes anyway ('+' and '@' are allowed).
+    app = create_app(tasks_dir, AppSettings(tmp_path / "db.sqlite", TOKEN))
+    begin(client(app), "a+b@c.d")
+    page = client(app).get("/admin", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    assert "<td>a+b@c.d</td>" in page
+    app.state.store.close()
+
+
+# -- the stage ---------------------------------------------------------------------------
+def _fill(db: Path, tasks_dir: Path, answers: dict[str, list[str]]) -> None:
+    app = create_app(tasks_dir, AppSettings(db, TOKEN))
+    for worker, given in answers.items():
+        c = client(app)
+        begin(c, worker)
+        for ans in given:
+            answer_current(c, ans)
+    app.state.store.close()
+
+
+def test_stage_export_writes_answers_and_logs(
+    tmp_path: Path, tasks_dir: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    db = tmp_path / "db.sqlite"
+    _fill(db, tasks_dir, {"w1": ["World", IDK, "Business"], "w2": ["Sports"]})
+    cfg = make_cfg(
+        "annotate",
+        [
+            f"inputs.tasks={tasks_dir}",
+            "action=export",
+            f"annotate.db={db}",
+            "annotate.admin_token=very-secret-token",
+        ],
+    )
+    out = annotate_stage.run(cfg)
+    run_dir = Path(out["run_dir"])
+    df = tables.ANSWERS.read(run_dir)
+    assert len(df) == 4 and out["n_answers"] == 4 and out["n_bundles_completed"] == 1
+    assert df.answer.tolist() == ["World", IDK, "Business", "Sports"]
+    completions = pd.read_csv(run_dir / "completions.csv")
+    assert completions.worker_id.tolist() == ["w1"]
+    assert "very-secret-token" not in (run_dir / "config.yaml").read_text()
+    run = MlflowClient().get_run(out["run_id"])
+    assert run.data.tags["stage"] == "annotate"
+    assert run.data.tags["dataset"] == "ag_news"
+    assert run.data.tags["parent.tasks"] == load_study(tasks_dir).run_key
+    assert "very-secret-token" not in str(run.data.params)
+    assert run.data.metrics["n_exported"] == 4
+    arts = {a.path for a in MlflowClient().list_artifacts(out["run_id"])}
+    assert {"answers.csv", "completions.csv"} <= arts
+
+
+def test_stage_export_fails_clearly(
+    tmp_path: Path, tasks_dir: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    base = [f"inputs.tasks={tasks_dir}", "action=export"]
+    with pytest.raises(FileNotFoundError, match="no such database"):
+        annotate_stage.run(make_cfg("annotate", [*base, f"annotate.db={tmp_path / 'none.sqlite'}"]))
+    other = make_task_run(tmp_path / "other", n_bundles=1, bundle_size=3)
+    _fill(tmp_path / "o.sqlite", other, {})
+    with pytest.raises(ValueError, match="holds no bundles of task set"):
+        annotate_stage.run(
+            make_cfg("annotate", [*base, f"annotate.db={tmp_path / 'o.sqlite'}"], name="b")
+        )
+    with pytest.raises(ValueError, match="action='print'"):
+        annotate_stage.run(make_cfg("annotate", [*base, "action=print"], name="c"))
+
+
+def test_export_imports_with_zero_rejected_rows(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    """The export is the import format: saleval-import in strict mode accepts every row."""
+    from saleval.stages import import_
+
+    tasks_dir = make_task_run(tmp_path / "tasks4", n_bundles=4, bundle_size=3)
+    db = tmp_path / "db.sqlite"
+    _fill(
+        db,
+        tasks_dir,
+        {
+            "w1": ["World", IDK, "Business"],
+            "w2": ["Sports", "Sci/Tech", "World"],
+            "w3": [IDK, IDK, "Sports"],
+            "w4": ["Business"],  # unfinished bundle: its answer is exported too
+        },
+    )
+    exported = annotate_stage.run(
+        make_cfg(
+            "annotate",
+            [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={db}"],
+            name="export",
+        )
+    )
+    out = import_.run(
+        make_cfg(
+            "import",
+            [
+                f"inputs.tasks={tasks_dir}",
+                f"inputs.answers={exported['run_dir']}",
+                "crowd.policy=strict",
+                "crowd.filters.min_bundle_seconds=null",
+            ],
+            name="import",
+        )
+    )
+    rejects = tables.REJECTS.read(out["run_dir"])
+    assert rejects.empty, rejects.to_string()
+    annotations = tables.ANNOTATIONS.read(out["run_dir"])
+    assert len(annotations) == 10
+    assert out["n_rejected_rows"] == 0
+    w1 = annotations[annotations.worker_id == "w1"].sort_values("task_id")
+    assert sorted(w1.answer_code.tolist()) == sorted([1, 0, 3])  # World=1, IDK=0, Business=3

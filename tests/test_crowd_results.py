@@ -1,0 +1,547 @@
+"""Crowd results end to end: the importer's error report, the round trip hand-made task
+run + answers → saleval-import → saleval-score, and the published lu2024 files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from saleval import paths, tables
+from saleval.crowd.importer import CrowdImportError, read_answers, read_lu2024
+from saleval.stages import import_, score
+from tests.conftest import DATA_ROOT, compose_config
+
+LABELS = ["negative", "positive"]
+SAMPLES = {"s0": 0, "s1": 1, "s2": 0, "s3": 1}
+COMBOS = [("vanilla_gradient", 2), ("vanilla_gradient", 5), ("random", 2), ("random", 5)]
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+PUBLISHED = DATA_ROOT / "published" / "lu2024"
+
+
+def _task_id(sample: str, method: str, k: int) -> str:
+    return f"{sample}-{method}-k{k}"
+
+
+def make_task_run(root: Path, target: str = "gold") -> Path:
+    """A hand-made saleval-tasks run: 4 samples × 2 methods × k ∈ {2, 5} + 1 gold item,
+    12 bundles (3 replicates × 4 method/k rotations), each with one task per sample."""
+    run = root / "tasks_run"
+    run.mkdir(parents=True)
+    tasks = [
+        {
+            "task_id": _task_id(s, m, k),
+            "sample_id": s,
+            "method": m,
+            "k": k,
+            "label": y,
+            "display_text": "word . other ",
+            "n_words_shown": 2,
+            "is_gold": False,
+            "target": target,
+        }
+        for s, y in SAMPLES.items()
+        for m, k in COMBOS
+    ]
+    tasks.append(
+        {
+            "task_id": "gold-1",
+            "sample_id": "g1",
+            "method": "gold",
+            "k": 0,
+            "label": 1,
+            "display_text": "a wonderful film ",
+            "n_words_shown": 3,
+            "is_gold": True,
+            "target": target,
+        }
+    )
+    bundles = []
+    for r in range(3):
+        for c in range(4):
+            b = f"b{r}{c}"
+            for pos, s in enumerate(SAMPLES):
+                m, k = COMBOS[(c + pos) % 4]
+                bundles.append(
+                    {
+                        "bundle_id": b,
+                        "position": pos,
+                        "task_id": _task_id(s, m, k),
+                        "is_gold": False,
+                    }
+                )
+            bundles.append({"bundle_id": b, "position": 4, "task_id": "gold-1", "is_gold": True})
+    tables.TASKS.write(pd.DataFrame(tasks), run)
+    tables.BUNDLES.write(pd.DataFrame(bundles), run)
+    (run / "config.yaml").write_text(
+        "dataset:\n  name: imdb\n  label_names: [negative, positive]\n"
+        f"study:\n  target: {target}\n  population: correct\n"
+    )
+    (run / "run.json").write_text(json.dumps({"run_id": "hand-made-tasks", "fingerprint": "t"}))
+    return run
+
+
+def intended(bundle: str, pos: int, worker: int) -> str:
+    """What the hand-made crowd answers: vanilla_gradient is recognised, random is not,
+    except that one of three replicates answers 'I don't know' on random k=5."""
+    s = list(SAMPLES)[pos]
+    m, k = COMBOS[(int(bundle[2]) + pos) % 4]
+    y = SAMPLES[s]
+    if m == "vanilla_gradient":
+        return [LABELS[y].upper(), str(y), f" {LABELS[y]} "][worker % 3]
+    if k == 5 and worker % 3 == 0:
+        return "I don't know"
+    return LABELS[1 - y]
+
+
+def make_answers(bundles: pd.DataFrame, spam: bool = True) -> pd.DataFrame:
+    rows = []
+    for w, (b, g) in enumerate(bundles.groupby("bundle_id", sort=True)):
+        t = T0 + timedelta(hours=w)
+        for pos, task in zip(g["position"], g["task_id"]):
+            ans = "positive" if task == "gold-1" else intended(b, pos, int(b[1]))
+            rows.append(
+                {
+                    "worker_id": f"w{w:02d}",
+                    "task_id": task,
+                    "answer": ans,
+                    "started_at": t.isoformat(),
+                    "submitted_at": (t + timedelta(seconds=40)).isoformat(),
+                }
+            )
+            t += timedelta(seconds=41)
+    if spam:  # takes bundle b00 again in 5 seconds, answers "I don't know" everywhere
+        for task in bundles.loc[bundles["bundle_id"] == "b00", "task_id"]:
+            rows.append(
+                {
+                    "worker_id": "spammer",
+                    "task_id": task,
+                    "answer": "idk",
+                    "started_at": T0.isoformat(),
+                    "submitted_at": (T0 + timedelta(seconds=1)).isoformat(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def task_run(tmp_path: Path) -> Path:
+    return make_task_run(tmp_path)
+
+
+# --- importer error report -------------------------------------------------------------
+
+
+BROKEN = """worker_id,task_id,answer,started_at,submitted_at
+w1,s0-vanilla_gradient-k2,negative,2024-05-01T12:00:00Z,2024-05-01T12:00:30Z
+w1,nope,negative,2024-05-01T12:01:00Z,2024-05-01T12:01:30Z
+w1,s1-random-k2,maybe,2024-05-01T12:02:00Z,2024-05-01T12:02:30Z
+w1,s0-vanilla_gradient-k2,positive,2024-05-01T12:03:00Z,2024-05-01T12:03:30Z
+w1,s0-random-k5,negative,2024-05-01T12:04:00Z,2024-05-01T12:04:30Z
+w2,s2-random-k2,positive,yesterday,2024-05-01T12:05:30Z
+w2,s3-random-k5,positive,2024-05-01T12:06:00Z,2024-05-01T12:05:00Z
+,s1-random-k5,positive,2024-05-01T12:07:00Z,2024-05-01T12:07:30Z
+w2,s1-random-k2
+w2,s1-random-k2,I DON'T KNOW,2024-05-01T12:08:00+02:00,2024-05-01T12:08:09+02:00
+"""
+
+
+def test_importer_reports_every_problem_with_file_row_field(task_run: Path, tmp_path: Path) -> None:
+    path = tmp_path / "broken.csv"
+    path.write_text(BROKEN)
+    tasks, bundles = tables.TASKS.read(task_run), tables.BUNDLES.read(task_run)
+    accepted, rejects, info = read_answers(path, tasks, bundles, LABELS)
+    got = [(r.row, r.field) for r in rejects.itertuples()]
+    assert got == [
+        (2, "task_id"),  # unknown task
+        (3, "answer"),  # unknown label
+        (4, "task_id"),  # duplicate answer
+        (5, "task_id"),  # same sample s0 twice
+        (6, "started_at"),  # malformed time
+        (7, "submitted_at"),  # submitted before started
+        (8, "worker_id"),  # empty worker
+        (9, "*"),  # wrong number of fields
+    ]
+    problems = rejects["problem"].tolist()
+    assert "unknown task 'nope'" in problems[0]
+    assert "unknown label 'maybe'" in problems[1] and "I don't know" in problems[1]
+    assert "first at row 1" in problems[2]
+    assert "already answered sample 's0'" in problems[3]
+    assert set(rejects["file"]) == {str(path)}
+    # nothing lost: every data row is accepted or rejected, never both
+    assert set(accepted["row"]) == {1, 10}
+    assert set(accepted["row"]) | set(rejects["row"]) == set(range(1, info["n_rows"] + 1))
+    assert accepted.set_index("row").loc[10, "answer_code"] == 0
+    assert accepted.set_index("row").loc[10, "duration_s"] == 9.0
+
+
+def test_missing_column_is_one_clear_error(task_run: Path, tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("worker_id,task_id,started_at,submitted_at\nw1,s0-random-k2,x,y\n")
+    with pytest.raises(CrowdImportError, match=r"a\.csv, row header, field answer: missing column"):
+        read_answers(path, tables.TASKS.read(task_run), None, LABELS)
+    path.write_text("worker_id,task_id,answer\nw1,s0-random-k2,negative\n")
+    with pytest.raises(CrowdImportError, match="started_at/submitted_at or duration_s"):
+        read_answers(path, tables.TASKS.read(task_run), None, LABELS)
+
+
+def test_bundle_and_position_resolve_tasks_and_one_bundle_per_worker(
+    task_run: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text(
+        "worker_id,bundle_id,position,answer,duration_s\n"
+        "w1,b00,0,negative,3\n"  # s0 vanilla_gradient k2
+        "w1,b00,9,negative,3\n"  # no such position
+        "w1,b01,1,negative,3\n"  # a second bundle
+        "w1,b00,1,positive,-2\n"  # negative duration
+    )
+    accepted, rejects, _ = read_answers(
+        path, tables.TASKS.read(task_run), tables.BUNDLES.read(task_run), LABELS
+    )
+    assert accepted["task_id"].tolist() == ["s0-vanilla_gradient-k2"]
+    assert [(r.row, r.field) for r in rejects.itertuples()] == [
+        (2, "position"),
+        (3, "bundle_id"),
+        (4, "duration_s"),
+    ]
+
+
+_CORRUPTIONS = {
+    "label": ("answer", "Politics"),
+    "task": ("task_id", "no-such-task"),
+    "time": ("started_at", "12:00 o'clock"),
+    "worker": ("worker_id", ""),
+    "index": ("answer", "7"),
+}
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    corrupt=st.dictionaries(st.integers(0, 47), st.sampled_from(sorted(_CORRUPTIONS)), max_size=20),
+    dupes=st.lists(st.integers(0, 47), max_size=5),
+)
+def test_generated_bad_rows_nothing_lost_in_report_mode(
+    task_run: Path, tmp_path: Path, corrupt: dict[int, str], dupes: list[int]
+) -> None:
+    tasks, bundles = tables.TASKS.read(task_run), tables.BUNDLES.read(task_run)
+    answers = make_answers(bundles[~bundles["is_gold"]], spam=False)  # 48 valid rows
+    for i, kind in corrupt.items():
+        fld, value = _CORRUPTIONS[kind]
+        answers.loc[i, fld] = value
+    answers = pd.concat([answers, answers.iloc[dupes]], ignore_index=True)
+    path = tmp_path / "gen.csv"
+    answers.to_csv(path, index=False)
+    accepted, rejects, info = read_answers(path, tasks, bundles, LABELS)
+    good = set(range(1, 49)) - {i + 1 for i in corrupt}
+    assert set(accepted["row"]) == good
+    assert set(rejects["row"]) == set(range(1, info["n_rows"] + 1)) - good
+    fields = rejects.groupby("row")["field"].apply(set)
+    for i, kind in corrupt.items():
+        assert _CORRUPTIONS[kind][0] in fields[i + 1]
+
+
+# --- stages: round trip ------------------------------------------------------------------
+
+
+def _import(
+    make_cfg: Callable[..., DictConfig], overrides: list[str], name: str = "import"
+) -> dict:
+    return import_.run(make_cfg("import", overrides, name=name))
+
+
+def test_round_trip_answers_import_score(
+    task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    bundles = tables.BUNDLES.read(task_run)
+    answers = tmp_path / "export" / "answers.csv"
+    answers.parent.mkdir()
+    make_answers(bundles).to_csv(answers, index=False)
+    expert = tmp_path / "expert.csv"  # experts: right on s0's tasks, wrong on s1's
+    expert.write_text(
+        "task_id,answer\n"
+        + "".join(f"{_task_id('s0', m, k)},negative\n" for m, k in COMBOS)
+        + "".join(f"{_task_id('s1', m, k)},I don't know\n" for m, k in COMBOS)
+    )
+    out = _import(
+        make_cfg,
+        [f"inputs.tasks={task_run}", f"inputs.answers={answers}", f"crowd.expert.path={expert}"],
+    )
+    run = Path(out["run_dir"])
+    for f in ("annotations.parquet", "aggregated.csv", "rejects.csv", "import_report.json"):
+        assert (run / f).is_file(), f
+    report = json.loads((run / "import_report.json").read_text())
+    assert report["simulated"] is False and report["n_rejected_rows"] == 0
+    assert report["source"]["sha256"] == import_.sha256_file(answers)
+    assert report["dataset"] == "imdb"
+    speed = report["filters"][0]
+    assert (speed["name"], speed["workers"], speed["n_answers"]) == (
+        "min_bundle_seconds",
+        ["spammer"],
+        5,
+    )
+    ann = tables.ANNOTATIONS.read(run)
+    assert len(ann) == 60 and "spammer" not in set(ann["worker_id"])
+    agg = tables.AGGREGATED.read(run).set_index(["sample_id", "method", "k"])
+    assert len(agg) == 16 and (agg["n_answers"] == 3).all()
+    # vanilla_gradient: 3/3 correct; random k=2: 3/3 wrong label; random k=5: 2 wrong + 1 IDK
+    assert agg.xs("vanilla_gradient", level="method")["correct"].eq(1).all()
+    assert agg.xs("random", level="method")["correct"].eq(0).all()
+    assert report["agreement"]["krippendorff_alpha"] is not None
+    # crowd correct exactly on vanilla_gradient: agrees with experts on s0's 2 vanilla
+    # tasks and on s1's 2 random tasks → 4 of 8
+    assert report["expert"] == {
+        "n_tasks": 8,
+        "agreement": 0.5,
+        "expert_accuracy": 0.5,
+        "crowd_accuracy": 0.5,
+    }
+
+    sc = score.run(make_cfg("score", [f"inputs.crowd={run}"], name="score"))
+    srun = Path(sc["run_dir"])
+    for f in (
+        "accuracy.csv",
+        "scores.csv",
+        "flips.csv",
+        "scores.md",
+        "scores.tex",
+        "accuracy_vs_k.png",
+        "flip_histogram.png",
+        "aggregated.csv",
+    ):
+        assert (srun / f).is_file(), f
+    scores = tables.SCORES.read(srun).set_index("method")
+    # p = [[1, 1], [0, 0]]: Σ = 2, columns 1 and 1, K² = 4 → w = 0.5, s = 100 and 0
+    assert scores["score"].to_dict() == pytest.approx({"vanilla_gradient": 100.0, "random": 0.0})
+    assert scores["rank"].to_dict() == {"vanilla_gradient": 1, "random": 2}
+    flips = tables.FLIPS.read(srun).set_index("method")
+    assert (
+        flips.loc["vanilla_gradient", "flips"] == 0 and flips.loc["vanilla_gradient", "aids"] == 0
+    )
+    assert flips.loc["random", "aids"] == 4  # never recognised: counted as aids (SPEC formula)
+    assert "SIMULATED" not in (srun / "scores.md").read_text()
+    client = MlflowClient()
+    srun_info = client.get_run(sc["run_id"])
+    assert srun_info.data.tags["stage"] == "score"
+    assert srun_info.data.tags["parent.crowd"] == out["run_id"]
+    assert srun_info.data.metrics["score/vanilla_gradient"] == pytest.approx(100.0)
+    assert srun_info.data.metrics["accuracy/random/k5"] == 0.0
+    irun = client.get_run(out["run_id"])
+    assert (
+        irun.data.tags["stage"] == "import"
+        and irun.data.tags["answers_sha256"] == report["source"]["sha256"]
+    )
+    assert irun.data.metrics["filter/min_bundle_seconds/workers"] == 1.0
+
+
+def test_simulated_answers_are_marked_everywhere(
+    task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    sim = tmp_path / "simulate_run"
+    sim.mkdir()
+    make_answers(tables.BUNDLES.read(task_run), spam=False).assign(simulated=True).to_csv(
+        sim / "answers.csv", index=False
+    )
+    (sim / "run.json").write_text(json.dumps({"run_id": "sim-run", "simulated": "true"}))
+    (sim / "config.yaml").write_text("seed: 1\n")
+    out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={sim}"])
+    run = Path(out["run_dir"])
+    assert json.loads((run / "import_report.json").read_text())["simulated"] is True
+    assert json.loads((run / "run.json").read_text())["simulated"] == "true"
+    sc = score.run(make_cfg("score", [f"inputs.crowd={run}"], name="score"))
+    srun = Path(sc["run_dir"])
+    assert (srun / "scores.md").read_text().startswith("# SIMULATED crowd:")
+    assert "SIMULATED" in (srun / "scores.tex").read_text()
+    assert json.loads((srun / "score_report.json").read_text())["simulated"] is True
+    assert MlflowClient().get_run(sc["run_id"]).data.tags["simulated"] == "true"
+
+
+def test_strict_policy_fails_and_writes_no_tables(
+    task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    path = tmp_path / "broken.csv"
+    path.write_text(BROKEN)
+    cfg = make_cfg(
+        "import", [f"inputs.tasks={task_run}", f"inputs.answers={path}", "crowd.policy=strict"]
+    )
+    with pytest.raises(CrowdImportError, match=r"broken\.csv, row 2, field task_id: unknown task"):
+        import_.run(cfg)
+    run = Path(cfg.run_dir)
+    assert not any(
+        (run / f).exists() for f in ("annotations.parquet", "aggregated.csv", "rejects.csv")
+    )
+    # report mode: the good rows go on, the rejects are written
+    out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={path}"], name="report")
+    rejects = tables.REJECTS.read(Path(out["run_dir"]))
+    assert rejects["row"].nunique() == 8 and out["n_accepted"] == 2
+
+
+def test_forward_prediction_round_trip_writes_outcomes(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    task_run = make_task_run(tmp_path, target="prediction")
+    tasks = tables.TASKS.read(task_run)
+    preds = {"s0": 0, "s1": 0, "s2": 1, "s3": 1}  # s0 TN, s1 FN, s2 FP, s3 TP
+    tasks["gold_label"] = tasks["sample_id"].map(SAMPLES).fillna(1).astype(int)
+    tasks["pred"] = tasks["sample_id"].map(preds).fillna(1).astype(int)
+    tasks["label"] = tasks["pred"]
+    tables.TASKS.write(tasks, task_run)
+    answers = tmp_path / "answers.csv"
+    make_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
+    out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={answers}"])
+    sc = score.run(make_cfg("score", [f"inputs.crowd={out['run_dir']}"], name="score"))
+    outcomes = pd.read_csv(Path(sc["run_dir"]) / "outcomes.csv", dtype={"k": str})
+    pooled = outcomes[(outcomes["k"] == "all") & (outcomes["method"] == "vanilla_gradient")]
+    # the crowd answered the gold label: right about the model exactly where it was right
+    assert pooled.set_index("outcome")["accuracy"].to_dict() == {
+        "FN": 0.0,
+        "FP": 0.0,
+        "TN": 100.0,
+        "TP": 100.0,
+    }
+    assert "Forward prediction" in (Path(sc["run_dir"]) / "scores.md").read_text()
+
+
+def test_misclassified_study_writes_count_tables(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    task_run = make_task_run(tmp_path)
+    cfg_text = (task_run / "config.yaml").read_text().replace("correct", "misclassified")
+    (task_run / "config.yaml").write_text(cfg_text)
+    answers = tmp_path / "answers.csv"
+    make_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
+    out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={answers}"])
+    sc = score.run(make_cfg("score", [f"inputs.crowd={out['run_dir']}"], name="score"))
+    counts = pd.read_csv(Path(sc["run_dir"]) / "counts.csv").set_index(["method", "k"])
+    assert counts["recognised"].to_dict() == {
+        ("vanilla_gradient", 2): 4,
+        ("vanilla_gradient", 5): 4,
+        ("random", 2): 0,
+        ("random", 5): 0,
+    }
+    md = (Path(sc["run_dir"]) / "scores.md").read_text()
+    assert "(misclassified samples)" in md and "Misclassified samples recognised" in md
+
+
+# --- the published lu2024 files -------------------------------------------------------------
+
+needs_published = pytest.mark.skipif(not PUBLISHED.is_dir(), reason="published lu2024 data absent")
+
+
+@needs_published
+@pytest.mark.parametrize("fname,dataset", [("IMDB.csv", "imdb"), ("AGNEWS.csv", "ag_news")])
+def test_published_file_imports_without_rejects_and_scores(
+    fname: str, dataset: str, make_cfg: Callable[..., DictConfig]
+) -> None:
+    src = PUBLISHED / fname
+    common = ["crowd=lu2024", f"crowd.path={src}", f"dataset={dataset}"]
+    out = _import(make_cfg, common)
+    run = Path(out["run_dir"])
+    report = json.loads((run / "import_report.json").read_text())
+    assert report["n_rows"] == 4100 and report["n_rejected_rows"] == 0 and report["n_tasks"] == 4000
+    assert len(tables.REJECTS.read(run)) == 0
+    agg = tables.AGGREGATED.read(run)
+    assert agg["sample_id"].nunique() == 100 and len(agg) == 4000
+    assert agg.groupby("sample_id")["label"].first().value_counts().nunique() == 1  # balanced
+
+    direct = score.run(make_cfg("score", common, name="score_direct"))
+    via_import = score.run(make_cfg("score", [f"inputs.crowd={run}"], name="score_import"))
+    assert direct["scores"] == pytest.approx(via_import["scores"])
+    assert direct["ranks"] == via_import["ranks"]
+    srun = Path(direct["run_dir"])
+    for f in (
+        "aggregated.csv",
+        "accuracy.csv",
+        "scores.csv",
+        "flips.csv",
+        "scores.md",
+        "scores.tex",
+        "accuracy_vs_k.png",
+        "flip_histogram.png",
+    ):
+        assert (srun / f).is_file(), f
+    # accuracy equals an independent pandas reading of the Correct column
+    raw = pd.read_csv(src, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+    raw = raw[raw["Saliency"] != "N/A"]
+    want = raw.assign(c=raw["Correct"].astype(int)).groupby(["Saliency", "Words"])["c"].mean() * 100
+    acc = tables.ACCURACY.read(srun).set_index(["method", "k"])["accuracy"]
+    assert acc[("integrated_gradients", 5)] == pytest.approx(want[("Integrated_Gradient", "5")])
+    assert acc[("lime", 40)] == pytest.approx(want[("LIME", "40")])
+    assert len(acc) == 40
+    flips = tables.FLIPS.read(srun)
+    assert (flips["flips"] + flips["aids"] + flips["always"] == 100).all()
+
+
+def test_broken_published_rows_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text(
+        "Text\tLabel\tSaliency\tWords\tCorrect\n"
+        "a b c\t1\tN/A\tAll\tN/A\n"
+        "a . \t1\tLIME\t5\t1\n"
+        "a . \t1\tSHAP\t5\t1\n"  # unknown method
+        "a . \t0\tRandom\t5\t1\n"  # label differs from its sample's
+        "a . \t1\tLIME\t5\t0\n"  # repeated (method, k)
+        "a . \t1\tRandom\tten\tyes\n"  # bad k and Correct
+        "a b c \t1\tDeepLIFT\t2\t1\n"  # shows 3 words for k = 2
+        "oops\n"
+    )
+    agg, rejects, _ = read_lu2024(path, LABELS, "imdb")
+    assert agg[["sample_id", "method", "k", "correct"]].values.tolist() == [
+        ["lu2024-imdb-0", "lime", 5, 1]
+    ]
+    assert [(r.row, r.field) for r in rejects.itertuples()] == [
+        (3, "Saliency"),
+        (4, "Label"),
+        (5, "Words"),
+        (6, "Words"),
+        (6, "Correct"),
+        (7, "Text"),
+        (8, "*"),
+    ]
+
+
+def test_published_needs_path_and_dataset(make_cfg: Callable[..., DictConfig]) -> None:
+    with pytest.raises(Exception, match="crowd.path"):
+        score.run(make_cfg("score", ["crowd=lu2024", "dataset=imdb"]))
+    with pytest.raises(Exception, match="dataset=imdb or dataset=ag_news"):
+        score.run(make_cfg("score", ["crowd=lu2024", f"crowd.path={PUBLISHED / 'IMDB.csv'}"]))
+    with pytest.raises(Exception, match="inputs.crowd"):
+        score.run(make_cfg("score", []))
+
+
+@pytest.mark.parametrize("root", ["import", "score"])
+def test_every_crowd_option_composes_for_import_and_score(root: str) -> None:
+    for opt in sorted(p.stem for p in (paths.conf_dir() / "crowd").glob("*.yaml")):
+        cfg = compose_config(root, [f"crowd={opt}", "dataset=imdb"])
+        assert cfg.crowd.name == opt and cfg.crowd.policy in ("report", "strict")
+
+
+def test_aggregator_option_changes_the_aggregation(
+    task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    answers = tmp_path / "answers.csv"
+    make_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
+    out = _import(
+        make_cfg,
+        [
+            f"inputs.tasks={task_run}",
+            f"inputs.answers={answers}",
+            "crowd.aggregator.name=dawid_skene",
+            "+crowd.aggregator.n_iter=20",
+        ],
+    )
+    report = json.loads((Path(out["run_dir"]) / "import_report.json").read_text())
+    assert report["aggregator"] == {"name": "DawidSkene", "n_iter": 20}
+    agg = tables.AGGREGATED.read(Path(out["run_dir"]))
+    assert agg["correct"].astype(bool).equals(agg["method"].eq("vanilla_gradient").astype(bool))
