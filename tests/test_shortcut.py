@@ -51,7 +51,23 @@ def tok():
 def _source(n: int, seed: int = 0) -> pd.DataFrame:
     """Texts of 3 to 60 words (longer than MAX_LEN tokens, so truncation matters)."""
     rng = np.random.default_rng(seed)
-    vocab = "the film is good bad dull , great acting plot ! not really very bright-eyed".split()
+    vocab = [
+        "the",
+        "film",
+        "is",
+        "good",
+        "bad",
+        "dull",
+        ",",
+        "great",
+        "acting",
+        "plot",
+        "!",
+        "not",
+        "really",
+        "very",
+        "bright-eyed",
+    ]
     texts = [" ".join(rng.choice(vocab, size=rng.integers(3, 60))) for _ in range(n)]
     return pd.DataFrame(
         {"sample_id": [f"s{i}" for i in range(n)], "text": texts, "label": rng.integers(0, 2, n)}
@@ -85,7 +101,9 @@ def test_mixed_set_follows_the_rule(tok, kind: str) -> None:
     rule = RULES[kind]
     src = _source(200)
     rng = np.random.default_rng(1)
-    mixed = build_mixed(src, rule, tok, rng, MAX_LEN, synthetic_fraction=0.2, distractor_fraction=0.15)
+    mixed = build_mixed(
+        src, rule, tok, rng, MAX_LEN, synthetic_fraction=0.2, distractor_fraction=0.15
+    )
     # 20 % larger than the source, every source row still there once
     assert len(mixed) == 240
     assert (mixed["role"] != ROLE_SYNTHETIC).sum() == 200
@@ -116,9 +134,7 @@ def test_mixed_set_follows_the_rule(tok, kind: str) -> None:
 def test_distractors_leave_labels_alone(tok, kind: str) -> None:
     rule = RULES[kind]
     src = _source(200, seed=3)
-    mixed = build_mixed(
-        src, rule, tok, np.random.default_rng(2), MAX_LEN, distractor_fraction=0.25
-    )
+    mixed = build_mixed(src, rule, tok, np.random.default_rng(2), MAX_LEN, distractor_fraction=0.25)
     by_id = src.set_index("sample_id")
     dis = mixed[mixed["role"] == ROLE_DISTRACTOR]
     assert len(dis) == 50
@@ -176,14 +192,18 @@ def test_synthetic_test_set_is_fully_synthetic_and_from_test_split(tok) -> None:
         "test": _source(60, 2).assign(sample_id=lambda d: "t" + d["sample_id"]),
     }
     ds = DatasetSplits("toy", ["neg", "pos"], splits, "memory")
-    data = build_shortcut_data(ds, RULES["op"], tok, seed=0, max_length=MAX_LEN, synthetic_test_size=40)
+    data = build_shortcut_data(
+        ds, RULES["op"], tok, seed=0, max_length=MAX_LEN, synthetic_test_size=40
+    )
     test = data.synthetic_test
     assert len(test) == 40 and (test["role"] == ROLE_SYNTHETIC).all()
     assert set(test["source_id"]) <= set(splits["test"]["sample_id"])
     assert all(len(g) == 2 for g in test["gt_words"])
     assert data.info["n_mixed_train"] == 120 and data.info["n_mixed_validation"] == 24
     # seeded: the same seed gives the same data
-    again = build_shortcut_data(ds, RULES["op"], tok, seed=0, max_length=MAX_LEN, synthetic_test_size=40)
+    again = build_shortcut_data(
+        ds, RULES["op"], tok, seed=0, max_length=MAX_LEN, synthetic_test_size=40
+    )
     assert again.synthetic_test["text"].tolist() == test["text"].tolist()
 
 
@@ -264,7 +284,15 @@ def test_verification_checks_and_error_carries_numbers() -> None:
 
 def test_published_layout() -> None:
     rows = [
-        {"dataset": d, "shortcut": s, "method": m, "config": c, "precision": p, "mean_rank": r, "n": 10}
+        {
+            "dataset": d,
+            "shortcut": s,
+            "method": m,
+            "config": c,
+            "precision": p,
+            "mean_rank": r,
+            "n": 10,
+        }
         for d in ("sst2", "imdb")
         for s in ("op", "st", "tic")
         for m, c, p, r in (("random", "random", 0.1, 9.0), ("lime", "lime_unk_100", 0.9, 1.2))
@@ -368,9 +396,7 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
     assert "precision/vanilla_gradient" in run.data.metrics
 
     # a second shortcut type reuses the original model (same data, same vocabulary)
-    out2 = shortcut.run(
-        make_cfg("shortcut", _tiny(tmp_path, *relaxed, "shortcut=op"), name="op")
-    )
+    out2 = shortcut.run(make_cfg("shortcut", _tiny(tmp_path, *relaxed, "shortcut=op"), name="op"))
     ver = json.loads((Path(out2["run_dir"]) / "verification.json").read_text())
     assert "reused_from" in ver["training"]["original"]
     res2 = tables.SHORTCUT_RESULTS.read(out2["run_dir"])

@@ -374,7 +374,12 @@ SHORTCUT_RESULTS = TableSpec(
         "n": "int64",
     },
     key=("dataset", "shortcut", "method", "config"),
-    doc="Precision@k and mean rank of the planted shortcut tokens (SPEC §8).",
+    optional={"k": "int64", "seconds": "float64"},
+    doc=(
+        "Precision@k and mean rank of the planted shortcut tokens (SPEC §8). 'method' is "
+        "the method family, 'config' the configuration's unique name; k = number of "
+        "shortcut tokens; seconds = attribution wall time over the n examples."
+    ),
 )
 
 ALL: dict[str, TableSpec] = {

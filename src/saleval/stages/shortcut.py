@@ -12,7 +12,6 @@ combined table (``<sweep dir>/shortcut_table.md``).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -73,7 +72,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.path(TABLE_MD).write_text(to_markdown(published_table(results), "Shortcut results"))
         st.log_file(st.path(TABLE_MD))
         for r in summary.itertuples(index=False):
-            st.log_metrics({f"precision/{r.config}": r.precision, f"mean_rank/{r.config}": r.mean_rank})
+            st.log_metrics(
+                {f"precision/{r.config}": r.precision, f"mean_rank/{r.config}": r.mean_rank}
+            )
         _refresh_sweep_table(st)
         return {
             "run_dir": str(st.run_dir),
