@@ -312,6 +312,30 @@ def test_published_layout() -> None:
     assert "0.90" in md and "1.2" in md
 
 
+def test_explain_pool_prefixes_are_balanced_and_budgets_apply() -> None:
+    from saleval.shortcut.experiment import explain_pool, select_methods
+
+    syn = pd.DataFrame({"sample_id": [f"x{i}" for i in range(30)], "label": [0] * 20 + [1] * 10})
+    pool = explain_pool(syn, None, seed=0)
+    assert len(pool) == 30 and pool["sample_id"].is_unique
+    assert pool["label"].head(20).tolist() == [0, 1] * 10
+    assert explain_pool(syn, 7, seed=0)["sample_id"].tolist() == pool["sample_id"].head(7).tolist()
+    methods = {
+        "random": {},
+        "ig_zero_1000_logits": {},
+        "ig_zero_100_logits": {},
+        "lime_unk_3000": {},
+    }
+    chosen = select_methods(methods, 50, [["ig_*_1000_*", 10], ["ig_*", 30]], ["lime_*_3000"])
+    assert {k: n for k, (_, n) in chosen.items()} == {
+        "random": 50,
+        "ig_zero_1000_logits": 10,
+        "ig_zero_100_logits": 30,
+    }
+    with pytest.raises(ValueError, match="no method configuration left"):
+        select_methods({"random": {}}, 5, skip=["*"])
+
+
 # --- the stage ----------------------------------------------------------------------
 
 
@@ -375,16 +399,18 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
         "shortcut.verify.original_test_gap=1.0",
         "trainer.max_epochs=1",
     ]
-    out = shortcut.run(make_cfg("shortcut", _tiny(tmp_path, *relaxed), name="st"))
+    budget = "explain.budget=[[vanilla_*,4]]"
+    out = shortcut.run(make_cfg("shortcut", _tiny(tmp_path, *relaxed, budget), name="st"))
     run_dir = Path(out["run_dir"])
     res = tables.SHORTCUT_RESULTS.read(run_dir)
     assert sorted(res["config"]) == ["random", "vanilla_gradient"]
     assert set(res["method"]) == {"random", "vanilla_gradient"}
     assert (res["dataset"] == "sst2").all() and (res["shortcut"] == "st").all()
-    assert (res["n"] == 10).all() and (res["k"] == 1).all()
+    assert res.set_index("config")["n"].to_dict() == {"random": 10, "vanilla_gradient": 4}
+    assert (res["k"] == 1).all()
     assert res["precision"].between(0, 1).all() and (res["mean_rank"] >= 1).all()
     per = pd.read_parquet(run_dir / "shortcut_per_example.parquet")
-    assert len(per) == 20 and set(per["precision"]) <= {0.0, 1.0}
+    assert len(per) == 14 and set(per["precision"]) <= {0.0, 1.0}
     assert (per["rank"] <= per["n_words"]).all()
     assert (run_dir / "original" / "model" / "config.json").is_file()
     assert (run_dir / "mixed" / "model" / "config.json").is_file()

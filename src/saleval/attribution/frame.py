@@ -74,19 +74,18 @@ def _run_batches(
     fn: Callable[[list[int]], list[Any]],
     order: Sequence[int],
     batch_size: int,
-    trainer_cfg: Mapping[str, Any] | None,
+    trainer: L.Trainer | None,
     progress: bool,
     desc: str,
 ) -> list[Any]:
-    """``fn`` over ``order`` in batches; results back in index order."""
+    """``fn`` over ``order`` in batches (through ``trainer.predict`` when given);
+    results back in index order."""
     batches = [list(order[i : i + batch_size]) for i in range(0, len(order), batch_size)]
-    if trainer_cfg is not None:
+    if trainer is not None:
         loader = torch.utils.data.DataLoader(
             batches, batch_size=None, shuffle=False, collate_fn=_identity
         )
-        outputs = make_trainer(trainer_cfg, progress).predict(
-            _BatchModule(model, fn), dataloaders=loader
-        )
+        outputs = trainer.predict(_BatchModule(model, fn), dataloaders=loader)
         assert outputs is not None
     else:
         outputs = [fn(b) for b in tqdm(batches, desc=desc, disable=not progress, leave=False)]
@@ -121,7 +120,7 @@ def explain_frame(
     target: str = "predicted",
     max_length: int = 256,
     batch_size: int = 64,
-    trainer: Mapping[str, Any] | None = None,
+    trainer: Mapping[str, Any] | L.Trainer | None = None,
     progress: bool = False,
     timings: dict[str, dict[str, float]] | None = None,
     diagnostics: dict[str, dict[str, list[float]]] | None = None,
@@ -131,8 +130,9 @@ def explain_frame(
     ``methods``: name → method config (``conf/method`` entry, registry name or built
     attributor; ``None`` disables that entry). ``target``: ``predicted`` (default) or
     ``gold``. ``batch_size``: examples per prediction batch (methods batch by their own
-    ``batch_size``). ``trainer``: a ``conf/trainer`` mapping to run through Lightning's
-    predict loop, or ``None`` to run on the model's current device. ``timings`` /
+    ``batch_size``). ``trainer``: a ``conf/trainer`` mapping (or a Trainer built with
+    ``inference_mode=False``) to run through Lightning's predict loop, or ``None`` to run
+    on the model's current device. ``timings`` /
     ``diagnostics`` (optional dicts) receive per-method wall time and examples/s, and
     per-example diagnostics such as IG convergence deltas.
 
@@ -152,6 +152,11 @@ def explain_frame(
     ]
     order = [int(i) for i in np.argsort([s.n_tokens for s in segs], kind="stable")]
     model.eval()
+    runner = (
+        trainer
+        if isinstance(trainer, L.Trainer) or trainer is None
+        else make_trainer(trainer, progress)
+    )
 
     def _predict(idx: list[int]) -> list[np.ndarray]:
         with torch.no_grad():
@@ -163,7 +168,7 @@ def explain_frame(
         return list(p)
 
     probs = np.vstack(
-        _run_batches(model, _predict, order, batch_size, trainer, progress, "predict")
+        _run_batches(model, _predict, order, batch_size, runner, progress, "predict")
     )
     preds = probs.argmax(1)
     predictions = pd.DataFrame(
@@ -198,7 +203,7 @@ def explain_frame(
 
         t0 = time.perf_counter()
         scores = _run_batches(
-            model, _attribute, order, attributor.batch_size, trainer, progress, name
+            model, _attribute, order, attributor.batch_size, runner, progress, name
         )
         seconds = time.perf_counter() - t0
         if timings is not None:

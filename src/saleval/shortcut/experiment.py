@@ -5,6 +5,7 @@ a plain function so tests can run or replace one at a time.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import shutil
@@ -224,17 +225,62 @@ def verify_models(
 # ---------------------------------------------------------------------------------
 
 
-def explain_subset(synthetic_test: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
-    """``n`` examples of the synthetic test set, balanced over the two labels, seeded."""
-    if n is None or n >= len(synthetic_test):
-        return synthetic_test.reset_index(drop=True)
+def explain_pool(synthetic_test: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+    """``n`` examples of the synthetic test set, seeded, labels alternating 0, 1, 0, 1 …
+
+    Every prefix is (nearly) balanced, so a configuration run on fewer examples
+    (``explain.budget``) sees the first examples of the same pool as the others.
+    """
     rng = np.random.default_rng(seed)
-    per = [n // 2 + (n % 2 if c == 0 else 0) for c in (0, 1)]
-    parts = []
-    for c, m in zip((0, 1), per):
-        rows = synthetic_test.index[synthetic_test["label"] == c].to_numpy()
-        parts.append(rng.choice(rows, size=min(m, len(rows)), replace=False))
-    return synthetic_test.loc[np.sort(np.concatenate(parts))].reset_index(drop=True)
+    by_label = [
+        rng.permutation(synthetic_test.index[synthetic_test["label"] == c].to_numpy())
+        for c in (0, 1)
+    ]
+    order = [int(i) for pair in zip(*by_label) for i in pair]
+    longer = max(by_label, key=len)
+    order += [int(i) for i in longer[min(len(b) for b in by_label) :]]
+    if n is not None:
+        order = order[: int(n)]
+    return synthetic_test.loc[order].reset_index(drop=True)
+
+
+def select_methods(
+    methods: Mapping[str, Any],
+    n_samples: int | None,
+    budget: Mapping[str, int] | Sequence[Sequence[Any]] | None = None,
+    skip: Sequence[str] = (),
+) -> dict[str, tuple[Any, int | None]]:
+    """Method configurations to run and how many examples each explains.
+
+    ``skip`` holds glob patterns over configuration names (``ig_*_1000_*``);
+    ``budget`` is a list of ``[pattern, n]`` pairs (or a mapping): the first matching
+    pattern caps that configuration's examples, so the expensive variants can run on
+    fewer examples on a CPU. Every result row records its own ``n``.
+    """
+    if budget is None:
+        caps: list[tuple[str, int]] = []
+    elif isinstance(budget, Mapping):
+        caps = [(str(k), int(v)) for k, v in budget.items()]
+    else:
+        caps = []
+        for entry in budget:
+            if len(entry) != 2:
+                raise ValueError(f"explain.budget entries are [pattern, n] pairs, got {entry}")
+            caps.append((str(entry[0]), int(entry[1])))
+    out: dict[str, tuple[Any, int | None]] = {}
+    for key, mcfg in methods.items():
+        if any(fnmatch.fnmatchcase(key, pat) for pat in skip):
+            log.info("method %s skipped (explain.skip)", key)
+            continue
+        n = n_samples
+        for pat, cap in caps:
+            if fnmatch.fnmatchcase(key, pat):
+                n = cap if n is None else min(cap, int(n))
+                break
+        out[key] = (mcfg, n)
+    if not out:
+        raise ValueError(f"no method configuration left after explain.skip={list(skip)}")
+    return out
 
 
 def score_method(
@@ -260,8 +306,10 @@ def saliency_sweep(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Precision@k and mean rank of every method configuration on ``examples``.
 
-    Returns the summary (one row per configuration: method family, config name,
-    precision, mean_rank, n, k, seconds) and the per-example values.
+    ``methods`` maps a configuration name to its config, or to ``(config, n)`` to
+    explain only the first ``n`` examples (see :func:`select_methods`). Returns the
+    summary (one row per configuration: method family, config name, precision,
+    mean_rank, n, k, seconds) and the per-example values.
     """
     from saleval.attribution import attribute_words, build_method, method_name
 
@@ -274,13 +322,15 @@ def saliency_sweep(
                 f"{seg.n_words} words (was the data made with another tokenizer/max_length?)"
             )
     summary, per_example = [], []
-    for key, mcfg in tqdm(list(methods.items()), desc="shortcut sweep", disable=not progress):
+    for key, entry in tqdm(list(methods.items()), desc="shortcut sweep", disable=not progress):
+        mcfg, n = entry if isinstance(entry, tuple) else (entry, None)
+        n = len(segs) if n is None else min(int(n), len(segs))
         attributor = build_method(mcfg, key)
         config = method_name(key, mcfg)
         t0 = time.perf_counter()
-        scores = attribute_words(model, tokenizer, segs, list(targets), attributor)
+        scores = attribute_words(model, tokenizer, segs[:n], list(targets)[:n], attributor)
         seconds = time.perf_counter() - t0
-        prec, ranks = score_method(scores, gts)
+        prec, ranks = score_method(scores, gts[:n])
         family = type(attributor).registry_name
         summary.append(
             {
@@ -288,7 +338,7 @@ def saliency_sweep(
                 "config": config,
                 "precision": float(np.mean(prec)),
                 "mean_rank": float(np.mean(ranks)),
-                "n": len(segs),
+                "n": n,
                 "k": len(gts[0]),
                 "seconds": seconds,
             }
@@ -296,21 +346,22 @@ def saliency_sweep(
         per_example.append(
             pd.DataFrame(
                 {
-                    "sample_id": examples["sample_id"].to_numpy(),
+                    "sample_id": examples["sample_id"].to_numpy()[:n],
                     "method": family,
                     "config": config,
-                    "target": np.asarray(targets, dtype=np.int64),
-                    "n_words": [s.n_words for s in segs],
+                    "target": np.asarray(targets, dtype=np.int64)[:n],
+                    "n_words": [s.n_words for s in segs[:n]],
                     "precision": prec,
                     "rank": ranks,
                 }
             )
         )
         log.info(
-            "%s: P@k %.3f, mean rank %.2f (%.1fs)",
+            "%s: P@k %.3f, mean rank %.2f (n=%d, %.1fs)",
             config,
             summary[-1]["precision"],
             summary[-1]["mean_rank"],
+            n,
             seconds,
         )
     return pd.DataFrame(summary), pd.concat(per_example, ignore_index=True)

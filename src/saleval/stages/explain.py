@@ -89,7 +89,10 @@ def _metrics(
     out = {f"{k}.{m}": v for m, t in timings.items() for k, v in t.items()}
     for m, d in diag.items():
         for key, vals in d.items():
-            out[f"{key}_abs_mean.{m}"] = float(np.mean(np.abs(vals)))
+            if key == "convergence_delta":  # IG / DeepLIFT completeness gap
+                out[f"{key}_abs_mean.{m}"] = float(np.mean(np.abs(vals)))
+            else:
+                out[f"{key}_mean.{m}"] = float(np.mean(vals))
     return out
 
 

@@ -54,14 +54,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         model, _ = load_trained(st.run_dir / "mixed", attn_implementation="eager")
         pool = data.synthetic_test.assign(pred=mixed_pred)
-        examples = ex.explain_subset(pool, cfg.explain.n_samples, int(cfg.seed))
+        methods = ex.select_methods(
+            cfg.method,
+            cfg.explain.n_samples,
+            cfg.explain.get("budget"),
+            cfg.explain.get("skip", []),
+        )
+        examples = ex.explain_pool(pool, cfg.explain.n_samples, int(cfg.seed))
         target_col = {"predicted": "pred", "gold": "label"}[str(cfg.explain.target)]
         summary, per_example = ex.saliency_sweep(
             model,
             tokenizer,
             examples,
             examples[target_col].tolist(),
-            cfg.method,
+            methods,
             max_length,
             progress=bool(cfg.get("progress", True)),
         )

@@ -1,0 +1,71 @@
+"""The main job end to end: ``saleval-run profile=smoke`` chains every stage, then resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from saleval import tables
+from saleval.stages import run as pipeline
+from tests.conftest import compose_config
+
+STAGES = ["train", "explain", "tasks", "simulate", "import", "score", "metrics", "compare"]
+
+
+@pytest.mark.slow
+def test_smoke_profile_runs_every_stage_then_reuses_them(
+    tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = compose_config("run", ["profile=smoke"], tmp_path / "run1")
+    summary = pipeline.run(cfg)
+    assert list(summary["stages"]) == STAGES
+    assert not any(s["reused"] for s in summary["stages"].values())
+    dirs = {k: Path(v["run_dir"]) for k, v in summary["stages"].items()}
+
+    # every stage wrote its contract files
+    assert (dirs["train"] / "model" / "config.json").is_file()
+    attributions = tables.ATTRIBUTIONS.read(dirs["explain"])
+    assert attributions["method"].nunique() == 9
+    tasks = tables.TASKS.read(dirs["tasks"])
+    answers = tables.ANSWERS.read(dirs["simulate"])
+    assert set(answers["task_id"]) <= set(tasks["task_id"])
+    assert tables.REJECTS.read(dirs["import"]).empty
+    scores = tables.SCORES.read(dirs["score"])
+    assert set(scores["method"]) == set(attributions["method"])
+    metrics = tables.METRICS.read(dirs["metrics"])
+    assert {"comprehensiveness", "sufficiency", "aopc_most", "switching_point"} <= set(metrics["metric"])
+    comparison = tables.COMPARISON.read(dirs["compare"])
+    assert set(comparison["method"]) == set(scores["method"])
+
+    # MLflow: one parent run, every stage a child, chained by parent tags, simulated marked
+    client = MlflowClient()
+    parent_id = summary["parent_run_id"]
+    infos = {s: json.loads((dirs[s] / "run.json").read_text()) for s in STAGES}
+    for stage in STAGES:
+        run = client.get_run(infos[stage]["run_id"])
+        assert run.data.tags["stage"] == stage
+        assert run.data.tags["mlflow.parentRunId"] == parent_id
+    assert client.get_run(infos["explain"]["run_id"]).data.tags["parent.model"] == infos["train"]["run_id"]
+    assert client.get_run(infos["compare"]["run_id"]).data.tags["parent.score"] == infos["score"]["run_id"]
+    for stage in ("simulate", "import", "score", "compare"):
+        assert client.get_run(infos[stage]["run_id"]).data.tags.get("simulated") == "true", stage
+    out = capsys.readouterr().out
+    assert "SIMULATED" in out and "mlflow ui --backend-store-uri" in out
+
+    # resumable: the same config again reuses every finished stage
+    again = pipeline.run(compose_config("run", ["profile=smoke"], tmp_path / "run2"))
+    assert all(s["reused"] for s in again["stages"].values())
+    assert {k: v["run_dir"] for k, v in again["stages"].items()} == {k: str(v) for k, v in dirs.items()}
+
+    # changing one stage's config reruns it and everything downstream, not upstream
+    third = pipeline.run(compose_config(
+        "run", ["profile=smoke", "profile.stages.score=['scoring.bootstrap.n=50','scoring.test_resamples=99']",
+                "profile.stages_to_run=[train,explain,tasks,simulate,import,score]"], tmp_path / "run3"))
+    reused = {k: v["reused"] for k, v in third["stages"].items()}
+    assert reused == {"train": True, "explain": True, "tasks": True, "simulate": True,
+                      "import": True, "score": False}
+    assert not pd.read_csv(Path(third["stages"]["score"]["run_dir"]) / "scores.csv").empty
