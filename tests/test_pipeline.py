@@ -69,3 +69,13 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
     assert reused == {"train": True, "explain": True, "tasks": True, "simulate": True,
                       "import": True, "score": False}
     assert not pd.read_csv(Path(third["stages"]["score"]["run_dir"]) / "scores.csv").empty
+
+    # real answers swapped in as a plain file: import and everything after it rerun
+    answers_file = tmp_path / "platform_answers.csv"
+    swapped = answers.copy()
+    swapped.loc[0, "answer"] = "I don't know"
+    tables.ANSWERS.write(swapped, tmp_path).rename(answers_file)
+    fourth = pipeline.run(compose_config(
+        "run", ["profile=smoke", "profile.stages_to_run=[import,score]",
+                f"+inputs.tasks={dirs['tasks']}", f"+inputs.simulate={answers_file}"], tmp_path / "run4"))
+    assert {k: v["reused"] for k, v in fourth["stages"].items()} == {"import": False, "score": False}

@@ -107,6 +107,10 @@ def stage_fingerprint(cfg: DictConfig, stage: str, input_dirs: Mapping[str, Path
     if isinstance(stable.get("dataset"), dict):  # where the files sit is not what they are
         stable["dataset"] = {k: v for k, v in stable["dataset"].items() if k != "data_root"}
     parents = {k: str(read_run_info(p).get("fingerprint", "")) for k, p in input_dirs.items()}
+    # inputs given as plain files (a platform's answers.csv) count by their content
+    for k, v in (resolved.get("inputs") or {}).items():
+        if k not in parents and isinstance(v, str) and Path(v).is_file():
+            parents[k] = "sha256:" + hashlib.sha256(Path(v).read_bytes()).hexdigest()
     return fingerprint({"stage": stage, **stable}, parents)
 
 

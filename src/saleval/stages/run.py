@@ -106,7 +106,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             overrides = list(common) + [str(o) for o in profile.stages.get(stage, [])]
             for name, producer in needs.items():
                 src = given.get(f"{stage}.{name}") or given.get(producer)
-                if src:
+                if src and Path(str(src)).is_file():  # e.g. a platform's answers.csv
+                    overrides.append(f"inputs.{name}={Path(str(src)).resolve()}")
+                elif src:
                     overrides.append(f"inputs.{name}={resolve_input(name, src)}")
                 elif producer in dirs:
                     overrides.append(f"inputs.{name}={dirs[producer]}")
