@@ -420,6 +420,11 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
     run = MlflowClient().get_run(out["run_id"])
     assert run.data.tags["shortcut"] == "st" and run.data.tags["verification"] == "passed"
     assert "precision/vanilla_gradient" in run.data.metrics
+    children = MlflowClient().search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{out['run_id']}'"
+    )
+    assert sorted(c.data.tags["shortcut_model"] for c in children) == ["mixed", "original"]
+    assert all("val_acc" in c.data.metrics for c in children)
 
     # a second shortcut type reuses the original model (same data, same vocabulary)
     out2 = shortcut.run(make_cfg("shortcut", _tiny(tmp_path, *relaxed, "shortcut=op"), name="op"))

@@ -1,0 +1,51 @@
+"""The shortcut protocol (SPEC §8): planted tokens as ground truth for saliency.
+
+* :mod:`~saleval.shortcut.generate` — shortcut rules (``st``, ``tic``, ``op``), the new
+  vocabulary, mixed training data and the fully synthetic test set, with ground truth;
+* :mod:`~saleval.shortcut.verify` — the checks that the mixed model uses the shortcut
+  (:class:`~saleval.shortcut.verify.VerificationError` stops the run);
+* :mod:`~saleval.shortcut.metrics` — precision@k and mean rank;
+* :mod:`~saleval.shortcut.experiment` — the steps the ``saleval-shortcut`` stage runs;
+* :mod:`~saleval.shortcut.report` — the published table layout.
+"""
+
+from __future__ import annotations
+
+from saleval.shortcut.generate import (
+    KINDS,
+    ShortcutData,
+    ShortcutError,
+    ShortcutRule,
+    build_mixed,
+    build_shortcut_data,
+    extend_vocabulary,
+    prepare_source,
+    rule_from_config,
+    synthesize,
+)
+from saleval.shortcut.metrics import mean_rank, precision_at_k, rank_words
+from saleval.shortcut.report import combine_runs, published_table, to_markdown
+from saleval.shortcut.verify import VerificationError, VerificationReport, require, verify
+
+__all__ = [
+    "KINDS",
+    "ShortcutData",
+    "ShortcutError",
+    "ShortcutRule",
+    "VerificationError",
+    "VerificationReport",
+    "build_mixed",
+    "build_shortcut_data",
+    "combine_runs",
+    "extend_vocabulary",
+    "mean_rank",
+    "precision_at_k",
+    "prepare_source",
+    "published_table",
+    "rank_words",
+    "require",
+    "rule_from_config",
+    "synthesize",
+    "to_markdown",
+    "verify",
+]

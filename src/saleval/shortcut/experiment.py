@@ -5,16 +5,18 @@ a plain function so tests can run or replace one at a time.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import logging
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import mlflow
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -128,6 +130,17 @@ def train_classifier(
     return model, metrics
 
 
+@contextlib.contextmanager
+def _child_run(name: str) -> Iterator[None]:
+    """Inside an MLflow run, train in a nested child run so that the two models'
+    per-epoch curves do not interleave under the same metric names."""
+    if mlflow.active_run() is None:
+        yield
+        return
+    with mlflow.start_run(run_name=name, nested=True, tags={"shortcut_model": name}):
+        yield
+
+
 def original_cache_key(cfg: DictConfig, rule: ShortcutRule) -> str:
     """What determines the original model: the same for st, tic and op (no planted
     tokens in its data, all three tokens in its vocabulary), so a sweep trains it once."""
@@ -169,9 +182,10 @@ def train_pair(
             "reused_from": str(cached),
         }
     else:
-        models["original"], metrics["original"] = train_classifier(
-            cfg, data.rule, tokenizer, data.label_names, data.original, orig_dir
-        )
+        with _child_run("original"):
+            models["original"], metrics["original"] = train_classifier(
+                cfg, data.rule, tokenizer, data.label_names, data.original, orig_dir
+            )
         if cached is not None:
             tmp = cached.with_name(cached.name + ".tmp")
             shutil.copytree(orig_dir, tmp, dirs_exist_ok=True)
@@ -179,9 +193,10 @@ def train_pair(
                 shutil.rmtree(tmp)
             else:
                 tmp.replace(cached)
-    models["mixed"], metrics["mixed"] = train_classifier(
-        cfg, data.rule, tokenizer, data.label_names, data.mixed, run_dir / "mixed"
-    )
+    with _child_run("mixed"):
+        models["mixed"], metrics["mixed"] = train_classifier(
+            cfg, data.rule, tokenizer, data.label_names, data.mixed, run_dir / "mixed"
+        )
     return models, metrics
 
 
