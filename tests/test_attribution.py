@@ -189,25 +189,18 @@ def test_ig_completeness(baseline, output, model, tok, segs) -> None:
     assert torch.all(attr[batch.keep_own & batch.attention_mask.bool()] == 0)
 
 
-def test_input_x_gradient_is_one_step_ig_from_zero(model, tok, segs) -> None:
+@pytest.mark.parametrize("layer", ["embeddings", "word_embeddings"])
+def test_input_x_gradient_is_one_step_ig_from_zero(layer, model, tok, segs) -> None:
     targets = _targets(len(segs))
-    ixg = attribute_words(model, tok, segs, targets, {"kind": "input_x_gradient"})
-    ig1 = attribute_words(
-        model,
-        tok,
-        segs,
-        targets,
-        {
-            "kind": "integrated_gradients",
-            "n_steps": 1,
-            "method": "riemann_right",
-            "baseline": "zero",
-        },
-    )
+    ixg = attribute_words(model, tok, segs, targets, {"kind": "input_x_gradient", "layer": layer})
+    one_step = {"n_steps": 1, "method": "riemann_right", "baseline": "zero", "layer": layer}
+    ig1 = attribute_words(model, tok, segs, targets, {"kind": "integrated_gradients", **one_step})
     for a, b in zip(ixg, ig1):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
     # and not a trivial identity: more steps give something else
-    ig8 = attribute_words(model, tok, segs, targets, {"kind": "integrated_gradients", "n_steps": 8})
+    ig8 = attribute_words(
+        model, tok, segs, targets, {"kind": "integrated_gradients", "n_steps": 8, "layer": layer}
+    )
     assert not np.allclose(np.concatenate(ixg), np.concatenate(ig8), rtol=1e-3)
 
 
