@@ -195,8 +195,9 @@ def test_input_x_gradient_is_one_step_ig_from_zero(layer, model, tok, segs) -> N
     ixg = attribute_words(model, tok, segs, targets, {"kind": "input_x_gradient", "layer": layer})
     one_step = {"n_steps": 1, "method": "riemann_right", "baseline": "zero", "layer": layer}
     ig1 = attribute_words(model, tok, segs, targets, {"kind": "integrated_gradients", **one_step})
-    for a, b in zip(ixg, ig1):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+    scale = float(np.abs(np.concatenate(ixg)).max())
+    for a, b in zip(ixg, ig1):  # float32 round-off differs with batch padding
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
     # and not a trivial identity: more steps give something else
     ig8 = attribute_words(
         model, tok, segs, targets, {"kind": "integrated_gradients", "n_steps": 8, "layer": layer}

@@ -167,9 +167,7 @@ def explain_frame(
             )
         return list(p)
 
-    probs = np.vstack(
-        _run_batches(model, _predict, order, batch_size, runner, progress, "predict")
-    )
+    probs = np.vstack(_run_batches(model, _predict, order, batch_size, runner, progress, "predict"))
     preds = probs.argmax(1)
     predictions = pd.DataFrame(
         {

@@ -213,12 +213,14 @@ class InputXGradientMethod(_EmbeddingMethod):
         return attr.sum(-1)
 
 
-# Rows (examples × steps) per forward/backward chunk. Measured with
-# `python -m benchmarks attribution --n 8 --ig-chunks` (MiniLM, 8 AG News texts, 50 steps,
-# 2 shared CPU cores, noisy): 4-16 rows 99-143 s, 32 rows 56 s, 64-256 rows 36-88 s,
-# all 400 at once (Captum's default) 72-77 s. Small chunks lose; 32 is in the fast group
-# while keeping memory bounded for bert-base at 256 tokens.
-DEFAULT_INTERNAL_BATCH_SIZE = 32
+# Rows (examples × steps) per forward/backward chunk, measured on this shared 2-core CPU
+# with the embedded MiniLM (`python -m benchmarks attribution --ig-chunks`, 50 steps):
+# 8 texts in batches of 8: 4-16 rows 99-143 s, 32 rows 56 s, 64-256 rows 36-88 s, all 400
+# rows at once (Captum's default) 72-77 s. 32 texts, CPU seconds: naive per-example Captum
+# (50 rows) 142; batches of 8 × 32 rows 152, 8 × all 130, 1 × 64 rows 115, 1 × all 97,
+# 4 × 100 rows 94. Small chunks lose, ~100 rows win; with bert-base at 256 tokens a
+# 100-row chunk holds ~8 GB of activations (lower it there on small machines).
+DEFAULT_INTERNAL_BATCH_SIZE = 100
 
 
 @register("integrated_gradients")
@@ -241,6 +243,7 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         internal_batch_size: int | None = DEFAULT_INTERNAL_BATCH_SIZE,
         **kw: object,
     ):
+        kw.setdefault("batch_size", 4)  # few examples: their n_steps rows are the batch
         super().__init__(**kw)  # type: ignore[arg-type]
         if baseline not in BASELINES:
             raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")

@@ -106,7 +106,8 @@ def _refresh_sweep_table(st: Stage) -> None:
     jobs = sorted(p for p in sweep_dir.iterdir() if tables.SHORTCUT_RESULTS.path(p).is_file())
     table = published_table(combine_runs(jobs))
     path = sweep_dir / TABLE_MD
-    path.write_text(to_markdown(table, f"Shortcut results ({len(jobs)} sweep jobs)"))
+    runs = f"{len(jobs)} run{'' if len(jobs) == 1 else 's'}"
+    path.write_text(to_markdown(table, f"Shortcut results (sweep {sweep_dir.name}, {runs})"))
     st.log_file(path, "sweep")
 
 
