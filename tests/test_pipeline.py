@@ -37,7 +37,9 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
     scores = tables.SCORES.read(dirs["score"])
     assert set(scores["method"]) == set(attributions["method"])
     metrics = tables.METRICS.read(dirs["metrics"])
-    assert {"comprehensiveness", "sufficiency", "aopc_most", "switching_point"} <= set(metrics["metric"])
+    assert {"comprehensiveness", "sufficiency", "aopc_most", "switching_point"} <= set(
+        metrics["metric"]
+    )
     comparison = tables.COMPARISON.read(dirs["compare"])
     assert set(comparison["method"]) == set(scores["method"])
 
@@ -49,8 +51,14 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
         run = client.get_run(infos[stage]["run_id"])
         assert run.data.tags["stage"] == stage
         assert run.data.tags["mlflow.parentRunId"] == parent_id
-    assert client.get_run(infos["explain"]["run_id"]).data.tags["parent.model"] == infos["train"]["run_id"]
-    assert client.get_run(infos["compare"]["run_id"]).data.tags["parent.score"] == infos["score"]["run_id"]
+    assert (
+        client.get_run(infos["explain"]["run_id"]).data.tags["parent.model"]
+        == infos["train"]["run_id"]
+    )
+    assert (
+        client.get_run(infos["compare"]["run_id"]).data.tags["parent.score"]
+        == infos["score"]["run_id"]
+    )
     for stage in ("simulate", "import", "score", "compare"):
         assert client.get_run(infos[stage]["run_id"]).data.tags.get("simulated") == "true", stage
     out = capsys.readouterr().out
@@ -59,15 +67,31 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
     # resumable: the same config again reuses every finished stage
     again = pipeline.run(compose_config("run", ["profile=smoke"], tmp_path / "run2"))
     assert all(s["reused"] for s in again["stages"].values())
-    assert {k: v["run_dir"] for k, v in again["stages"].items()} == {k: str(v) for k, v in dirs.items()}
+    assert {k: v["run_dir"] for k, v in again["stages"].items()} == {
+        k: str(v) for k, v in dirs.items()
+    }
 
     # changing one stage's config reruns it and everything downstream, not upstream
-    third = pipeline.run(compose_config(
-        "run", ["profile=smoke", "profile.stages.score=['scoring.bootstrap.n=50','scoring.test_resamples=99']",
-                "profile.stages_to_run=[train,explain,tasks,simulate,import,score]"], tmp_path / "run3"))
+    third = pipeline.run(
+        compose_config(
+            "run",
+            [
+                "profile=smoke",
+                "profile.stages.score=['scoring.bootstrap.n=50','scoring.test_resamples=99']",
+                "profile.stages_to_run=[train,explain,tasks,simulate,import,score]",
+            ],
+            tmp_path / "run3",
+        )
+    )
     reused = {k: v["reused"] for k, v in third["stages"].items()}
-    assert reused == {"train": True, "explain": True, "tasks": True, "simulate": True,
-                      "import": True, "score": False}
+    assert reused == {
+        "train": True,
+        "explain": True,
+        "tasks": True,
+        "simulate": True,
+        "import": True,
+        "score": False,
+    }
     assert not pd.read_csv(Path(third["stages"]["score"]["run_dir"]) / "scores.csv").empty
 
     # real answers swapped in as a plain file: import and everything after it rerun
@@ -75,7 +99,19 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
     swapped = answers.copy()
     swapped.loc[0, "answer"] = "I don't know"
     tables.ANSWERS.write(swapped, tmp_path).rename(answers_file)
-    fourth = pipeline.run(compose_config(
-        "run", ["profile=smoke", "profile.stages_to_run=[import,score]",
-                f"+inputs.tasks={dirs['tasks']}", f"+inputs.simulate={answers_file}"], tmp_path / "run4"))
-    assert {k: v["reused"] for k, v in fourth["stages"].items()} == {"import": False, "score": False}
+    fourth = pipeline.run(
+        compose_config(
+            "run",
+            [
+                "profile=smoke",
+                "profile.stages_to_run=[import,score]",
+                f"+inputs.tasks={dirs['tasks']}",
+                f"+inputs.simulate={answers_file}",
+            ],
+            tmp_path / "run4",
+        )
+    )
+    assert {k: v["reused"] for k, v in fourth["stages"].items()} == {
+        "import": False,
+        "score": False,
+    }

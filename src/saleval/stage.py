@@ -11,7 +11,8 @@ Every stage module defines ``run(cfg) -> dict`` (tests call it) and
 ``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``), writes the
 resolved config and ``run.json`` (run id, fingerprint, parents) into the run dir,
 starts an MLflow run (nested under an active pipeline run), tags it, and always
-ends it, marking it FAILED on an exception.
+ends it, marking it FAILED on an exception. In the extra processes of a multi-process
+(DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,28 @@ def _register_resolvers() -> None:
 
 
 _register_resolvers()
+
+# conf/hydra/launcher/joblib.yaml replaces the joblib plugin's config of the same name (to
+# set a sensible n_jobs) and lists every field, so Hydra's deprecated merge with the
+# plugin's schema of that name is harmless; its warning on every multirun job is noise.
+warnings.filterwarnings(
+    "ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema"
+)
+
+
+#: where launchers put a process's rank: Lightning's ``ddp`` launcher (``LOCAL_RANK``,
+#: ``NODE_RANK``), ``torchrun`` (``RANK``), ``srun`` (``SLURM_PROCID``), LSF (``JSM_...``).
+_RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def is_main_process() -> bool:
+    """False in the ranks > 0 of a multi-process (DDP) job, known from the environment.
+
+    Read at start-up rather than from a Trainer because Lightning's ``ddp`` launcher (and
+    ``torchrun``, ``srun``) run the whole stage again in every rank: only the process whose
+    ranks are all 0 (or unset) may write the run dir and log to MLflow.
+    """
+    return all(os.environ.get(v, "0").strip() in ("", "0") for v in _RANK_VARS)
 
 
 class InputError(ValueError):
@@ -150,11 +175,16 @@ class Stage:
         self.fingerprint = stage_fingerprint(cfg, stage, self.inputs)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None
+        self.tags: dict[str, str] = {}
+        #: False in a DDP rank > 0: the context then writes and logs nothing
+        self.is_main = is_main_process()
         self._t0 = 0.0
         self._started_here = False
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> Stage:
+        if not self.is_main:  # a DDP rank > 0: rank 0 owns the run dir and the MLflow run
+            return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
         dataset = str(OmegaConf.select(self.cfg, "dataset.name", default="none"))
@@ -173,6 +203,7 @@ class Stage:
             "model": model,
             "run_dir": str(self.run_dir),
             "fingerprint": self.fingerprint,
+            "host": socket.gethostname(),
             **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self.parents.items()},
             **{f"parent_dir.{k}": str(p) for k, p in self.inputs.items()},
             **self.extra_tags,
@@ -197,6 +228,8 @@ class Stage:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.is_main:
+            return
         seconds = time.perf_counter() - self._t0
         status = "FAILED" if exc_type else "FINISHED"
         try:
@@ -219,6 +252,9 @@ class Stage:
             "parents": {k: v.get("run_id") for k, v in self.parents.items()},
             "parent_dirs": {k: str(p) for k, p in self.inputs.items()},
             "simulated": self.tags.get("simulated", "false"),
+            # which machine and process ran it: jobs of a parallel multirun or a cluster differ
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             **extra,
         }
         (self.run_dir / RUN_JSON).write_text(json.dumps(info, indent=2))
@@ -229,19 +265,24 @@ class Stage:
 
     def write(self, spec: TableSpec, df: pd.DataFrame) -> Path:
         """Validate, write into the run dir, and log the table as an artifact."""
+        if not self.is_main:  # a DDP rank > 0: rank 0 writes the same table
+            return spec.path(self.run_dir)
         path = spec.write(df, self.run_dir)
         mlflow.log_artifact(str(path))
         return path
 
     def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
-        tracking.log_files([path], artifact_path)
+        if self.is_main:
+            tracking.log_files([path], artifact_path)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        tracking.log_metrics(metrics, step=step)
+        if self.is_main:
+            tracking.log_metrics(metrics, step=step)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)
-        mlflow.set_tags(dict(tags))
+        if self.is_main:
+            mlflow.set_tags(dict(tags))
 
 
 def _sweep_tags() -> dict[str, str]:

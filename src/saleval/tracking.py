@@ -6,20 +6,27 @@
 * One experiment per dataset (``saleval/<dataset>``) so the MLflow UI lists human
   and automated runs of one dataset side by side.
 * Tags on every run: ``stage``, ``dataset``, ``model``, ``parent.<input>`` = the
-  run id of each input run, ``run_dir``, ``fingerprint`` and ``simulated`` where
-  it applies. Inside ``saleval-run`` each stage is a nested child of the
+  run id of each input run, ``run_dir``, ``fingerprint``, ``host`` and ``simulated``
+  where it applies; jobs of a ``-m`` multirun add ``sweep``, ``sweep.job`` and
+  ``sweep.overrides``. Inside ``saleval-run`` each stage is a nested child of the
   pipeline's parent run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import mlflow
 from mlflow.tracking import MlflowClient
+
+try:
+    import fcntl
+except ImportError:  # Windows: no multirun store lock
+    fcntl = None  # type: ignore[assignment]
 
 _MAX_PARAM_LEN = 6000
 _BATCH = 100
@@ -38,25 +45,51 @@ def _is_local(uri: str) -> bool:
     return uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
 
 
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock next to a SQLite store while MLflow opens it and the experiment.
+
+    MLflow creates the tables of a new SQLite file when a process first opens it, without
+    a lock across processes (``SqlAlchemyStore.__init__``): two jobs of a joblib multirun
+    starting on a fresh store race, and one fails ("duplicate column name"). Later writes
+    are safe: MLflow sets SQLite's ``busy_timeout`` (20 s) on every session. Other stores
+    need no lock.
+    """
+    if fcntl is None or not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    with open(db.with_name(db.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def setup(uri: str | None, experiment: str, artifact_root: str | None = None) -> str:
-    """Point MLflow at the store and make sure the experiment exists; returns its id."""
+    """Point MLflow at the store, make the experiment exist and active; returns its id."""
     uri = tracking_uri(uri)
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        location = None
-        if artifact_root and _is_local(uri):
-            location = Path(artifact_root, experiment.replace("/", "_")).resolve().as_uri()
-        try:
-            return client.create_experiment(experiment, artifact_location=location)
-        except mlflow.exceptions.MlflowException:  # created concurrently by a sibling job
-            exp = client.get_experiment_by_name(experiment)
-            assert exp is not None
-    mlflow.set_experiment(experiment_id=exp.experiment_id)
-    return exp.experiment_id
+    with _store_lock(uri):
+        client = MlflowClient()
+        exp = client.get_experiment_by_name(experiment)
+        if exp is not None:
+            experiment_id = exp.experiment_id
+        else:
+            location = None
+            if artifact_root and _is_local(uri):
+                location = Path(artifact_root, experiment.replace("/", "_")).resolve().as_uri()
+            try:
+                experiment_id = client.create_experiment(experiment, artifact_location=location)
+            except mlflow.exceptions.MlflowException:  # created concurrently by a sibling job
+                exp = client.get_experiment_by_name(experiment)
+                assert exp is not None
+                experiment_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -250,10 +250,13 @@ def fit(
         else float("nan")
     )
     test = trainer.test(module, datamodule=data, verbose=False)[0]
-    for f in ckpt_dir.glob("*.ckpt"):
-        f.unlink()
-    if ckpt_dir.is_dir() and not any(ckpt_dir.iterdir()):
-        ckpt_dir.rmdir()
+    # Under DDP every rank loaded rank 0's checkpoint before the test's collectives; only
+    # rank 0 deletes it (several ranks unlinking one file would race).
+    if trainer.is_global_zero:
+        for f in ckpt_dir.glob("*.ckpt"):
+            f.unlink(missing_ok=True)
+        if ckpt_dir.is_dir() and not any(ckpt_dir.iterdir()):
+            ckpt_dir.rmdir()
     return {
         "val_accuracy": best_val,
         "test_accuracy": float(test["test_acc"]),

@@ -3,9 +3,11 @@
 Reads ``inputs.model`` (a train run), explains ``data.split`` of ``dataset`` (all of
 it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``) with
 every method in ``method``, through Lightning's predict loop on
-``trainer.accelerator``. Writes ``attributions.parquet`` and ``predictions.parquet``;
-logs per-method wall time and examples/s, IG/DeepLIFT convergence deltas, and the
-views (``views/highlights.html``, ``views/overlap.csv``, ``views/overlap.png``).
+``trainer.accelerator`` (``trainer=ddp``: the examples sharded over every GPU, the same
+tables as on one; see :mod:`saleval.attribution.frame`). Writes ``attributions.parquet``
+and ``predictions.parquet``; logs per-method wall time and examples/s, IG/DeepLIFT
+convergence deltas, and the views (``views/highlights.html``, ``views/overlap.csv``,
+``views/overlap.png``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             batch_size=int(cfg.batch_size), trainer=OmegaConf.to_container(cfg.trainer),
             progress=bool(cfg.progress), timings=timings, diagnostics=diag,
         )  # fmt: skip
+        if not st.is_main:  # DDP rank > 0 (torchrun, srun): same tables; rank 0 writes them
+            return {"run_dir": str(st.run_dir), "run_id": None, "n_samples": len(df)}
         predictions["split"] = str(cfg.data.split)
         st.write(tables.PREDICTIONS, predictions)
         st.write(tables.ATTRIBUTIONS, attributions)

@@ -1,7 +1,8 @@
 """``saleval-train``: fine-tune a BERT classifier on a dataset (SPEC §2, §9.1).
 
 Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
-(``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir.
+(``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir. Under
+``trainer=ddp`` Lightning re-runs this script for ranks > 0; only rank 0 writes and logs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             num_workers=int(cfg.trainer.num_workers),
         )
         result = fit(model, dm, cfg.trainer, st.run_dir)
+        if not st.is_main:  # a DDP rank > 0 (trainer=ddp): rank 0 saves and logs the model
+            return {"run_dir": str(st.run_dir), "run_id": None, **result}
         model.save_pretrained(st.path(MODEL_DIR))
         tokenizer.save_pretrained(st.path(MODEL_DIR))
         metrics = {
