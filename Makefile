@@ -5,8 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+FERRET_VENV := .venv-ferret
+FERRET_STAMP := $(FERRET_VENV)/.installed
 
-.PHONY: run test lint setup clean-outputs bench
+.PHONY: run test lint setup clean-outputs bench bench-perf bench-ferret-env
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,3 +32,19 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks $(ARGS)
+
+# Issue #10: every method and metric vs a naive loop and ferret, one run
+# (`make bench-perf ARGS="--n 32 --ferret-n 16"`; --quick for development).
+bench-perf: $(STAMP) $(FERRET_STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks performance $(ARGS)
+
+# ferret-xai 0.4.2 pins transformers<5, captum<0.8, numpy<2: its own venv. torch first
+# (the CPU build on disk); pyarrow<20 because newer pyarrow needs numpy>=2 and
+# ferret's `datasets` import fails without it.
+$(FERRET_STAMP):
+	test -x $(FERRET_VENV)/bin/python || $(PYTHON) -m venv $(FERRET_VENV)
+	$(FERRET_VENV)/bin/pip install -q torch==2.13.0
+	$(FERRET_VENV)/bin/pip install -q torch==2.13.0 ferret-xai==0.4.2 'pyarrow<20'
+	touch $(FERRET_STAMP)
+
+bench-ferret-env: $(FERRET_STAMP)

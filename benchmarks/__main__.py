@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = {"attribution": "benchmarks.attribution"}
+BENCHMARKS = {
+    "attribution": "benchmarks.attribution",
+    "performance": "benchmarks.performance",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -362,7 +362,7 @@ class ProbabilityCache:
 class FaithfulnessResult:
     per_example: pd.DataFrame  # sample_id, method, metric, k, value
     full: pd.DataFrame  # sample_id, pred, confidence, n_words
-    timings: pd.DataFrame  # metric, seconds, n_sequences, n_forward
+    timings: pd.DataFrame  # metric, seconds, cpu_seconds, n_sequences, n_forward
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -398,12 +398,14 @@ def evaluate(
     tok = tokenizer if config.removal != "delete" else None
 
     def timed(name: str, fn: Callable[[], int]) -> None:
-        t0, f0 = time.perf_counter(), cache.n_forward
+        t0, c0, f0 = time.perf_counter(), time.process_time(), cache.n_forward
         n_seq = fn()
         timings.append(
             {
                 "metric": name,
                 "seconds": time.perf_counter() - t0,
+                # CPU time of this process (all threads): steadier than wall on a shared machine
+                "cpu_seconds": time.process_time() - c0,
                 "n_sequences": n_seq,
                 "n_forward": cache.n_forward - f0,
             }

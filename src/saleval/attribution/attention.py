@@ -74,6 +74,7 @@ def attention_token_scores(
 
 class _Attention(TokenAttributor):
     forward_only = True
+    needs_attention_weights = True
     layers = "all"
 
     def __init__(

@@ -12,6 +12,7 @@ word-level methods (LIME, occlusion, random) score words directly.
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.inference import attention_implementation
 from saleval.words import REDUCERS, Segmentation, token_to_word_scores
 
 
@@ -102,6 +104,9 @@ class Attributor(abc.ABC):
     registry_name = "?"
     #: forward-only methods may run under bf16 autocast (``bf16: true``).
     forward_only = False
+    #: methods that read attention weights run the model's eager attention; all others
+    #: run the fused sdpa kernels (same outputs, faster; saleval.inference).
+    needs_attention_weights = False
 
     def __init__(
         self, *, name: str | None = None, batch_size: int = 16, word_reduce: str = "sum"
@@ -140,13 +145,19 @@ class Attributor(abc.ABC):
         model.eval()
         out: list[np.ndarray | None] = [None] * len(segs)
         order = np.argsort([s.n_tokens for s in segs], kind="stable")
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            scores = self.word_scores(
-                model, tokenizer, [segs[i] for i in idx], [int(targets[i]) for i in idx]
-            )
-            for i, s in zip(idx, scores):
-                out[i] = np.asarray(s, dtype=np.float64)
+        impl = (
+            contextlib.nullcontext()
+            if self.needs_attention_weights
+            else attention_implementation(model, "sdpa")
+        )
+        with impl:
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                scores = self.word_scores(
+                    model, tokenizer, [segs[i] for i in idx], [int(targets[i]) for i in idx]
+                )
+                for i, s in zip(idx, scores):
+                    out[i] = np.asarray(s, dtype=np.float64)
         for i, (seg, s) in enumerate(zip(segs, out)):
             assert s is not None
             if s.shape != (seg.n_words,):
