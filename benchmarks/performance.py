@@ -1,0 +1,891 @@
+"""Issue #10: every method and metric at its default settings, side by side, in one run.
+
+``python -m benchmarks performance [--n 100] [--metrics-n 8] [--quick]`` (``make bench-perf``)
+times, on the same model (the embedded MiniLM with an untrained 4-way head: timing
+only) and the first ``n`` real AG News test texts, with their predicted classes:
+
+* **engine**: saleval's batched methods (``conf/method/*.yaml`` as the explain stage
+  composes them) and :func:`saleval.faithfulness.evaluate` (``conf/metrics/default``);
+* **naive**: a per-example loop over the same libraries and settings — Captum per
+  example (IG all 50 steps in one call, Captum's default), one forward per example
+  for attention, ``lime``'s ``LimeTextExplainer`` with a tokenizing ``classifier_fn``
+  (chunks of 64; ``mask_string=''`` deletes the word, as ``perturbation: erase``),
+  occlusion and every metric as one padded forward per example of all its perturbed
+  inputs (no cross-example batching, no length sorting, no cache);
+* **ferret** (``ferret-xai`` in ``.venv-ferret``, run as a subprocess by
+  :mod:`benchmarks.ferret_side`) where it has the method: Gradient, Gradient×Input,
+  IG×Input, LIME, its leave-one-token-out occlusion (inside tau-LOO) and its AOPC
+  comprehensiveness / sufficiency evaluators; same method settings (1000 LIME
+  samples, 50 IG steps), ferret's defaults otherwise (token features, [MASK]
+  perturbation, forward batches of 8);
+* **bounds**: gradient methods against the compute bound (forward/backward passes per
+  example, counted, × forward FLOPs at the real token lengths from the model config
+  ÷ measured fp32 GEMM throughput on the model's own shapes); LIME, occlusion and
+  the metric families against plain batched inference
+  (:func:`saleval.inference.forward_logits`) over the very id sequences they ran.
+
+Both wall and CPU-time (``time.process_time``) ratios are printed: the machine is
+shared, and CPU time is the steadier figure there. Prints one markdown table; the
+long run writes it to ``--out`` too. ``--quick`` (4 texts, 2 for metrics, LIME 100
+samples on every side) is for development only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks.attribution import _cfg
+from saleval import faithfulness as F
+from saleval import inference
+from saleval.attribution import build_method
+from saleval.attribution import perturbation as P
+from saleval.attribution.base import sample_rng
+from saleval.data import load_dataset
+from saleval.models import build_model, load_tokenizer
+from saleval.words import Segmentation, perturb_ids, segment, token_to_word_scores
+
+METHODS = (
+    "random",
+    "all_attention",
+    "last_attention",
+    "vanilla_gradient",
+    "input_x_gradient",
+    "integrated_gradients",
+    "deeplift",
+    "lime",
+    "occlusion",
+)
+GRADIENT = ("vanilla_gradient", "input_x_gradient", "integrated_gradients", "deeplift")
+PERTURBATION = ("lime", "occlusion")
+FAMILIES = (
+    "full_text",
+    F.COMPREHENSIVENESS,
+    F.SUFFICIENCY,
+    F.AOPC_MOST,
+    F.AOPC_LEAST,
+    F.SWITCHING_POINT,
+    F.LOG_ODDS_DROP,
+)
+ROOT = Path(__file__).resolve().parents[1]
+FERRET_PYTHON = ROOT / ".venv-ferret" / "bin" / "python"
+TOTAL_TARGET = 10.0  # engine ≥ 10× the naive loop, nine methods end to end
+BOUND_TARGET = 2.0  # gradient methods within 2× of the compute bound
+PLAIN_TARGET = 1.5  # LIME / perturbation metrics within 1.5× of plain batched inference
+
+
+# ---------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    """Wall and CPU seconds (this process, all threads) for ``n`` examples."""
+
+    wall: float
+    cpu: float
+    n: int
+
+    @property
+    def rate(self) -> float:
+        return self.n / max(self.wall, 1e-12)
+
+    def __add__(self, other: Timing) -> Timing:
+        return Timing(self.wall + other.wall, self.cpu + other.cpu, self.n)
+
+
+def timed(fn: Callable[[], Any], n: int) -> tuple[Timing, Any]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return Timing(time.perf_counter() - t0, time.process_time() - c0, n), out
+
+
+@dataclass
+class Row:
+    """One line of the table; ratios are engine speed ÷ other speed (or time ÷ bound)."""
+
+    name: str
+    n: int
+    engine: Timing
+    naive: Timing | None = None
+    ferret: Timing | None = None
+    ferret_note: str = ""
+    bound: tuple[float, float] | None = None  # compute bound seconds (wall, CPU)
+    plain: Timing | None = None  # plain batched inference over the same inputs
+    agree: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def target(self) -> str:
+        if self.name.startswith("nine methods"):
+            return f"≥ {TOTAL_TARGET:g}× naive"
+        if self.bound is not None:
+            return f"≤ {BOUND_TARGET:g}× compute bound"
+        if self.plain is not None:
+            return f"≤ {PLAIN_TARGET:g}× plain inference"
+        return "—"
+
+    def met(self) -> str:
+        if self.name.startswith("nine methods") and self.naive:
+            w, c = speedups(self.engine, self.naive)
+            return verdict(w >= TOTAL_TARGET, c >= TOTAL_TARGET)
+        if self.bound is not None:
+            w, c = self.engine.wall / self.bound[0], self.engine.cpu / self.bound[1]
+            return verdict(w <= BOUND_TARGET, c <= BOUND_TARGET)
+        if self.plain is not None:
+            w, c = self.engine.wall / self.plain.wall, self.engine.cpu / self.plain.cpu
+            return verdict(w <= PLAIN_TARGET, c <= PLAIN_TARGET)
+        return ""
+
+
+def speedups(engine: Timing, other: Timing) -> tuple[float, float]:
+    """How many times faster the engine is per example (wall, CPU time)."""
+    scale = engine.n / other.n
+    return other.wall * scale / engine.wall, other.cpu * scale / max(engine.cpu, 1e-12)
+
+
+def verdict(wall_ok: bool, cpu_ok: bool) -> str:
+    if wall_ok and cpu_ok:
+        return "**met**"
+    if not wall_ok and not cpu_ok:
+        return "**missed**"
+    return "met (wall)" if wall_ok else "met (CPU time only)"
+
+
+# ---------------------------------------------------------------------------------
+# setup
+# ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    model: Any
+    tok: Any
+    texts: list[str]
+    targets: list[int]
+    segs: list[Segmentation]
+    method_cfg: dict[str, Any]
+    metrics_cfg: F.FaithfulnessConfig
+
+
+def setup(n: int) -> Setup:
+    """The model as the explain stage loads it (eager attention), texts, predicted classes."""
+    from omegaconf import OmegaConf
+
+    cfg = _cfg(["+model=minilm", "dataset=ag_news"])
+    data = load_dataset(cfg.dataset)
+    texts = data["test"]["text"].head(n).tolist()
+    tok = load_tokenizer(cfg.model)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, data.label_names, attn_implementation="eager", seed=0).eval()
+    segs = [segment(t, tok, int(cfg.model.max_length)) for t in texts]
+    targets = inference.forward_logits(model, [s.input_ids for s in segs]).argmax(1).tolist()
+    methods = OmegaConf.to_container(cfg.method, resolve=True)
+    assert isinstance(methods, dict)
+    mcfg = _metrics_cfg()
+    return Setup(model, tok, texts, targets, segs, methods, mcfg)
+
+
+def _metrics_cfg() -> F.FaithfulnessConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from saleval import paths
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+        cfg = compose("metrics", overrides=["+inputs.model=x", "+inputs.explain=x"])
+    return F.FaithfulnessConfig.from_mapping(cfg.metrics)
+
+
+# ---------------------------------------------------------------------------------
+# naive per-example loops
+# ---------------------------------------------------------------------------------
+
+
+class _EmbeddingsAsInput(nn.Module):
+    """``f(embeds, ids)``: the classifier with its embeddings module's output set to
+    ``embeds`` — how a Captum user attributes to the (post-LayerNorm) embeddings."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.emb = model.bert.embeddings
+
+    def forward(self, embeds: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        handle = self.emb.register_forward_hook(lambda m, i, o: embeds)
+        try:
+            return self.model(input_ids=ids.expand(len(embeds), -1)).logits
+        finally:
+            handle.remove()
+
+
+def _probs_padded(model: Any, seqs: Sequence[Sequence[int]], pad: int) -> np.ndarray:
+    """One right-padded forward of ``seqs`` as given (no sorting, no cache)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(list(s))
+        mask[i, : len(s)] = 1
+    with torch.inference_mode():
+        return torch.softmax(model(input_ids=ids, attention_mask=mask).logits, -1).numpy()
+
+
+def naive_method(kind: str, s: Setup, settings: dict[str, Any], text: str, seg: Segmentation,
+                 target: int) -> np.ndarray:  # fmt: skip
+    """What a per-example loop computes for one text (word scores)."""
+    from captum.attr import (
+        DeepLift,
+        IntegratedGradients,
+        LayerGradientXActivation,
+    )
+
+    model, tok = s.model, s.tok
+    if kind == "random":
+        return sample_rng(int(settings["seed"]), text).uniform(size=seg.n_words)
+    if kind == "lime":
+        return naive_lime(s, settings, text, seg, target)
+    if kind == "occlusion":
+        seqs = [list(seg.input_ids)]
+        for w in range(seg.n_words):
+            keep = np.ones(seg.n_words, dtype=bool)
+            keep[w] = False
+            seqs.append(perturb_ids(seg, keep, P.PERTURBATIONS[settings["perturbation"]], tok))
+        p = _probs_padded(model, seqs, int(tok.pad_token_id))[:, target]
+        return p[0] - p[1:]
+    ids = torch.tensor([seg.input_ids])
+    if kind in ("all_attention", "last_attention"):
+        with torch.no_grad():
+            att = model(input_ids=ids, output_attentions=True).attentions
+        chosen = att if kind == "all_attention" else att[-1:]
+        tokens = torch.stack(chosen).mean(dim=(0, 2, 3))[0].numpy()
+        return token_to_word_scores(tokens, seg, "sum")
+    emb = model.bert.embeddings
+    if kind in ("vanilla_gradient", "input_x_gradient"):
+
+        def logits(i: torch.Tensor) -> torch.Tensor:
+            return model(input_ids=i).logits
+
+        a = LayerGradientXActivation(
+            logits, emb, multiply_by_inputs=kind == "input_x_gradient"
+        ).attribute(ids, target=target)
+        tokens = a.abs().sum(-1) if kind == "vanilla_gradient" else a.sum(-1)
+        return token_to_word_scores(tokens[0].detach().numpy(), seg, "sum")
+    # IG and DeepLIFT from the zero baseline; special tokens keep their own embedding
+    f = _EmbeddingsAsInput(model)
+    with torch.no_grad():
+        x = emb(input_ids=ids)
+    special = torch.tensor(seg.special)[None, :, None]
+    base = torch.where(special, x, torch.zeros_like(x))
+    if kind == "integrated_gradients":
+        a, _ = IntegratedGradients(f).attribute(
+            x.requires_grad_(), baselines=base, target=target, additional_forward_args=(ids,),
+            n_steps=int(settings["n_steps"]), method=settings["method"],
+            return_convergence_delta=True,
+        )  # fmt: skip
+    elif kind == "deeplift":
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
+            a, _ = DeepLift(f).attribute(
+                x.requires_grad_(), baselines=base, target=target,
+                additional_forward_args=(ids,), return_convergence_delta=True,
+            )  # fmt: skip
+    else:
+        raise KeyError(kind)
+    return token_to_word_scores(a.sum(-1)[0].detach().numpy(), seg, "sum")
+
+
+def naive_lime(
+    s: Setup, settings: dict[str, Any], text: str, seg: Segmentation, target: int
+) -> np.ndarray:
+    """``lime``'s own text explainer over strings, re-tokenized by the classifier_fn."""
+    from lime.lime_text import LimeTextExplainer
+
+    model, tok = s.model, s.tok
+    if settings["perturbation"] != "erase":
+        raise NotImplementedError("the naive LIME mirrors the default perturbation: erase")
+
+    def classifier_fn(strings: list[str]) -> np.ndarray:
+        out = []
+        for i in range(0, len(strings), 64):
+            enc = tok(strings[i : i + 64], padding=True, truncation=True, max_length=256,
+                      return_tensors="pt")  # fmt: skip
+            with torch.inference_mode():
+                out.append(torch.softmax(model(**enc).logits, -1).numpy())
+        return np.vstack(out)
+
+    explainer = LimeTextExplainer(
+        kernel_width=float(settings["kernel_width"]), bow=False, mask_string="",
+        feature_selection="none", random_state=int(settings["seed"]),
+    )  # fmt: skip
+    exp = explainer.explain_instance(
+        text, classifier_fn, labels=(target,), num_features=10_000,
+        num_samples=int(settings["num_samples"]), distance_metric=settings["distance"],
+    )  # fmt: skip
+    return np.array([w for _, w in sorted(exp.local_exp[target])])
+
+
+# ---------------------------------------------------------------------------------
+# compute bound
+# ---------------------------------------------------------------------------------
+
+
+def forward_flops(config: Any, length: int) -> float:
+    """Forward FLOPs of one sequence: per layer 2·L·(4d² + 2·d·d_ff) + 4·L²·d."""
+    d, ff, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    return layers * (2 * length * (4 * d * d + 2 * d * ff) + 4 * length * length * d)
+
+
+@contextmanager
+def count_passes(model: Any) -> Any:
+    """Forward-equivalent passes: rows run without grad count 1, with grad 3 (backward ≈ 2×)."""
+    tally = {"passes": 0.0, "calls": 0}
+
+    def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
+        rows = out.logits.shape[0]
+        tally["passes"] += rows * (3 if out.logits.requires_grad else 1)
+        tally["calls"] += 1
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield tally
+    finally:
+        handle.remove()
+
+
+def gemm_throughput(config: Any, rows: int, length: int, dtype: torch.dtype) -> tuple[float, float]:
+    """FLOP/s (per wall second, per CPU second) of one encoder layer's GEMMs at ``rows``
+    sequences of ``length`` tokens: Q, K, V, O, the two FFN matmuls and both attention bmms."""
+    d, ff, h = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    r = rows * length
+    x = torch.randn(r, d, dtype=dtype)
+    wd = [torch.randn(d, d, dtype=dtype) for _ in range(4)]
+    w1, w2 = torch.randn(ff, d, dtype=dtype), torch.randn(d, ff, dtype=dtype)
+    hx = torch.randn(r, ff, dtype=dtype)
+    q = torch.randn(rows * h, length, d // h, dtype=dtype)
+    k = torch.randn(rows * h, d // h, length, dtype=dtype)
+    a = torch.randn(rows * h, length, length, dtype=dtype)
+    flops = 2 * r * (4 * d * d + 2 * d * ff) + 4 * rows * length * length * d
+
+    def layer() -> None:
+        for w in wd:
+            torch.nn.functional.linear(x, w)
+        torch.nn.functional.linear(x, w1)
+        torch.nn.functional.linear(hx, w2)
+        torch.bmm(q, k)
+        torch.bmm(a, q)
+
+    with torch.inference_mode():
+        layer()
+        best_wall = best_cpu = math.inf
+        for _ in range(3):
+            reps = max(1, int(2e9 / flops))
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(reps):
+                layer()
+            best_wall = min(best_wall, (time.perf_counter() - t0) / reps)
+            best_cpu = min(best_cpu, (time.process_time() - c0) / reps)
+    return flops / best_wall, flops / max(best_cpu, 1e-12)
+
+
+# ---------------------------------------------------------------------------------
+# recording the perturbed inputs the engine ran (to replay them as plain inference)
+# ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def recording(module: Any, name: str) -> Any:
+    """Wrap ``module.name`` (a batched-inference function) to keep every call's
+    sequences and keyword arguments; the wrapped call itself is unchanged."""
+    calls: list[tuple[list[Sequence[int]], dict[str, Any]]] = []
+    original = getattr(module, name)
+
+    def wrapper(model: Any, sequences: Sequence[Sequence[int]], **kw: Any) -> Any:
+        calls.append((list(sequences), kw))
+        return original(model, sequences, **kw)
+
+    setattr(module, name, wrapper)
+    try:
+        yield calls
+    finally:
+        setattr(module, name, original)
+
+
+def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> Timing:
+    """Plain :func:`saleval.inference.forward_logits` over the recorded calls."""
+    keep = ("pad_token_id", "max_tokens", "max_batch", "bf16")
+
+    def run() -> None:
+        for seqs, kw in calls:
+            inference.forward_logits(model, seqs, **{k: v for k, v in kw.items() if k in keep})
+
+    t, _ = timed(run, sum(len(c[0]) for c in calls))
+    return t
+
+
+# ---------------------------------------------------------------------------------
+# metrics: naive per-explanation loop
+# ---------------------------------------------------------------------------------
+
+
+def naive_metrics(
+    s: Setup, items: list[F.Explanation], config: F.FaithfulnessConfig
+) -> tuple[dict[str, Timing], dict[tuple[str, str, str, str], float]]:
+    """Every metric family per explanation, one padded forward per explanation and family
+    (the switching point: per chunk of deletions), no cache; values keyed like the engine's."""
+    model, pad = s.model, int(s.tok.pad_token_id)
+    tok = s.tok if config.removal != "delete" else None
+    values: dict[tuple[str, str, str, str], float] = {}
+    times: dict[str, Timing] = {}
+    grid = [(F.k_label(k), lambda n, k=int(k): min(k, n)) for k in config.ks] + [
+        (F.k_label(f), lambda n, f=f: F.n_words_for_fraction(f, n)) for f in config.eraser_grid
+    ]
+    p_full: dict[str, float] = {}
+    target: dict[str, int] = {}
+
+    def full() -> None:
+        for e in items:
+            if e.sample_id not in p_full:
+                p = _probs_padded(model, [e.seg.input_ids], pad)[0]
+                target[e.sample_id] = int(np.argmax(p))
+                p_full[e.sample_id] = float(p[target[e.sample_id]])
+
+    def top_k(name: str, make: Callable[[F.Explanation, int], list[int]], fn: Any) -> None:
+        for e in items:
+            seqs = [make(e, how(e.seg.n_words)) for _, how in grid]
+            p = _probs_padded(model, seqs, pad)[:, target[e.sample_id]]
+            for (lab, _), v in zip(grid, fn(p_full[e.sample_id], p)):
+                values[(e.sample_id, e.method, name, lab)] = float(v)
+
+    def aopc(name: str, most_first: bool) -> None:
+        for e in items:
+            order = e.order if most_first else e.order[::-1]
+            seqs = [
+                F.without_words(e.seg, order[: min(k, e.seg.n_words)], config.removal, tok)
+                for k in range(1, config.aopc_k + 1)
+            ]
+            p = _probs_padded(model, seqs, pad)[:, target[e.sample_id]]
+            values[(e.sample_id, e.method, name, "")] = float(F.aopc(p_full[e.sample_id], p))
+
+    def switching() -> None:
+        for e in items:
+            limit = max(1, math.ceil(config.switching_max_fraction * e.seg.n_words - 1e-9))
+            preds: list[int] = []
+            lo = 1
+            while True:
+                hi = min(lo + config.switching_chunk - 1, limit)
+                seqs = [
+                    F.without_words(e.seg, e.order[:k], config.removal, tok)
+                    for k in range(lo, hi + 1)
+                ]
+                chunk = _probs_padded(model, seqs, pad).argmax(1)
+                preds.extend(int(c) for c in chunk)
+                if (chunk != target[e.sample_id]).any() or hi >= limit:
+                    break
+                lo = hi + 1
+            v, _ = F.switching_point(preds, target[e.sample_id], e.seg.n_words)
+            values[(e.sample_id, e.method, F.SWITCHING_POINT, "")] = v
+
+    def log_odds() -> None:
+        f = config.log_odds_fraction
+        for e in items:
+            k = F.n_words_for_fraction(f, e.seg.n_words)
+            seq = F.without_words(e.seg, e.order[:k], config.removal, tok)
+            p = _probs_padded(model, [seq], pad)[0, target[e.sample_id]]
+            key = (e.sample_id, e.method, F.LOG_ODDS_DROP, F.k_label(f))
+            values[key] = float(F.log_odds_drop(p_full[e.sample_id], p))
+
+    plan: list[tuple[str, Callable[[], None]]] = [
+        ("full_text", full),
+        (
+            F.COMPREHENSIVENESS,
+            lambda: top_k(
+                F.COMPREHENSIVENESS,
+                lambda e, k: F.without_words(e.seg, e.order[:k], config.removal, tok),
+                F.comprehensiveness,
+            ),
+        ),
+        (
+            F.SUFFICIENCY,
+            lambda: top_k(
+                F.SUFFICIENCY,
+                lambda e, k: F.only_words(
+                    e.seg, e.order[:k], config.removal, tok, config.sufficiency_keep_other
+                ),
+                F.sufficiency,
+            ),
+        ),
+        (F.AOPC_MOST, lambda: aopc(F.AOPC_MOST, True)),
+        (F.AOPC_LEAST, lambda: aopc(F.AOPC_LEAST, False)),
+        (F.SWITCHING_POINT, switching),
+        (F.LOG_ODDS_DROP, log_odds),
+    ]
+    for name, fn in plan:
+        times[name], _ = timed(fn, len(items))
+    return times, values
+
+
+# ---------------------------------------------------------------------------------
+# ferret (separate venv, subprocess)
+# ---------------------------------------------------------------------------------
+
+
+def run_ferret(
+    s: Setup, n: int, metrics_texts: int, metrics_n: int, lime_samples: int, ig_steps: int,
+    python: Path, timeout: float,
+) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+    """Timings from :mod:`benchmarks.ferret_side` under ``python``, or why there are none."""
+    if not python.is_file():
+        return None, f"{python} missing: `make bench-ferret-env` creates it"
+    with tempfile.TemporaryDirectory() as tmp:
+        s.model.save_pretrained(tmp + "/model")
+        s.tok.save_pretrained(tmp + "/model")
+        job = {
+            "model_dir": tmp + "/model",
+            "texts": s.texts[:n],
+            "targets": s.targets[:n],
+            "metrics_n": metrics_n,
+            "metrics_texts": metrics_texts,
+            "lime_samples": lime_samples,
+            "ig_steps": ig_steps,
+            "threads": torch.get_num_threads(),
+        }
+        Path(tmp, "job.json").write_text(json.dumps(job))
+        try:
+            proc = subprocess.run(
+                [str(python), str(ROOT / "benchmarks" / "ferret_side.py"), tmp + "/job.json",
+                 tmp + "/out.json"],
+                capture_output=True, text=True, timeout=timeout,
+                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            if Path(tmp, "out.json").is_file():  # what it measured before the timeout
+                return json.loads(Path(tmp, "out.json").read_text()), ""
+            return None, f"ferret side ran past {timeout:.0f} s"
+        if proc.returncode != 0 or not Path(tmp, "out.json").is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return None, "ferret side failed: " + " | ".join(tail)
+        return json.loads(Path(tmp, "out.json").read_text()), ""
+
+
+# ---------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------
+
+
+def _agreement(a: list[np.ndarray], b: list[np.ndarray]) -> str:
+    diff = max(float(np.abs(x - y).max(initial=0)) for x, y in zip(a, b))
+    scale = max(float(np.abs(x).max(initial=0)) for x in a)
+    return f"{diff / max(scale, 1e-12):.0e}"
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    s = setup(args.n)
+    n, cfg = len(s.texts), s.model.config
+    lengths = [seg.n_tokens for seg in s.segs]
+    print(
+        f"{n} AG News test texts, {min(lengths)}-{max(lengths)} tokens (mean "
+        f"{np.mean(lengths):.0f}); MiniLM-L6 (d={cfg.hidden_size}, d_ff={cfg.intermediate_size}, "
+        f"{cfg.num_hidden_layers} layers), eager attention; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    settings = {k: dict(v) for k, v in s.method_cfg.items()}
+    if args.lime_samples:
+        settings["lime"]["num_samples"] = args.lime_samples
+    methods = [m for m in METHODS if not args.only or m in args.only]
+
+    # GEMM throughput on the model's own shapes (best of 3; strictest bound)
+    mean_len = round(float(np.mean(lengths)))
+    peak: dict[str, tuple[float, float]] = {}
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        best = (0.0, 0.0)
+        for rows in (16, 32, 100):
+            w, c = gemm_throughput(cfg, rows, mean_len, dtype)
+            print(f"  GEMMs {label} {rows:3d}×{mean_len} tokens: {w / 1e9:6.1f} GFLOP/s wall, "
+                  f"{c / 1e9:6.1f} GFLOP/CPU-s", flush=True)  # fmt: skip
+            best = (max(best[0], w), max(best[1], c))
+        peak[label] = best
+    flops_all = sum(forward_flops(cfg, L) for L in lengths)
+
+    rows: list[Row] = []
+    engine_scores: dict[str, list[np.ndarray]] = {}
+    for kind in methods:
+        # warm-up on two texts (first-call allocations, kernel selection), which also
+        # counts the forward rows (with / without grad) that give the compute bound
+        k = min(2, n)
+        warm = {**settings[kind], **({"num_samples": 50} if kind == "lime" else {})}
+        with count_passes(s.model) as tally:
+            build_method(warm, kind).attribute(s.model, s.tok, s.segs[:k], s.targets[:k])
+        m = build_method(dict(settings[kind]), kind)
+        with recording(P, "forward_logits") as calls:
+            t_eng, scores = timed(lambda m=m: m.attribute(s.model, s.tok, s.segs, s.targets), n)
+        engine_scores[kind] = scores
+        row = Row(kind, n, t_eng)
+        if kind in PERTURBATION:
+            row.plain = replay(s.model, calls)
+            row.notes.append(f"{row.plain.n} perturbed inputs")
+        if kind in GRADIENT:
+            passes = tally["passes"] / k
+            flops = passes * flops_all
+            row.bound = (flops / peak["fp32"][0], flops / peak["fp32"][1])
+            row.notes.append(f"{passes:.0f} forward-equivalent passes/example")
+        if not args.no_naive:
+            # a per-example user loads the model as Hugging Face does by default (sdpa);
+            # only the attention methods need the eager weights
+            impl = "eager" if kind.endswith("attention") else "sdpa"
+
+            def naive_all(
+                kind: str = kind, impl: str = impl, texts: list[str] = s.texts, how: Any = None
+            ) -> list[np.ndarray]:
+                with inference.attention_implementation(s.model, impl):
+                    return [
+                        naive_method(kind, s, how or settings[kind], t, seg, y)
+                        for t, seg, y in zip(texts, s.segs, s.targets)
+                    ]
+
+            naive_all(texts=s.texts[:1], how=warm)  # warm-up
+            row.naive, naive_scores = timed(naive_all, n)
+            if kind != "lime":  # lime's own word split differs
+                row.agree = _agreement(scores, naive_scores)
+        rows.append(row)
+        print_row(row, flush=True)
+
+    # opt-in: the forward-only methods with bf16 autocast (not the default: scores move)
+    if args.bf16:
+        for kind in [m for m in methods if m in PERTURBATION]:
+            m = build_method({**settings[kind], "bf16": True}, kind)
+            m.attribute(s.model, s.tok, s.segs[:2], s.targets[:2])  # warm-up
+            with recording(P, "forward_logits") as calls:
+                t_b, scores_b = timed(lambda m=m: m.attribute(s.model, s.tok, s.segs, s.targets), n)
+            fp32 = next(r for r in rows if r.name == kind)
+            row = Row(
+                f"{kind} (bf16: true)", n, t_b, naive=fp32.naive, plain=replay(s.model, calls)
+            )
+            row.agree = _agreement(engine_scores[kind], scores_b) + " vs fp32"
+            row.notes.append("naive column: the fp32 naive loop")
+            rows.append(row)
+            print_row(row, flush=True)
+
+    # metrics on the first metrics_n samples × every method's scores
+    mn = min(args.metrics_n, n)
+    items = [
+        F.Explanation(str(i), kind, s.segs[i], engine_scores[kind][i])
+        for kind in methods
+        for i in range(mn)
+    ]
+    metric_rows: list[Row] = []
+    if not args.no_metrics and items:
+        F.evaluate(s.model, s.tok, items[:2], s.metrics_cfg)  # warm-up
+        with recording(F, "predict_proba") as calls:
+            t_all, res = timed(lambda: F.evaluate(s.model, s.tok, items, s.metrics_cfg), len(items))
+        by_desc: dict[str, list[Any]] = {}  # the cache's calls per family ("desc")
+        for c in calls:
+            desc = str(c[1].get("desc"))
+            by_desc.setdefault("full_text" if desc == "full texts" else desc, []).append(c)
+        naive_t: dict[str, Timing] = {}
+        naive_vals: dict[tuple[str, str, str, str], float] = {}
+        if not args.no_naive_metrics:
+            with inference.attention_implementation(s.model, "sdpa"):
+                naive_t, naive_vals = naive_metrics(s, items, s.metrics_cfg)
+        for rec in res.timings.itertuples():
+            eng = Timing(float(rec.seconds), float(rec.cpu_seconds), len(items))
+            row = Row(f"metric: {rec.metric}", len(items), eng)
+            if rec.n_forward:
+                row.plain = replay(s.model, by_desc.get(rec.metric, []))
+            else:
+                row.notes.append("every input already cached by an earlier family")
+            row.notes.append(f"{rec.n_sequences} inputs, {rec.n_forward} new forwards")
+            row.naive = naive_t.get(str(rec.metric))
+            metric_rows.append(row)
+        if naive_vals:
+            eng_vals = {
+                (r.sample_id, r.method, r.metric, r.k): r.value
+                for r in res.per_example.itertuples()
+                if (r.sample_id, r.method, r.metric, r.k) in naive_vals
+            }
+            diff = max(abs(eng_vals[k] - naive_vals[k]) for k in eng_vals)
+        total = Row("metrics: all families", len(items), t_all)
+        if naive_vals:
+            total.agree = f"{diff:.0e} (abs, {len(eng_vals)} metric values)"
+        total.plain = replay(s.model, calls)
+        if naive_t:
+            total.naive = sum(naive_t.values(), Timing(0, 0, len(items)))
+        metric_rows.append(total)
+        if args.bf16:
+            cfg16 = dataclasses.replace(s.metrics_cfg, bf16=True)
+            with recording(F, "predict_proba") as calls16:
+                t16, res16 = timed(lambda: F.evaluate(s.model, s.tok, items, cfg16), len(items))
+            row = Row("metrics: all families (bf16: true)", len(items), t16, naive=total.naive)
+            row.plain = replay(s.model, calls16)
+            a, b = res.per_example["value"].to_numpy(), res16.per_example["value"].to_numpy()
+            row.agree = f"{np.nanmax(np.abs(a - b)):.0e} (abs) vs fp32"
+            metric_rows.append(row)
+        for row in metric_rows:
+            print_row(row, flush=True)
+
+    # ferret
+    ferret, why = (None, "not run (--no-ferret)")
+    if not args.no_ferret:
+        ferret, why = run_ferret(
+            s, min(args.ferret_n or n, n), mn, mn * len(methods), settings["lime"]["num_samples"],
+            int(settings["integrated_gradients"]["n_steps"]), args.ferret_python,
+            args.ferret_timeout,
+        )  # fmt: skip
+    fmap = {
+        "vanilla_gradient": "gradient",
+        "input_x_gradient": "gradient_x_input",
+        "integrated_gradients": "integrated_gradients_x_input",
+        "lime": "lime",
+        "occlusion": "leave_one_out",
+        f"metric: {F.COMPREHENSIVENESS}": "aopc_comprehensiveness",
+        f"metric: {F.SUFFICIENCY}": "aopc_sufficiency",
+    }
+    for row in rows + metric_rows:
+        key = fmap.get(row.name)
+        if ferret is None:
+            row.ferret_note = why if key else "no such method in ferret"
+        elif key is None:
+            row.ferret_note = "no such method in ferret"
+        elif key in ferret["timings"]:
+            f = ferret["timings"][key]
+            row.ferret = Timing(f["wall"], f["cpu"], f["n"])
+            if f["n"] != row.n:
+                row.ferret_note = f"n={f['n']}"
+    if ferret is not None:
+        print(f"ferret side: {ferret.get('versions')}")
+
+    # nine methods end to end (the fp32 defaults; bf16 rows follow it)
+    base = [r for r in rows if r.name in METHODS]
+    if len(base) > 1:
+        name = "nine methods end to end" if len(base) == 9 else f"{len(base)} methods total"
+        tot = Row(name, n, sum((r.engine for r in base), Timing(0, 0, n)))
+        if all(r.naive for r in base):
+            tot.naive = sum((r.naive for r in base if r.naive), Timing(0, 0, n))
+        rows.insert(len(base), tot)
+    table = render(rows + metric_rows, n, peak, why if ferret is None else "")
+    table += f"\nLoad average at the end: {os.getloadavg()[0]:.1f} (2 cores)."
+    print(table)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(table + "\n")
+    return rows + metric_rows
+
+
+def _ratio(engine: Timing, other: Timing | None) -> str:
+    if other is None:
+        return "—"
+    w, c = speedups(engine, other)
+    return f"{w:.1f}× / {c:.1f}×"
+
+
+def print_row(row: Row, flush: bool = True) -> None:
+    bits = [f"  {row.name:32s} engine {row.engine.rate:9.2f} ex/s"]
+    if row.naive:
+        bits.append(f"naive {row.naive.rate:9.2f} ex/s  ×{_ratio(row.engine, row.naive)}")
+    if row.bound:
+        bits.append(
+            f"÷bound {row.engine.wall / row.bound[0]:.2f}/{row.engine.cpu / row.bound[1]:.2f}"
+        )
+    if row.plain:
+        bits.append(
+            f"÷plain {row.engine.wall / row.plain.wall:.2f}/{row.engine.cpu / row.plain.cpu:.2f}"
+        )
+    if row.agree:
+        bits.append(f"Δ {row.agree}")
+    print("   ".join(bits + row.notes), flush=flush)
+
+
+def render(rows: list[Row], n: int, peak: dict[str, tuple[float, float]], ferret_why: str) -> str:
+    head = (
+        "| method / metric | n | engine ex/s | naive ex/s | engine vs naive (wall / CPU) "
+        "| ferret ex/s | engine vs ferret (wall / CPU) | ÷ compute bound (wall / CPU) "
+        "| ÷ plain inference (wall / CPU) | target | met? |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+    )
+    lines = [head]
+    for r in rows:
+        bound = (
+            f"{r.engine.wall / r.bound[0]:.2f} / {r.engine.cpu / r.bound[1]:.2f}"
+            if r.bound
+            else "—"
+        )
+        plain = (
+            f"{r.engine.wall / r.plain.wall:.2f} / {r.engine.cpu / r.plain.cpu:.2f}"
+            if r.plain
+            else "—"
+        )
+        fer = (
+            f"{r.ferret.rate:.2f}" + (f" ({r.ferret_note})" if r.ferret_note else "")
+            if r.ferret
+            else "—"
+        )
+        lines.append(
+            f"| {r.name} | {r.n} | {r.engine.rate:.2f} | "
+            f"{f'{r.naive.rate:.2f}' if r.naive else '—'} | {_ratio(r.engine, r.naive)} | "
+            f"{fer} | {_ratio(r.engine, r.ferret)} | {bound} | {plain} | {r.target()} "
+            f"| {r.met()} |"
+        )
+    foot = [
+        "",
+        f"Compute bound: fp32 GEMM peak {peak['fp32'][0] / 1e9:.1f} GFLOP/s wall "
+        f"({peak['fp32'][1] / 1e9:.1f} per CPU-second); bf16 {peak['bf16'][0] / 1e9:.1f} "
+        f"({peak['bf16'][1] / 1e9:.1f}). engine vs X > 1× = engine faster; ÷ bound / plain "
+        "= engine time over that floor.",
+    ]
+    foot += [f"{r.name}: {'; '.join(r.notes)}." for r in rows if r.notes]
+    agree = [f"{r.name} {r.agree}" for r in rows if r.agree]
+    if agree:
+        foot.append(
+            "Largest difference of engine and naive scores (÷ largest score): "
+            + ", ".join(agree)
+            + "."
+        )
+    if ferret_why:
+        foot.append(f"ferret: {ferret_why}")
+    return "\n".join(lines + foot)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks performance")
+    p.add_argument("--n", type=int, default=100, help="AG News test texts (all nine methods)")
+    p.add_argument("--metrics-n", type=int, default=8,
+                   help="texts whose nine explanations each go through the metrics")  # fmt: skip
+    p.add_argument("--ferret-n", type=int, default=None, help="texts on the ferret side (≤ n)")
+    p.add_argument("--only", nargs="*", help="methods to run (default: all nine)")
+    p.add_argument("--lime-samples", type=int, default=None, help="override LIME num_samples")
+    p.add_argument("--quick", action="store_true", help="development: n 4, metrics 2, LIME 100")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive loop of the methods")
+    p.add_argument("--no-naive-metrics", action="store_true")
+    p.add_argument("--no-metrics", action="store_true")
+    p.add_argument("--no-ferret", action="store_true")
+    p.add_argument("--bf16", action="store_true", help="also LIME, occlusion, metrics in bf16")
+    p.add_argument("--ferret-python", type=Path, default=FERRET_PYTHON)
+    p.add_argument("--ferret-timeout", type=float, default=4 * 3600)
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--out", default=None, help="also write the table here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n, args.metrics_n = min(args.n, 4), min(args.metrics_n, 2)
+        args.lime_samples = args.lime_samples or 100
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run(args)
+    return 0
