@@ -43,10 +43,10 @@ from saleval.models import build_model, load_tokenizer
 from saleval.words import Segmentation, segment, token_to_word_scores
 
 
-def _cfg(overrides: list[str]) -> Any:
+def _cfg(overrides: list[str], config_name: str = "explain") -> Any:
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-        return compose("explain", overrides=overrides)
+        return compose(config_name, overrides=overrides)
 
 
 def setup(n: int) -> tuple[Any, Any, list[str], list[int]]:

@@ -61,17 +61,6 @@ from saleval.data import load_dataset
 from saleval.models import build_model, load_tokenizer
 from saleval.words import Segmentation, perturb_ids, segment, token_to_word_scores
 
-METHODS = (
-    "random",
-    "all_attention",
-    "last_attention",
-    "vanilla_gradient",
-    "input_x_gradient",
-    "integrated_gradients",
-    "deeplift",
-    "lime",
-    "occlusion",
-)
 GRADIENT = ("vanilla_gradient", "input_x_gradient", "integrated_gradients", "deeplift")
 PERTURBATION = ("lime", "occlusion")
 FAMILIES = (
@@ -203,14 +192,7 @@ def setup(n: int) -> Setup:
 
 
 def _metrics_cfg() -> F.FaithfulnessConfig:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from saleval import paths
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-        cfg = compose("metrics", overrides=["+inputs.model=x", "+inputs.explain=x"])
+    cfg = _cfg(["+inputs.model=x", "+inputs.explain=x"], "metrics")
     return F.FaithfulnessConfig.from_mapping(cfg.metrics)
 
 
@@ -610,7 +592,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     settings = {k: dict(v) for k, v in s.method_cfg.items()}
     if args.lime_samples:
         settings["lime"]["num_samples"] = args.lime_samples
-    methods = [m for m in METHODS if not args.only or m in args.only]
+    nine = list(s.method_cfg)  # the explain stage's default methods (conf/explain.yaml)
+    methods = [m for m in nine if not args.only or m in args.only]
 
     # GEMM throughput on the model's own shapes (best of 3; strictest bound)
     mean_len = round(float(np.mean(lengths)))
@@ -773,7 +756,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         print(f"ferret side: {ferret.get('versions')}")
 
     # nine methods end to end (the fp32 defaults; bf16 rows follow it)
-    base = [r for r in rows if r.name in METHODS]
+    base = [r for r in rows if r.name in nine]
     if len(base) > 1:
         name = "nine methods end to end" if len(base) == 9 else f"{len(base)} methods total"
         tot = Row(name, n, sum((r.engine for r in base), Timing(0, 0, n)))

@@ -27,18 +27,10 @@ from saleval import tables
 from saleval.attribution import Attributor
 from saleval.attribution.frame import make_trainer
 from saleval.stage import _RANK_VARS, Stage, is_main_process
+from tests.conftest import compose_config
 
-METHODS = [
-    "random",
-    "all_attention",
-    "last_attention",
-    "vanilla_gradient",
-    "input_x_gradient",
-    "integrated_gradients",
-    "deeplift",
-    "lime",
-    "occlusion",
-]
+#: the explain stage's default methods (all nine), as conf/explain.yaml lists them
+METHODS = list(compose_config("explain").method)
 
 
 class ProcessId(Attributor):
