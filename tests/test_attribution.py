@@ -7,6 +7,7 @@ occlusion find a planted word, and the explain stage writes its tables and views
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -484,3 +485,50 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
     assert run.data.params["method.lime.num_samples"] == "20"
     arts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id)}
     assert {"attributions.parquet", "predictions.parquet", "views"} <= arts
+
+
+# ---------------------------------------------------------------------------------
+# bf16: true | false | auto (auto = bf16 only where the hardware computes it natively)
+# ---------------------------------------------------------------------------------
+
+
+def test_bf16_option_parses_and_names_bad_values() -> None:
+    from saleval.faithfulness import FaithfulnessConfig
+    from saleval.inference import parse_bf16
+
+    assert [parse_bf16(v) for v in (True, False, None, "auto", "AUTO", "true", "false")] == [
+        True, False, False, "auto", "auto", True, False,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="metrics.inference.bf16 must be true, false or auto"):
+        FaithfulnessConfig.from_mapping({"inference": {"bf16": "fast"}})
+    assert FaithfulnessConfig.from_mapping({"inference": {"bf16": "auto"}}).bf16 == "auto"
+    with pytest.raises(ValueError, match="bf16 must be true, false or auto, got 1"):
+        build_method({"bf16": 1}, "lime")
+
+
+def test_bf16_auto_follows_the_hardware(model, tok, segs, monkeypatch) -> None:
+    """`auto` gives exactly the fp32 scores where bf16 is not native and the bf16 scores
+    where it is; a forced `true` on emulated hardware warns once."""
+    from saleval import inference
+
+    monkeypatch.setattr(inference, "_warned_emulated", False)
+    cpu = torch.device("cpu")
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert inference.bf16_native(cpu) is native
+    targets = _targets(len(segs))
+    scores = {
+        mode: build_method({**SMALL["occlusion"], "bf16": mode}, "occlusion")
+        for mode in (False, True, "auto")
+    }
+    with pytest.warns(UserWarning) if not native else contextlib.nullcontext():
+        out = {mode: m.attribute(model, tok, segs, targets) for mode, m in scores.items()}
+    same = out[True] if native else out[False]
+    for a, b in zip(out["auto"], same):
+        np.testing.assert_array_equal(a, b)
+    assert scores["auto"].diagnostics["bf16"][0] == float(native)
+    # where bf16 is native, `auto` autocasts: pretend so on this CPU
+    monkeypatch.setattr(inference, "bf16_native", lambda device: True)
+    assert inference.use_bf16(cpu, "auto") is True
+    monkeypatch.setattr(inference, "bf16_native", lambda device: False)
+    assert inference.use_bf16(cpu, "auto") is False
+    assert inference.use_bf16(cpu, False) is False

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.inference import predict_proba
+from saleval.inference import parse_bf16, predict_proba
 from saleval.words import Segmentation, perturb_ids
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class FaithfulnessConfig:
     switching_max_fraction: float = 1.0
     max_tokens: int = 8192
     max_batch: int = 512
-    bf16: bool = False
+    bf16: bool | str = False  # true | false | auto (inference.use_bf16)
 
     def __post_init__(self) -> None:
         if self.removal not in REMOVALS:
@@ -276,7 +276,7 @@ class FaithfulnessConfig:
             switching_max_fraction=float(sw.get("max_fraction", 1.0)),
             max_tokens=int(inf.get("max_tokens", 8192)),
             max_batch=int(inf.get("max_batch", 512)),
-            bf16=bool(inf.get("bf16", False)),
+            bf16=parse_bf16(inf.get("bf16", False), "metrics.inference.bf16"),
         )
 
 

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
-from saleval.inference import autocast
+from saleval.inference import autocast, parse_bf16
 
 QUERIES = ("all", "cls")
 AGGREGATES = ("mean", "sum")
@@ -78,7 +78,7 @@ class _Attention(TokenAttributor):
     layers = "all"
 
     def __init__(
-        self, *, query: str = "all", aggregate: str = "mean", bf16: bool = False, **kw: object
+        self, *, query: str = "all", aggregate: str = "mean", bf16: bool | str = False, **kw: object
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
         if query not in QUERIES:
@@ -87,7 +87,7 @@ class _Attention(TokenAttributor):
             raise AttributionError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         self.query = query
         self.aggregate = aggregate
-        self.bf16 = bool(bf16)
+        self.bf16 = parse_bf16(bf16)
 
     def attentions(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         """Stacked attention weights ``(B, L, H, Q, K)`` of the selected layers."""

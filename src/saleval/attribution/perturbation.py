@@ -32,7 +32,7 @@ from saleval.attribution.base import (
     sample_rng,
 )
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
-from saleval.inference import forward_logits
+from saleval.inference import forward_logits, parse_bf16, use_bf16
 from saleval.words import Segmentation, perturb_ids
 
 PERTURBATIONS = {"erase": "delete", "unk": "unk", "mask": "mask"}
@@ -54,7 +54,7 @@ class _Perturbation(Attributor):
         perturbation: str = "erase",
         max_tokens: int = 16384,
         max_batch: int = 1024,
-        bf16: bool = False,
+        bf16: bool | str = False,
         **kw: object,
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -65,11 +65,13 @@ class _Perturbation(Attributor):
         self.perturbation = perturbation
         self.max_tokens = int(max_tokens)
         self.max_batch = int(max_batch)
-        self.bf16 = bool(bf16)
+        self.bf16 = parse_bf16(bf16)
 
     def _logits(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seqs: list[list[int]]
     ) -> np.ndarray:
+        # what `auto` became on this device (1 = bf16), kept with the method's diagnostics
+        self._note("bf16", [float(use_bf16(next(model.parameters()).device, self.bf16))])
         return forward_logits(
             model,
             seqs,

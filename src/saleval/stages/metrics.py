@@ -25,6 +25,7 @@ from saleval.faithfulness import (
     explanations_from_tables,
     summarize,
 )
+from saleval.inference import use_bf16
 from saleval.models import load_trained
 from saleval.stage import Stage, hydra_main, read_run_info, resolve_input
 
@@ -172,8 +173,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_file(st.path(TIMINGS))
         st.log_metrics(mlflow_names(summary))
         st.log_metrics({f"seconds/{r.metric}": r.seconds for r in result.timings.itertuples()})
+        bf16 = use_bf16(next(model.parameters()).device, fcfg.bf16)  # what `auto` became
         st.log_metrics(
-            {"n_forward": result.extra["n_forward"], "n_explanations": len(explanations)}
+            {
+                "n_forward": result.extra["n_forward"],
+                "n_explanations": len(explanations),
+                "bf16": float(bf16),
+            }
         )
         return {
             "run_dir": str(st.run_dir),
