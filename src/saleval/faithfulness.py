@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.inference import parse_bf16, predict_proba
+from saleval.inference import BF16, parse_bf16, predict_proba
 from saleval.words import Segmentation, perturb_ids
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class FaithfulnessConfig:
     switching_max_fraction: float = 1.0
     max_tokens: int = 8192
     max_batch: int = 512
-    bf16: bool | str = False  # true | false | auto (inference.use_bf16)
+    bf16: BF16 = False  # true | false | auto (inference.use_bf16)
 
     def __post_init__(self) -> None:
         if self.removal not in REMOVALS:

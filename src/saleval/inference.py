@@ -139,6 +139,7 @@ def forward_logits(
     if not sequences:
         return out
     batches = list(length_batches(lengths, max_tokens, max_batch))
+    bf16 = use_bf16(device, bf16)  # resolve `auto` once, not per batch
     with attention_implementation(model, "sdpa"):
         for idx in tqdm(batches, desc=desc, disable=not progress, leave=False):
             width = max(lengths[i] for i in idx)

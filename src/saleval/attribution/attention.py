@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
-from saleval.inference import autocast, parse_bf16
+from saleval.inference import BF16, autocast, parse_bf16
 
 QUERIES = ("all", "cls")
 AGGREGATES = ("mean", "sum")
@@ -78,7 +78,7 @@ class _Attention(TokenAttributor):
     layers = "all"
 
     def __init__(
-        self, *, query: str = "all", aggregate: str = "mean", bf16: bool | str = False, **kw: object
+        self, *, query: str = "all", aggregate: str = "mean", bf16: BF16 = False, **kw: object
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
         if query not in QUERIES:

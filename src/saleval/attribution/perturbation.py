@@ -32,7 +32,7 @@ from saleval.attribution.base import (
     sample_rng,
 )
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
-from saleval.inference import forward_logits, parse_bf16, use_bf16
+from saleval.inference import BF16, forward_logits, parse_bf16, use_bf16
 from saleval.words import Segmentation, perturb_ids
 
 PERTURBATIONS = {"erase": "delete", "unk": "unk", "mask": "mask"}
@@ -54,7 +54,7 @@ class _Perturbation(Attributor):
         perturbation: str = "erase",
         max_tokens: int = 16384,
         max_batch: int = 1024,
-        bf16: bool | str = False,
+        bf16: BF16 = False,
         **kw: object,
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
