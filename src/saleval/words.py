@@ -201,3 +201,39 @@ def perturb_ids(
         elif replacement is not None:
             out.append(replacement)
     return out
+
+
+def rank_words(
+    scores: Sequence[float] | np.ndarray,
+    ties: str = "text_order",
+    against: Sequence[int] = (),
+) -> np.ndarray:
+    """Positions of the words from most to least salient: the one word ranking.
+
+    Every top-k in saleval (the crowd's shown words, the metrics' removed words, the
+    views' highlights, the shortcut protocol's precision) comes from this function, so
+    they agree by construction. ``ties`` (:class:`saleval.vocab.Ties`) decides equal
+    scores: ``text_order`` puts the earlier word first; ``against`` puts the positions
+    in ``against`` after the words they tie with (then text order).
+
+    >>> rank_words([0.1, 0.5, 0.5, 0.2]).tolist()
+    [1, 2, 3, 0]
+    >>> rank_words([0.1, 0.5, 0.5, 0.2], ties="against", against=[1]).tolist()
+    [2, 1, 3, 0]
+    """
+    from saleval.vocab import Ties
+
+    rule = Ties(ties)
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1:
+        raise ValueError(f"scores must be one score per word, got shape {s.shape}")
+    bad = np.flatnonzero(~np.isfinite(s))
+    if len(bad):
+        raise ValueError(f"word scores are not finite at positions {bad[:5].tolist()}")
+    flagged = np.zeros(len(s), dtype=bool)
+    if rule is Ties.against:
+        flagged[np.asarray(list(against), dtype=np.int64)] = True
+    elif len(against):
+        raise ValueError("against= is only used with ties='against'")
+    # lexsort: the last key is the primary one
+    return np.lexsort((np.arange(len(s)), flagged, -s))

@@ -1,0 +1,60 @@
+"""One word per concept: the enumerations that configs and code share.
+
+Each concept that appears in more than one config group or module is spelt once here.
+They are :class:`enum.StrEnum` rather than ``typing.Literal`` because OmegaConf's
+structured configs validate enum fields when a config is composed (a misspelt value
+fails naming the allowed ones) and do not support ``Literal``; a ``StrEnum`` member
+compares equal to its string, so code may keep comparing with plain strings.
+
+>>> Target("prediction") == "prediction"
+True
+>>> str(Population.misclassified)
+'misclassified'
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Target(StrEnum):
+    """Which class an explanation (and a crowd task) is about.
+
+    ``gold``: the true label (workers recognise it from the shown words);
+    ``prediction``: the model's predicted class (forward prediction).
+    """
+
+    gold = "gold"
+    prediction = "prediction"
+
+
+class Population(StrEnum):
+    """Which samples a study or an explain run draws from, by the model's outcome."""
+
+    all = "all"
+    correct = "correct"
+    misclassified = "misclassified"
+
+
+class Removal(StrEnum):
+    """How a removed word's tokens are perturbed, always on token ids (docs/definitions.md).
+
+    ``delete``: the tokens are dropped; ``mask``: each becomes ``[MASK]``; ``unk``: each
+    becomes ``[UNK]``. LIME, occlusion and the faithfulness metrics share this word.
+    """
+
+    delete = "delete"
+    mask = "mask"
+    unk = "unk"
+
+
+class Ties(StrEnum):
+    """How :func:`saleval.words.rank_words` orders words with equal scores.
+
+    ``text_order``: the earlier word first (deterministic, and the same for the crowd's
+    top-k and the metrics' top-k). ``against``: words in the given set (a planted
+    shortcut) go after the others they tie with, so a tie earns a method no credit.
+    """
+
+    text_order = "text_order"
+    against = "against"
