@@ -8,8 +8,11 @@ Every stage module defines ``run(cfg) -> dict`` (tests call it) and
         st.write(tables.SCORES, scores)        # writes into the run dir and logs it
         st.log_metrics({...})
 
-``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``), writes the
-resolved config and ``run.json`` (run id, fingerprint, parents) into the run dir,
+``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``), loads each parent's
+``config.yaml`` and ``run.json`` once, applies the one provenance rule
+(:mod:`saleval.provenance`: adopt the parents' dataset, model, max_length, study target and
+population when the config gives none, check them when it does), writes the resolved
+config and ``run.json`` (run id, fingerprint, parents, provenance) into the run dir,
 starts an MLflow run (nested under an active pipeline run), tags it, and always
 ends it, marking it FAILED on an exception. In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
@@ -17,6 +20,7 @@ ends it, marking it FAILED on an exception. In the extra processes of a multi-pr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -25,15 +29,16 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
+from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
 log = logging.getLogger(__name__)
@@ -108,6 +113,26 @@ def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(Path(run_dir, RUN_JSON).read_text())
 
 
+def read_run_config(run_dir: str | Path) -> DictConfig:
+    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file)."""
+    path = Path(run_dir, "config.yaml")
+    if not path.is_file():
+        raise InputError(f"{path}: the run's config.yaml is missing; is this a saleval run dir?")
+    cfg = OmegaConf.load(path)
+    if not isinstance(cfg, DictConfig):
+        raise InputError(f"{path}: not a mapping")
+    return cfg
+
+
+def given_input(cfg: DictConfig, key: str) -> str | None:
+    """``inputs.<key>`` as a string, or None when left at ``???``/null/empty."""
+    inputs = OmegaConf.select(cfg, "inputs")
+    if inputs is None or key not in inputs or OmegaConf.is_missing(inputs, key):
+        return None
+    value = inputs[key]
+    return None if value in (None, "", "None", "???") else str(value)
+
+
 def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
     """Hash of what determines a stage's outputs: its config and its parents' fingerprints."""
     blob = json.dumps(
@@ -159,16 +184,32 @@ class Stage:
         stage: str,
         inputs: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        inherits: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
     ) -> None:
+        """``inherits``: the provenance fields this stage takes from its parents (names,
+        or field → input names); None: every field from every parent."""
         self.cfg = cfg
         self.stage = stage
         self.run_dir = _run_dir_of(cfg).resolve()
         self.inputs: dict[str, Path] = {
             k: resolve_input(k, v) for k, v in (inputs or {}).items() if v is not None
         }
+        #: each parent's run.json and config.yaml, read once
         self.parents: dict[str, dict[str, Any]] = {
             k: read_run_info(p) for k, p in self.inputs.items()
         }
+        self.parent_configs: dict[str, DictConfig] = {
+            k: read_run_config(p) for k, p in self.inputs.items()
+        }
+        self.provenance: Provenance = resolve(
+            Provenance.from_config(cfg),
+            {k: Provenance.of_run(p, self.parents[k]) for k, p in self.inputs.items()},
+            {k: str(p) for k, p in self.inputs.items()},
+            inherits,
+        )
+        if (tags or {}).get("simulated") == "true":
+            self.provenance = dataclasses.replace(self.provenance, simulated=True)
+        self._adopt_dataset()
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
         self.resolved: dict[str, Any] = resolved
@@ -180,6 +221,35 @@ class Stage:
         self.is_main = is_main_process()
         self._t0 = 0.0
         self._started_here = False
+
+    def _adopt_dataset(self) -> None:
+        """A dataset adopted from a parent comes with its whole config node (files, label
+        descriptions...), read from there, so the stage loads the data its parents used."""
+        name = self.provenance.dataset
+        if name is None or OmegaConf.select(self.cfg, "dataset", default=None) is not None:
+            return
+        for parent in self.parent_configs.values():
+            node = OmegaConf.select(parent, "dataset", default=None)
+            if node is not None and str(node.get("name")) == name:
+                node = OmegaConf.create(OmegaConf.to_container(node, resolve=False))
+                if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None:
+                    node.data_root = "${paths.data_root}"  # where the files sit here
+                with open_dict(self.cfg):
+                    self.cfg.dataset = node
+                return
+        raise ProvenanceError(
+            f"the inputs are about dataset {name!r} but none of their config.yaml files holds "
+            f"its config; pass dataset={name}"
+        )
+
+    def provide(self, **fields: Any) -> None:
+        """Record provenance this stage computes itself (e.g. the explain stage's
+        ``max_length``, a crowd import's ``simulated``); written into ``run.json``."""
+        self.provenance = dataclasses.replace(self.provenance, **fields)
+        if fields.get("simulated"):
+            self.set_tags({"simulated": "true"})
+        if self.is_main and self.run_id is not None:
+            self._write_run_json(status="RUNNING")
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> Stage:
@@ -209,8 +279,8 @@ class Stage:
             **self.extra_tags,
         }
         tags.update(_sweep_tags())
-        if any(str(v.get("simulated", "")).lower() == "true" for v in self.parents.values()):
-            tags.setdefault("simulated", "true")
+        if self.provenance.simulated:
+            tags["simulated"] = "true"
         nested = mlflow.active_run() is not None
         run = mlflow.start_run(
             run_name=str(
@@ -251,7 +321,8 @@ class Stage:
             "fingerprint": self.fingerprint,
             "parents": {k: v.get("run_id") for k, v in self.parents.items()},
             "parent_dirs": {k: str(p) for k, p in self.inputs.items()},
-            "simulated": self.tags.get("simulated", "false"),
+            "simulated": "true" if self.provenance.simulated else "false",
+            "provenance": self.provenance.to_json(),
             # which machine and process ran it: jobs of a parallel multirun or a cluster differ
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -281,7 +352,9 @@ class Stage:
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)
-        if self.is_main:
+        if tags.get("simulated") == "true" and not self.provenance.simulated:
+            self.provenance = dataclasses.replace(self.provenance, simulated=True)
+        if self.is_main and self.run_id is not None:
             mlflow.set_tags(dict(tags))
 
 
