@@ -26,9 +26,11 @@ run: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(ARGS)
 
+# ruff (lint + format) and mypy (config in pyproject.toml); .ci/run runs this before the tests.
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks $(ARGS)

@@ -22,7 +22,9 @@ def test_adopts_a_value_no_config_gives() -> None:
 
 
 def test_checks_a_given_value_and_names_both() -> None:
-    with pytest.raises(ProvenanceError, match=r"dataset=ag_news is given, but inputs\.tasks \(t\) has dataset=imdb"):
+    with pytest.raises(
+        ProvenanceError, match=r"dataset=ag_news is given, but inputs\.tasks \(t\) has dataset=imdb"
+    ):
         resolve(AG, {"tasks": IMDB}, {"tasks": "t"})
 
 
