@@ -6,11 +6,10 @@ only) and the first ``n`` real AG News test texts, with their predicted classes:
 
 * **engine**: saleval's batched methods (``conf/method/*.yaml`` as the explain stage
   composes them) and :func:`saleval.faithfulness.evaluate` (``conf/metrics/default``);
-* **naive**: a per-example loop over the same libraries and settings — Captum per
-  example (IG all 50 steps in one call, Captum's default), one forward per example
-  for attention, ``lime``'s ``LimeTextExplainer`` with a tokenizing ``classifier_fn``
-  (chunks of 64; ``mask_string=''`` deletes the word, as ``perturbation: erase``),
-  occlusion and every metric as one padded forward per example of all its perturbed
+* **naive**: a per-example loop over the same libraries and settings — the methods
+  by :mod:`benchmarks.naive` (Captum per example, IG all 50 steps in one call from the
+  zero baseline, ``lime``'s ``LimeTextExplainer``, occlusion as one padded forward per
+  example), every metric here as one padded forward per example of all its perturbed
   inputs (no cross-example batching, no length sorting, no cache);
 * **ferret** (``ferret-xai`` in ``.venv-ferret``, run as a subprocess by
   :mod:`benchmarks.ferret_side`) where it has the method: Gradient, Gradient×Input,
@@ -40,7 +39,6 @@ import os
 import subprocess
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,17 +47,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from benchmarks.attribution import _cfg
+from benchmarks.common import Setup, Timing, agreement, compose, setup, speedups, timed
+from benchmarks.naive import naive_method, probs_padded
 from saleval import faithfulness as F
 from saleval import inference
 from saleval.attribution import build_method
 from saleval.attribution import perturbation as P
-from saleval.attribution.base import sample_rng
-from saleval.data import load_dataset
-from saleval.models import build_model, load_tokenizer
-from saleval.words import Segmentation, perturb_ids, segment, token_to_word_scores
 
 GRADIENT = ("vanilla_gradient", "input_x_gradient", "integrated_gradients", "deeplift")
 PERTURBATION = ("lime", "occlusion")
@@ -80,30 +74,8 @@ PLAIN_TARGET = 1.5  # LIME / perturbation metrics within 1.5× of plain batched 
 
 
 # ---------------------------------------------------------------------------------
-# timing
+# the table
 # ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Timing:
-    """Wall and CPU seconds (this process, all threads) for ``n`` examples."""
-
-    wall: float
-    cpu: float
-    n: int
-
-    @property
-    def rate(self) -> float:
-        return self.n / max(self.wall, 1e-12)
-
-    def __add__(self, other: Timing) -> Timing:
-        return Timing(self.wall + other.wall, self.cpu + other.cpu, self.n)
-
-
-def timed(fn: Callable[[], Any], n: int) -> tuple[Timing, Any]:
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = fn()
-    return Timing(time.perf_counter() - t0, time.process_time() - c0, n), out
 
 
 @dataclass
@@ -143,12 +115,6 @@ class Row:
         return ""
 
 
-def speedups(engine: Timing, other: Timing) -> tuple[float, float]:
-    """How many times faster the engine is per example (wall, CPU time)."""
-    scale = engine.n / other.n
-    return other.wall * scale / engine.wall, other.cpu * scale / max(engine.cpu, 1e-12)
-
-
 def verdict(wall_ok: bool, cpu_ok: bool) -> str:
     if wall_ok and cpu_ok:
         return "**met**"
@@ -157,171 +123,9 @@ def verdict(wall_ok: bool, cpu_ok: bool) -> str:
     return "met (wall)" if wall_ok else "met (CPU time only)"
 
 
-# ---------------------------------------------------------------------------------
-# setup
-# ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Setup:
-    model: Any
-    tok: Any
-    texts: list[str]
-    targets: list[int]
-    segs: list[Segmentation]
-    method_cfg: dict[str, Any]
-    metrics_cfg: F.FaithfulnessConfig
-
-
-def setup(n: int) -> Setup:
-    """The model as the explain stage loads it (eager attention), texts, predicted classes."""
-    from omegaconf import OmegaConf
-
-    cfg = _cfg(["+model=minilm", "dataset=ag_news"])
-    data = load_dataset(cfg.dataset)
-    texts = data["test"]["text"].head(n).tolist()
-    tok = load_tokenizer(cfg.model)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, data.label_names, attn_implementation="eager", seed=0).eval()
-    segs = [segment(t, tok, int(cfg.model.max_length)) for t in texts]
-    targets = inference.forward_logits(model, [s.input_ids for s in segs]).argmax(1).tolist()
-    methods = OmegaConf.to_container(cfg.method, resolve=True)
-    assert isinstance(methods, dict)
-    mcfg = _metrics_cfg()
-    return Setup(model, tok, texts, targets, segs, methods, mcfg)
-
-
 def _metrics_cfg() -> F.FaithfulnessConfig:
-    cfg = _cfg(["+inputs.model=x", "+inputs.explain=x"], "metrics")
+    cfg = compose(["+inputs.model=x", "+inputs.explain=x"], "metrics")
     return F.FaithfulnessConfig.from_mapping(cfg.metrics)
-
-
-# ---------------------------------------------------------------------------------
-# naive per-example loops
-# ---------------------------------------------------------------------------------
-
-
-class _EmbeddingsAsInput(nn.Module):
-    """``f(embeds, ids)``: the classifier with its embeddings module's output set to
-    ``embeds`` — how a Captum user attributes to the (post-LayerNorm) embeddings."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.emb = model.bert.embeddings
-
-    def forward(self, embeds: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        handle = self.emb.register_forward_hook(lambda m, i, o: embeds)
-        try:
-            return self.model(input_ids=ids.expand(len(embeds), -1)).logits
-        finally:
-            handle.remove()
-
-
-def _probs_padded(model: Any, seqs: Sequence[Sequence[int]], pad: int) -> np.ndarray:
-    """One right-padded forward of ``seqs`` as given (no sorting, no cache)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.as_tensor(list(s))
-        mask[i, : len(s)] = 1
-    with torch.inference_mode():
-        return torch.softmax(model(input_ids=ids, attention_mask=mask).logits, -1).numpy()
-
-
-def naive_method(kind: str, s: Setup, settings: dict[str, Any], text: str, seg: Segmentation,
-                 target: int) -> np.ndarray:  # fmt: skip
-    """What a per-example loop computes for one text (word scores)."""
-    from captum.attr import (
-        DeepLift,
-        IntegratedGradients,
-        LayerGradientXActivation,
-    )
-
-    model, tok = s.model, s.tok
-    if kind == "random":
-        return sample_rng(int(settings["seed"]), text).uniform(size=seg.n_words)
-    if kind == "lime":
-        return naive_lime(s, settings, text, seg, target)
-    if kind == "occlusion":
-        seqs = [list(seg.input_ids)]
-        for w in range(seg.n_words):
-            keep = np.ones(seg.n_words, dtype=bool)
-            keep[w] = False
-            seqs.append(perturb_ids(seg, keep, P.PERTURBATIONS[settings["perturbation"]], tok))
-        p = _probs_padded(model, seqs, int(tok.pad_token_id))[:, target]
-        return p[0] - p[1:]
-    ids = torch.tensor([seg.input_ids])
-    if kind in ("all_attention", "last_attention"):
-        with torch.no_grad():
-            att = model(input_ids=ids, output_attentions=True).attentions
-        chosen = att if kind == "all_attention" else att[-1:]
-        tokens = torch.stack(chosen).mean(dim=(0, 2, 3))[0].numpy()
-        return token_to_word_scores(tokens, seg, "sum")
-    emb = model.bert.embeddings
-    if kind in ("vanilla_gradient", "input_x_gradient"):
-
-        def logits(i: torch.Tensor) -> torch.Tensor:
-            return model(input_ids=i).logits
-
-        a = LayerGradientXActivation(
-            logits, emb, multiply_by_inputs=kind == "input_x_gradient"
-        ).attribute(ids, target=target)
-        tokens = a.abs().sum(-1) if kind == "vanilla_gradient" else a.sum(-1)
-        return token_to_word_scores(tokens[0].detach().numpy(), seg, "sum")
-    # IG and DeepLIFT from the zero baseline; special tokens keep their own embedding
-    f = _EmbeddingsAsInput(model)
-    with torch.no_grad():
-        x = emb(input_ids=ids)
-    special = torch.tensor(seg.special)[None, :, None]
-    base = torch.where(special, x, torch.zeros_like(x))
-    if kind == "integrated_gradients":
-        a, _ = IntegratedGradients(f).attribute(
-            x.requires_grad_(), baselines=base, target=target, additional_forward_args=(ids,),
-            n_steps=int(settings["n_steps"]), method=settings["method"],
-            return_convergence_delta=True,
-        )  # fmt: skip
-    elif kind == "deeplift":
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
-            a, _ = DeepLift(f).attribute(
-                x.requires_grad_(), baselines=base, target=target,
-                additional_forward_args=(ids,), return_convergence_delta=True,
-            )  # fmt: skip
-    else:
-        raise KeyError(kind)
-    return token_to_word_scores(a.sum(-1)[0].detach().numpy(), seg, "sum")
-
-
-def naive_lime(
-    s: Setup, settings: dict[str, Any], text: str, seg: Segmentation, target: int
-) -> np.ndarray:
-    """``lime``'s own text explainer over strings, re-tokenized by the classifier_fn."""
-    from lime.lime_text import LimeTextExplainer
-
-    model, tok = s.model, s.tok
-    if settings["perturbation"] != "erase":
-        raise NotImplementedError("the naive LIME mirrors the default perturbation: erase")
-
-    def classifier_fn(strings: list[str]) -> np.ndarray:
-        out = []
-        for i in range(0, len(strings), 64):
-            enc = tok(strings[i : i + 64], padding=True, truncation=True, max_length=256,
-                      return_tensors="pt")  # fmt: skip
-            with torch.inference_mode():
-                out.append(torch.softmax(model(**enc).logits, -1).numpy())
-        return np.vstack(out)
-
-    explainer = LimeTextExplainer(
-        kernel_width=float(settings["kernel_width"]), bow=False, mask_string="",
-        feature_selection="none", random_state=int(settings["seed"]),
-    )  # fmt: skip
-    exp = explainer.explain_instance(
-        text, classifier_fn, labels=(target,), num_features=10_000,
-        num_samples=int(settings["num_samples"]), distance_metric=settings["distance"],
-    )  # fmt: skip
-    return np.array([w for _, w in sorted(exp.local_exp[target])])
 
 
 # ---------------------------------------------------------------------------------
@@ -445,14 +249,14 @@ def naive_metrics(
     def full() -> None:
         for e in items:
             if e.sample_id not in p_full:
-                p = _probs_padded(model, [e.seg.input_ids], pad)[0]
+                p = probs_padded(model, [e.seg.input_ids], pad)[0]
                 target[e.sample_id] = int(np.argmax(p))
                 p_full[e.sample_id] = float(p[target[e.sample_id]])
 
     def top_k(name: str, make: Callable[[F.Explanation, int], list[int]], fn: Any) -> None:
         for e in items:
             seqs = [make(e, how(e.seg.n_words)) for _, how in grid]
-            p = _probs_padded(model, seqs, pad)[:, target[e.sample_id]]
+            p = probs_padded(model, seqs, pad)[:, target[e.sample_id]]
             for (lab, _), v in zip(grid, fn(p_full[e.sample_id], p)):
                 values[(e.sample_id, e.method, name, lab)] = float(v)
 
@@ -463,7 +267,7 @@ def naive_metrics(
                 F.without_words(e.seg, order[: min(k, e.seg.n_words)], config.removal, tok)
                 for k in range(1, config.aopc_k + 1)
             ]
-            p = _probs_padded(model, seqs, pad)[:, target[e.sample_id]]
+            p = probs_padded(model, seqs, pad)[:, target[e.sample_id]]
             values[(e.sample_id, e.method, name, "")] = float(F.aopc(p_full[e.sample_id], p))
 
     def switching() -> None:
@@ -477,7 +281,7 @@ def naive_metrics(
                     F.without_words(e.seg, e.order[:k], config.removal, tok)
                     for k in range(lo, hi + 1)
                 ]
-                chunk = _probs_padded(model, seqs, pad).argmax(1)
+                chunk = probs_padded(model, seqs, pad).argmax(1)
                 preds.extend(int(c) for c in chunk)
                 if (chunk != target[e.sample_id]).any() or hi >= limit:
                     break
@@ -490,7 +294,7 @@ def naive_metrics(
         for e in items:
             k = F.n_words_for_fraction(f, e.seg.n_words)
             seq = F.without_words(e.seg, e.order[:k], config.removal, tok)
-            p = _probs_padded(model, [seq], pad)[0, target[e.sample_id]]
+            p = probs_padded(model, [seq], pad)[0, target[e.sample_id]]
             key = (e.sample_id, e.method, F.LOG_ODDS_DROP, F.k_label(f))
             values[key] = float(F.log_odds_drop(p_full[e.sample_id], p))
 
@@ -572,14 +376,9 @@ def run_ferret(
 # ---------------------------------------------------------------------------------
 
 
-def _agreement(a: list[np.ndarray], b: list[np.ndarray]) -> str:
-    diff = max(float(np.abs(x - y).max(initial=0)) for x, y in zip(a, b))
-    scale = max(float(np.abs(x).max(initial=0)) for x in a)
-    return f"{diff / max(scale, 1e-12):.0e}"
-
-
 def run(args: argparse.Namespace) -> list[Row]:
     s = setup(args.n)
+    mcfg = _metrics_cfg()
     n, cfg = len(s.texts), s.model.config
     lengths = [seg.n_tokens for seg in s.segs]
     print(
@@ -640,14 +439,14 @@ def run(args: argparse.Namespace) -> list[Row]:
             ) -> list[np.ndarray]:
                 with inference.attention_implementation(s.model, impl):
                     return [
-                        naive_method(kind, s, how or settings[kind], t, seg, y)
+                        naive_method(kind, s.model, s.tok, how or settings[kind], t, seg, y)
                         for t, seg, y in zip(texts, s.segs, s.targets)
                     ]
 
             naive_all(texts=s.texts[:1], how=warm)  # warm-up
             row.naive, naive_scores = timed(naive_all, n)
             if kind != "lime":  # lime's own word split differs
-                row.agree = _agreement(scores, naive_scores)
+                row.agree = agreement(scores, naive_scores)
         rows.append(row)
         print_row(row, flush=True)
 
@@ -662,7 +461,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             row = Row(
                 f"{kind} (bf16: true)", n, t_b, naive=fp32.naive, plain=replay(s.model, calls)
             )
-            row.agree = _agreement(engine_scores[kind], scores_b) + " vs fp32"
+            row.agree = agreement(engine_scores[kind], scores_b) + " vs fp32"
             row.notes.append("naive column: the fp32 naive loop")
             rows.append(row)
             print_row(row, flush=True)
@@ -676,9 +475,9 @@ def run(args: argparse.Namespace) -> list[Row]:
     ]
     metric_rows: list[Row] = []
     if not args.no_metrics and items:
-        F.evaluate(s.model, s.tok, items[:2], s.metrics_cfg)  # warm-up
+        F.evaluate(s.model, s.tok, items[:2], mcfg)  # warm-up
         with recording(F, "predict_proba") as calls:
-            t_all, res = timed(lambda: F.evaluate(s.model, s.tok, items, s.metrics_cfg), len(items))
+            t_all, res = timed(lambda: F.evaluate(s.model, s.tok, items, mcfg), len(items))
         by_desc: dict[str, list[Any]] = {}  # the cache's calls per family ("desc")
         for c in calls:
             desc = str(c[1].get("desc"))
@@ -687,7 +486,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         naive_vals: dict[tuple[str, str, str, str], float] = {}
         if not args.no_naive_metrics:
             with inference.attention_implementation(s.model, "sdpa"):
-                naive_t, naive_vals = naive_metrics(s, items, s.metrics_cfg)
+                naive_t, naive_vals = naive_metrics(s, items, mcfg)
         for rec in res.timings.itertuples():
             eng = Timing(float(rec.seconds), float(rec.cpu_seconds), len(items))
             row = Row(f"metric: {rec.metric}", len(items), eng)
@@ -713,7 +512,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             total.naive = sum(naive_t.values(), Timing(0, 0, len(items)))
         metric_rows.append(total)
         if args.bf16:
-            cfg16 = dataclasses.replace(s.metrics_cfg, bf16=True)
+            cfg16 = dataclasses.replace(mcfg, bf16=True)
             with recording(F, "predict_proba") as calls16:
                 t16, res16 = timed(lambda: F.evaluate(s.model, s.tok, items, cfg16), len(items))
             row = Row("metrics: all families (bf16: true)", len(items), t16, naive=total.naive)

@@ -1,6 +1,8 @@
-"""Helpers for the annotation app tests: a hand-built task run, a served app, Chromium.
+"""Helpers for the annotation app tests: a served task run, Chromium.
 
-Browser tests drive Debian's ``chromium`` (``apt-get install -y chromium``) through
+Task runs come from :func:`saleval.testing.make_task_run` (the real ``saleval-tasks``
+stage on a synthetic explain run); building one starts MLflow runs, so tests that call
+:func:`served_app` use the ``mlflow_uri`` fixture. Browser tests drive Debian's ``chromium`` (``apt-get install -y chromium``) through
 Playwright for Python, never a browser that Playwright downloads.
 """
 
@@ -13,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.annotate_load import make_task_run
 
 from saleval.annotate.app import AppSettings, background_server, create_app
 from saleval.annotate.study import Study, load_study
+from saleval.testing import make_task_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

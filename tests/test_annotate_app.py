@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from benchmarks.annotate_load import make_task_run
 from fastapi.testclient import TestClient
 from markupsafe import escape
 from mlflow.tracking import MlflowClient
@@ -18,7 +17,10 @@ from saleval import tables
 from saleval.annotate.app import AppSettings, create_app, valid_worker_id
 from saleval.annotate.study import IDK, load_study
 from saleval.stages import annotate as annotate_stage
+from saleval.testing import make_task_run
 from tests.annotate_support import TOKEN
+
+pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
 
 POSITION = re.compile(r'name="position" value="(\d+)"')
 
@@ -62,7 +64,7 @@ def test_flow_instructions_first_tasks_in_order_then_code(app: object) -> None:
     assert c.get("/task").headers["location"] == "/instructions"  # instructions come first
     assert c.get("/done").headers["location"] == "/task"
     page = c.get("/instructions").text
-    assert "<h2>Guess the topic</h2>" in page and "prolific_5f3a.b@x" in page
+    assert "<h2>Instructions (ag_news)</h2>" in page and "prolific_5f3a.b@x" in page
     c.post("/instructions")
     heads = []
     for ans in ("World", IDK, "Sci/Tech"):
@@ -142,8 +144,8 @@ def test_task_text_is_escaped(app: object) -> None:
         answer_current(c, "World")
     tricky = [p for p in seen if "AT&amp;T" in p]
     assert len(tricky) == 1  # sample s000 sits in every bundle once
-    assert "&lt;b&gt;AT&amp;T&lt;/b&gt;" in tricky[0] and "<b>AT&T" not in tricky[0]
-    assert "&#34;quoted&#34;" in tricky[0]
+    assert "&lt;a href=&#34;x&#34;&gt;AT&amp;T&lt;/a&gt;" in tricky[0]  # testing.TRICKY
+    assert 'href="x"' not in tricky[0] and "AT&T" not in tricky[0]
 
 
 def test_security_headers_and_no_inline_script(app: object) -> None:
@@ -175,7 +177,8 @@ def test_admin_needs_the_token_never_a_worker_session(app: object) -> None:
     assert (r.status_code, r.headers["location"]) == (303, "/admin")
     page = admin.get("/admin")
     assert page.status_code == 200
-    assert re.search(r"<th scope=\"row\">b0000</th>\s*<td>w1</td>", page.text)
+    first = app.state.study.bundle_ids[0]  # type: ignore[attr-defined]  # handed out first
+    assert re.search(rf"<th scope=\"row\">{first}</th>\s*<td>w1</td>", page.text)
     assert '<span class="count">1/3</span>' in page.text
     assert '<span class="count">0/3</span>' in page.text
     assert "1 of 2 bundles assigned" in page.text

@@ -15,13 +15,6 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from benchmarks.annotate_load import (
-    free_port,
-    make_task_run,
-    start_cli_server,
-    stop,
-    wait_healthy,
-)
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
@@ -29,9 +22,12 @@ from saleval import tables
 from saleval.annotate.store import AnnotationStore
 from saleval.annotate.study import IDK, load_study
 from saleval.stages import annotate as annotate_stage
+from saleval.testing import make_task_run
+from saleval.testing.annotate_load import free_port, start_cli_server, stop, wait_healthy
 from tests.annotate_support import TOKEN, launch_chromium, needs_chromium, served_app
 
-pytestmark = [pytest.mark.browser, needs_chromium]
+# building a task run logs to MLflow
+pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.usefixtures("mlflow_uri")]
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
@@ -99,7 +95,7 @@ def test_full_bundle_through_the_ui_then_exported(
     start(page, srv.url, "worker-1")
     # Instruction page before the first task, with the dataset's instructions and keys.
     expect(heading(page)).to_have_text("Instructions")
-    expect(page.get_by_role("heading", name="Guess the topic")).to_be_visible()
+    expect(page.get_by_role("heading", name="Instructions (ag_news)")).to_be_visible()
     expect(page.locator("dl.options")).to_contain_text("I don't know (keys: 0 or ?)")
     page.get_by_role("button", name=re.compile("start the tasks")).click()
 

@@ -1,7 +1,7 @@
 """Load on loopback: 50 concurrent simulated workers, zero lost or duplicated answers.
 
 The smaller sibling of ``benchmarks/annotate_load.py`` (bundles of 4 instead of 20,
-server in a thread). Bounded: workers stop at a deadline and the server is stopped on
+server in a thread), on the same driver (:mod:`saleval.testing.annotate_load`). Bounded: workers stop at a deadline and the server is stopped on
 exit. Latency is printed, never asserted (no timed tests).
 """
 
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.annotate_load import run_load
+import pytest
 
+from saleval.testing.annotate_load import run_load
 from tests.annotate_support import TOKEN, served_app
+
+pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building the task run logs to MLflow
 
 
 def test_fifty_concurrent_workers_lose_and_duplicate_nothing(tmp_path: Path) -> None:

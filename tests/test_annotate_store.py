@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from benchmarks.annotate_load import make_task_run
+from omegaconf import OmegaConf
 
 from saleval import tables
 from saleval.annotate.export import ExportError, answers_frame
@@ -20,6 +20,9 @@ from saleval.annotate.store import (
     StoreError,
 )
 from saleval.annotate.study import IDK, Study, StudyError, load_study
+from saleval.testing import make_task_run
+
+pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
 
 ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00")
 
@@ -67,8 +70,8 @@ def test_one_bundle_per_worker_per_dataset_is_a_db_constraint(
     with pytest.raises(sqlite3.IntegrityError, match="worker_id, assignments.dataset"):
         store._conn().execute(
             "INSERT INTO assignments (run_key, dataset, bundle_id, worker_id, session_token, "
-            "n_tasks, assigned_at) VALUES (?, 'ag_news', 'b0000', 'w1', 'tok', 3, 'now')",
-            (other.run_key,),
+            "n_tasks, assigned_at) VALUES (?, 'ag_news', ?, 'w1', 'tok', 3, 'now')",
+            (other.run_key, other.bundle_ids[0]),
         )
     # Another task set of the same dataset: refused; another dataset: fine.
     with pytest.raises(BundleRefused, match="another task set"):
@@ -205,7 +208,10 @@ def test_load_study_names_file_row_and_field(tmp_path: Path) -> None:
     tables.BUNDLES.write(bundles, run)
     with pytest.raises(StudyError, match=r"bundles.csv: row 5, field 'task_id': 'nope'"):
         load_study(run)
-    run2 = make_task_run(tmp_path / "t2", label_names=("yes", IDK))
+    run2 = make_task_run(tmp_path / "t2")  # a config edited by hand: a label named IDK
+    cfg = OmegaConf.load(run2 / "config.yaml")
+    cfg.dataset.label_names[1] = IDK
+    OmegaConf.save(cfg, run2 / "config.yaml")
     with pytest.raises(StudyError, match="may not be named"):
         load_study(run2)
     run3 = make_task_run(tmp_path / "t3")

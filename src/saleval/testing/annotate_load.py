@@ -1,0 +1,255 @@
+"""The annotation app under load: servers on loopback and simulated workers over HTTP.
+
+Shared by ``tests/test_annotate_load.py`` (50 workers, bundles of 4, server in a thread)
+and ``benchmarks/annotate_load.py`` (any size, by default the real ``saleval-annotate``
+console script in its own process), so both measure the same thing. Each simulated
+worker does what a person does through the pages (start with an id, acknowledge the
+instructions, GET a task, POST an answer, repeat); a few re-send an answer they already
+sent (a double click, a retry after a timeout). :meth:`LoadResult.check` then compares
+the answers workers saw acknowledged with the admin export: zero lost, zero duplicated.
+Everything is bounded: workers stop at a deadline, servers are stopped by process group.
+
+Needs ``httpx`` (the ``dev`` extra).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from saleval import tables
+
+_POSITION_RE = re.compile(r'name="position" value="(\d+)"')
+_OPTION_RE = re.compile(r'name="answer" value="([^"]*)"')
+
+
+# -- servers -------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port on loopback that is free now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_cli_server(
+    tasks_dir: Path,
+    db: Path,
+    port: int,
+    token: str,
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+    overrides: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """The real ``saleval-annotate`` console script in its own process group."""
+    exe = Path(sys.executable).with_name("saleval-annotate")
+    cmd = [
+        str(exe),
+        f"inputs.tasks={tasks_dir}",
+        f"annotate.db={db}",
+        f"annotate.port={port}",
+        f"annotate.admin_token={token}",
+        "annotate.log_level=warning",
+        f"run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
+    log = open(run_dir.parent / f"server-{port}.log", "ab")  # noqa: SIM115 - owned by the child
+    return subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def wait_healthy(
+    base_url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 90
+) -> None:
+    """Wait until ``/healthz`` answers 200; fail early if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before answering")
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{base_url} did not answer /healthz within {timeout_s}s")
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Signal the server's process group (it was started in its own session) and reap it."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+# -- simulated workers -------------------------------------------------------------------
+@dataclass
+class WorkerLog:
+    worker_id: str
+    sent: dict[int, str] = field(default_factory=dict)  # position -> acknowledged answer
+    latencies: list[float] = field(default_factory=list)
+    resends: int = 0
+    completion_code: str | None = None
+    error: str | None = None
+
+
+def simulate_worker(
+    base_url: str,
+    worker_id: str,
+    seed: int,
+    deadline: float,
+    resend_prob: float = 0.1,
+    start: threading.Barrier | None = None,
+    think_s: float = 0.0,
+) -> WorkerLog:
+    """One worker through the pages; an answer counts as sent once the server said 303."""
+    rng = random.Random(seed)
+    out = WorkerLog(worker_id)
+    try:
+        with httpx.Client(base_url=base_url, follow_redirects=False, timeout=60) as c:
+            if start is not None:
+                start.wait(timeout=60)
+            r = c.post("/start", data={"worker_id": worker_id})
+            _expect(r, 303, "/instructions")
+            _expect(c.post("/instructions"), 303, "/task")
+            while time.monotonic() < deadline:
+                r = c.get("/task")
+                if r.status_code == 303:
+                    _expect(r, 303, "/done")
+                    break
+                _expect(r, 200)
+                match = _POSITION_RE.search(r.text)
+                if match is None:
+                    raise AssertionError("task page without a position field")
+                position = int(match.group(1))
+                answer = rng.choice([html.unescape(o) for o in _OPTION_RE.findall(r.text)])
+                form = {"position": str(position), "answer": answer}
+                if think_s:  # reading the task: uniform in [0.5, 1.5] × think_s
+                    time.sleep(think_s * rng.uniform(0.5, 1.5))
+                t0 = time.perf_counter()
+                r = c.post("/answer", data=form)
+                out.latencies.append(time.perf_counter() - t0)
+                _expect(r, 303)
+                out.sent[position] = answer
+                if rng.random() < resend_prob:
+                    _expect(c.post("/answer", data=form), 303)
+                    out.resends += 1
+            r = c.get("/done")
+            _expect(r, 200)
+            code = re.search(r'id="completion-code">([^<]+)<', r.text)
+            out.completion_code = code.group(1) if code else None
+    except Exception as err:  # reported, never swallowed: the caller checks .error
+        out.error = f"{type(err).__name__}: {err}"
+    return out
+
+
+def _expect(r: httpx.Response, status: int, location: str | None = None) -> None:
+    if r.status_code != status or (location and r.headers.get("location") != location):
+        raise AssertionError(
+            f"{r.request.method} {r.request.url.path}: {r.status_code} "
+            f"{r.headers.get('location', '')} (expected {status} {location or ''})"
+        )
+
+
+@dataclass
+class LoadResult:
+    workers: list[WorkerLog]
+    exported: pd.DataFrame
+    seconds: float
+
+    @property
+    def latencies(self) -> np.ndarray:
+        return np.array([x for w in self.workers for x in w.latencies])
+
+    def check(self) -> dict[str, int]:
+        """Lost, duplicated and altered answers between what workers sent and the export."""
+        sent = {(w.worker_id, p): a for w in self.workers for p, a in w.sent.items()}
+        keys = list(zip(self.exported["worker_id"], self.exported["position"].astype(int)))
+        stored = dict(zip(keys, self.exported["answer"]))
+        return {
+            "sent": len(sent),
+            "exported": len(self.exported),
+            "lost": len(set(sent) - set(stored)),
+            "duplicated": len(keys) - len(set(keys)),
+            "duplicated_tasks": int(self.exported.duplicated(["worker_id", "task_id"]).sum()),
+            "altered": sum(stored.get(k) != a for k, a in sent.items() if k in stored),
+            "unexpected": len(set(stored) - set(sent)),
+            "errors": sum(w.error is not None for w in self.workers),
+        }
+
+    def summary(self) -> dict[str, float | int]:
+        lat = self.latencies * 1000
+        return {
+            "workers": len(self.workers),
+            **self.check(),
+            "resends": sum(w.resends for w in self.workers),
+            "completed": sum(w.completion_code is not None for w in self.workers),
+            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else float("nan"),
+            "p95_ms": round(float(np.percentile(lat, 95)), 1) if lat.size else float("nan"),
+            "max_ms": round(float(lat.max()), 1) if lat.size else float("nan"),
+            "seconds": round(self.seconds, 2),
+            "answers_per_s": round(len(lat) / self.seconds, 1) if self.seconds else 0.0,
+        }
+
+
+def run_load(
+    base_url: str,
+    token: str,
+    n_workers: int = 50,
+    deadline_s: float = 300,
+    seed: int = 0,
+    resend_prob: float = 0.1,
+    think_s: float = 0.0,
+) -> LoadResult:
+    """``n_workers`` concurrent workers released together; the export read over HTTP."""
+    deadline = time.monotonic() + deadline_s
+    barrier = threading.Barrier(n_workers)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+        futures = [
+            pool.submit(
+                simulate_worker,
+                base_url,
+                f"load-{seed}-{i:03d}",
+                seed * 1000 + i,
+                deadline,
+                resend_prob,
+                barrier,
+                think_s,
+            )
+            for i in range(n_workers)
+        ]
+        workers = [f.result() for f in futures]
+    seconds = time.perf_counter() - t0
+    r = httpx.get(
+        f"{base_url}/admin/export.csv", headers={"Authorization": f"Bearer {token}"}, timeout=60
+    )
+    _expect(r, 200)
+    exported = pd.read_csv(io.StringIO(r.text), keep_default_na=False, na_values=[""])
+    return LoadResult(workers, tables.ANSWERS.validate(exported, "admin export"), seconds)
