@@ -33,6 +33,7 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+import saleval.crowd.config  # noqa: F401  (registers the crowd config schemas with Hydra)
 from saleval import paths, tracking
 from saleval.tables import TableSpec
 
