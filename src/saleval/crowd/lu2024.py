@@ -112,11 +112,11 @@ def read_lu2024(
         shown = sum(1 for w in values[col["Text"]].split(" ") if w.strip("."))
         if k > 0 and shown > k:
             problems.append(("Text", f"shows {shown} words, more than Words={k}"))
-        if not problems and (block, method, k) in seen:
+        if not problems and (block, str(method), k) in seen:
             problems.append(
                 (
                     "Words",
-                    f"{get['Saliency']} k={k} repeated in this sample (row {seen[(block, method, k)]})",
+                    f"{get['Saliency']} k={k} repeated in this sample (row {seen[(block, str(method), k)]})",
                 )
             )
         if problems:

@@ -83,7 +83,7 @@ def assign_bundles(
                 stream.append(lookup[key])
     n_bundles = total // bundle_size
     width = max(3, len(str(n_bundles)))
-    rows = []
+    rows: list[dict[str, object]] = []
     for b in range(n_bundles):
         bid = f"b{b + 1:0{width}d}"
         items = [(t, False) for t in stream[b * bundle_size : (b + 1) * bundle_size]]

@@ -151,7 +151,8 @@ def check_design(
             )
     if nested and "shown_words" in study.columns:
         ordered = study.sort_values(["sample_id", "method", "k"], kind="stable")
-        prev_key, prev = None, set()
+        prev_key: tuple[str, str] | None = None
+        prev: set[int] = set()
         for tid, sid, m, shown in zip(
             ordered["task_id"], ordered["sample_id"], ordered["method"], ordered["shown_words"]
         ):
