@@ -14,16 +14,15 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from saleval import tables
+from saleval.crowd.answers import IDK
+from saleval.crowd.config import StudyConfig, load
 from saleval.crowd.design import (
-    IDK,
     DesignError,
-    StudyConfig,
     assign_bundles,
     build_study,
     build_tasks,
     check_design,
     noisy_shown,
-    rank_words,
     render,
     task_id,
 )
@@ -141,22 +140,42 @@ def test_render_edge_cases() -> None:
         render(["a"], [1])
 
 
-def test_rank_words_breaks_ties_by_word_index_and_nests() -> None:
-    ranking = rank_words([0, 1, 2, 3, 4], [0.5, 0.9, 0.5, 0.9, 0.1])
-    assert ranking.tolist() == [1, 3, 0, 2, 4]
+def _one_sample(scores: Sequence[float], order: Sequence[int] | None = None) -> pd.DataFrame:
+    """Attribution rows of one sample "a" and method "m" (rows in ``order``, default 0..n-1)."""
+    n = len(scores)
+    df = pd.DataFrame(
+        {
+            "sample_id": "a",
+            "method": "m",
+            "word_index": np.arange(n),
+            "word": [f"w{j}" for j in range(n)],
+            "char_start": 0,
+            "char_end": 1,
+            "score": np.asarray(scores, dtype=float),
+        }
+    )
+    return df if order is None else df.iloc[list(order)]
+
+
+def test_top_k_breaks_ties_by_word_index_and_nests() -> None:
+    sample = pd.DataFrame({"sample_id": ["a"], "label": [0], "pred": [0]})
+    t = build_tasks(sample, _one_sample([0.5, 0.9, 0.5, 0.9, 0.1]), ["m"], [1, 2, 3, 4])
+    assert t.set_index("k")["shown_words"].to_dict() == {1: "1", 2: "1 3", 3: "0 1 3", 4: "0 1 2 3"}
     rng = np.random.default_rng(0)
     scores = rng.integers(0, 4, size=50).astype(float)  # many ties
-    r = rank_words(np.arange(50), scores)
-    prev: set[int] = set()
-    for k in (1, 5, 10, 20, 30, 40, 50):
-        cur = set(r[:k].tolist())
-        assert prev <= cur and len(cur) == k
-        prev = cur
-    # a permuted input table ranks the same
-    perm = rng.permutation(50)
-    assert rank_words(perm, scores[perm]).tolist() == r.tolist()
-    with pytest.raises(DesignError, match="NaN"):
-        rank_words([0, 1], [0.1, float("nan")])
+    ks = [1, 5, 10, 20, 30, 40, 50]
+    t = build_tasks(sample, _one_sample(scores), ["m"], ks)
+    sets = [set(map(int, s.split())) for s in t.sort_values("k")["shown_words"]]
+    assert [len(x) for x in sets] == ks
+    assert all(a < b for a, b in itertools.pairwise(sets))
+    # the most salient words first; among equal scores the earlier word first
+    first5 = sorted(range(50), key=lambda j: (-scores[j], j))[:5]
+    assert sets[1] == set(first5)
+    # a permuted input table gives the same tasks
+    shuffled = build_tasks(sample, _one_sample(scores, rng.permutation(50)), ["m"], ks)
+    pd.testing.assert_frame_equal(shuffled, t)
+    with pytest.raises(DesignError, match=r"sample 'a', method 'm': word scores are not finite"):
+        build_tasks(sample, _one_sample([0.1, float("nan")]), ["m"], [1])
 
 
 def test_build_tasks_on_hand_made_sample_with_text_shorter_than_k() -> None:
@@ -496,7 +515,8 @@ def test_study_options_compose_for_the_tasks_stage() -> None:
     assert fwd.study.target == "prediction" and fwd.study.balance_by == "outcome"
     for name in ("main", "misclassified", "forward", "smoke"):
         cfg = compose_config("tasks", [f"study={name}"])
-        StudyConfig.from_cfg(OmegaConf.to_container(cfg.study, resolve=True))
+        study = load(StudyConfig, cfg.study)
+        assert study.seed == 42 and study.name == name
 
 
 def test_bundles_wide_pads_short_bundles() -> None:

@@ -17,7 +17,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from saleval import paths, tables
-from saleval.crowd.importer import CrowdImportError, read_answers, read_lu2024
+from saleval.crowd.errors import CrowdImportError
+from saleval.crowd.long_format import read_answers
+from saleval.crowd.lu2024 import read_lu2024
 from saleval.stages import import_, score
 from tests.conftest import DATA_ROOT, compose_config
 
@@ -537,7 +539,7 @@ def test_aggregator_option_changes_the_aggregation(
         [
             f"inputs.tasks={task_run}",
             f"inputs.answers={answers}",
-            "crowd.aggregator.name=dawid_skene",
+            "crowd/aggregator=dawid_skene",
             "+crowd.aggregator.n_iter=20",
         ],
     )

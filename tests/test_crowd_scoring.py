@@ -8,7 +8,10 @@ import pytest
 
 from saleval import reports, scoring
 from saleval.crowd import aggregation, quality
-from saleval.crowd.importer import AnswerParser
+from saleval.crowd.answers import AnswerParser
+from saleval.crowd.config import FiltersConfig
+from saleval.crowd.importer import crowd_source
+from tests.conftest import compose_config
 
 # --- strict majority (SPEC §5) ------------------------------------------------------
 
@@ -90,9 +93,11 @@ def test_crowdkit_aggregators_agree_on_clear_majorities(name: str, params: dict)
     # 12 tasks, 5 workers; 4 agree on the target, one answers "I don't know".
     answers = [[1, 1, 1, 1, 0] if i % 2 else [2, 2, 2, 2, 0] for i in range(12)]
     ann = _annotations(answers)
-    agg = aggregation.aggregate(
-        ann, _tasks(12), aggregation.build_aggregator(name, seed=0, **params)
-    )
+    extras = [f"+crowd.aggregator.{k}={v}" for k, v in params.items()]
+    cfg = compose_config("import", [f"crowd/aggregator={name}", *extras])
+    aggregator = crowd_source(cfg.crowd).build_aggregator()
+    assert type(aggregator).__module__.startswith("crowdkit.aggregation")
+    agg = aggregation.aggregate(ann, _tasks(12), aggregator)
     assert agg["correct"].tolist() == [i % 2 for i in range(12)]
 
 
@@ -105,8 +110,8 @@ def test_label_tensor_encoding() -> None:
 
 
 def test_unknown_aggregator_is_named() -> None:
-    with pytest.raises(ValueError, match="unknown aggregator 'nope'"):
-        aggregation.build_aggregator("nope")
+    with pytest.raises(Exception, match=r"crowd/aggregator/nope[\s\S]*dawid_skene"):
+        compose_config("import", ["crowd/aggregator=nope"])
 
 
 def test_krippendorff_alpha_perfect_and_idk_as_missing() -> None:
@@ -183,7 +188,7 @@ def test_quality_filters_remove_fast_idk_and_gold_failing_workers() -> None:
             )
     ann = pd.DataFrame(rows)
     kept, removed, log = quality.apply_filters(
-        ann, {"min_bundle_seconds": 120, "all_idk": True, "gold_min_accuracy": 0.5}
+        ann, FiltersConfig(min_bundle_seconds=120, all_idk=True, gold_min_accuracy=0.5)
     )
     assert set(kept["worker_id"]) == {"good"}
     assert [(f["name"], f["workers"], f["n_answers"]) for f in log] == [
@@ -194,7 +199,7 @@ def test_quality_filters_remove_fast_idk_and_gold_failing_workers() -> None:
     assert len(removed) == 12 and set(removed["filter"]) == {f["name"] for f in log}
     # disabled filters remove nothing
     kept2, removed2, log2 = quality.apply_filters(
-        ann, {"min_bundle_seconds": None, "all_idk": False}
+        ann, FiltersConfig(min_bundle_seconds=None, all_idk=False, gold_min_accuracy=None)
     )
     assert len(kept2) == len(ann) and removed2.empty and log2 == []
 

@@ -37,6 +37,7 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+import saleval.crowd.config  # noqa: F401  (registers the crowd config schemas with Hydra)
 from saleval import paths, tracking
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec

@@ -16,9 +16,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from saleval import tables
-
-IDK = "I don't know"
-"""The answer option every task offers next to the label names (SPEC §4)."""
+from saleval.crowd.answers import IDK
 
 INSTRUCTIONS = "instructions.md"
 

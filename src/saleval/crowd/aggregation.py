@@ -4,26 +4,29 @@ Aggregators follow crowd-kit's contract: ``fit(data) -> self`` and
 ``fit_predict(data) -> Series`` over one long frame with columns ``task, worker,
 label`` (label = answer code: 0 "I don't know", c + 1 for label c), returning a
 task-indexed Series named ``agg_label``. :class:`StrictMajority` is the study's
-rule; Dawid–Skene, MACE, GLAD and plain majority vote come from crowd-kit.
+rule; Dawid–Skene, MACE, GLAD and plain majority vote come from crowd-kit. The
+configured one is built by ``hydra.utils.instantiate`` from ``crowd.aggregator``
+(``_target_`` plus its parameters; the options are ``conf/crowd/aggregator/*.yaml``).
 A task is *correct* when its aggregated answer is the target's code.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from saleval import tables
-from saleval.crowd.importer import IDK_CODE, AnswerParser
+from saleval.crowd.answers import IDK_CODE, AnswerParser
 
 log = logging.getLogger(__name__)
 
 
 class Aggregator(Protocol):
+    """crowd-kit's aggregator contract, which :class:`StrictMajority` follows too."""
+
     def fit(self, data: pd.DataFrame) -> Any: ...
 
     def fit_predict(self, data: pd.DataFrame) -> pd.Series: ...
@@ -57,34 +60,6 @@ class StrictMajority:
 
     def fit_predict(self, data: pd.DataFrame) -> pd.Series:
         return self.fit(data).labels_
-
-
-def _crowdkit(name: str) -> Callable[..., Aggregator]:
-    def make(**params: Any) -> Aggregator:
-        import crowdkit.aggregation as ck
-
-        return getattr(ck, name)(**params)
-
-    return make
-
-
-AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
-    "strict_majority": lambda **p: StrictMajority(**p),
-    "majority_vote": _crowdkit("MajorityVote"),
-    "dawid_skene": _crowdkit("DawidSkene"),
-    "mace": _crowdkit("MACE"),
-    "glad": _crowdkit("GLAD"),
-}
-_SEEDED = {"mace": "random_state"}
-
-
-def build_aggregator(name: str, seed: int | None = None, **params: Any) -> Aggregator:
-    """An aggregator by registry name (``crowd.aggregator.name``) with its parameters."""
-    if name not in AGGREGATORS:
-        raise ValueError(f"unknown aggregator {name!r}; choose one of {sorted(AGGREGATORS)}")
-    if name in _SEEDED and seed is not None:
-        params.setdefault(_SEEDED[name], int(seed))
-    return AGGREGATORS[name](**params)
 
 
 def aggregate(

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from saleval.crowd.design import IDK, answer_options, render
+from saleval.crowd.answers import IDK, answer_options
+from saleval.crowd.design.rendering import render
+from saleval.vocab import Target
 from saleval.words import word_spans
 
 WIDE_FILE = "bundles_wide.csv"
@@ -131,7 +133,7 @@ def instructions(
     label_names: Sequence[str],
     label_descriptions: Mapping[str, Any],
     examples: Mapping[str, str | None],
-    target: str = "gold",
+    target: str = Target.gold,
     bundle_length: int | None = None,
     gold_questions: bool = False,
 ) -> str:
@@ -142,7 +144,7 @@ def instructions(
             f"dataset {dataset_name}: dataset.label_descriptions lacks {missing}; "
             "every label needs a description for the worker instructions"
         )
-    if target == "prediction":
+    if target == Target.prediction:
         question = (
             "An automatic text classifier (an AI model) has read the full text and chosen one of "
             "the categories below. **Guess which category the model chose.** The model may be "
@@ -211,7 +213,7 @@ def write_exports(
     bundles: pd.DataFrame,
     predictions: pd.DataFrame,
     dataset: Mapping[str, Any],
-    target: str = "gold",
+    target: str = Target.gold,
 ) -> list[Path]:
     """Write ``bundles_wide.csv``, ``bundles_long.csv`` and ``instructions.md``."""
     run_dir = Path(run_dir)

@@ -5,19 +5,18 @@ and each is logged with the workers and the number of answers it removed.
 Filters run in a fixed order (speed, "I don't know" everywhere, gold accuracy)
 on what the previous ones left, so the counts add up to what was removed.
 
-Settings (``crowd.filters``): ``min_bundle_seconds`` (default 120; null disables),
-``all_idk`` (true/false), ``gold_min_accuracy`` (null disables).
+Settings: ``crowd.filters`` (:class:`saleval.crowd.config.FiltersConfig`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
-from saleval.crowd.importer import IDK_CODE
+from saleval.crowd.answers import IDK_CODE
+from saleval.crowd.config import FiltersConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ def low_gold(annotations: pd.DataFrame, min_accuracy: float) -> list[str]:
 
 
 def apply_filters(
-    annotations: pd.DataFrame, settings: Mapping[str, Any]
+    annotations: pd.DataFrame, settings: FiltersConfig
 ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict[str, Any]]]:
     """Run the configured filters; returns (kept answers, removed answers, log).
 
@@ -71,13 +70,13 @@ def apply_filters(
     filter could not run, e.g. no timings).
     """
     steps: list[tuple[str, Any, Any]] = []
-    if settings.get("min_bundle_seconds") is not None:
-        v = settings["min_bundle_seconds"]
+    if settings.min_bundle_seconds is not None:
+        v = settings.min_bundle_seconds
         steps.append(("min_bundle_seconds", v, lambda a, v=v: too_fast(a, v)))
-    if settings.get("all_idk", False):
+    if settings.all_idk:
         steps.append(("all_idk", True, all_idk))
-    if settings.get("gold_min_accuracy") is not None:
-        v = settings["gold_min_accuracy"]
+    if settings.gold_min_accuracy is not None:
+        v = settings.gold_min_accuracy
         steps.append(("gold_min_accuracy", v, lambda a, v=v: low_gold(a, v)))
     kept = annotations
     removed: list[pd.DataFrame] = []

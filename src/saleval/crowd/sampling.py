@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
 
+from saleval.crowd.errors import SamplingError
+from saleval.vocab import Population
+
 log = logging.getLogger(__name__)
 
-POPULATIONS = ("correct", "misclassified", "all")
-BALANCE = ("label", "pred", "outcome", "none")
 
+class BalanceBy(StrEnum):
+    """What a study's samples are balanced over (``study.balance_by``)."""
 
-class SamplingError(ValueError):
-    """The requested sample cannot be drawn from the explained samples."""
+    label = "label"  # the gold class
+    pred = "pred"  # the predicted class
+    outcome = "outcome"  # predicted class x correct/wrong (TP/TN/FP/FN for binary tasks)
+    none = "none"  # not balanced
 
 
 def outcome_name(label: int, pred: int, label_names: Sequence[str]) -> str:
@@ -61,10 +67,14 @@ def select_samples(
     balance cell a sample was drawn for). ``eligible`` restricts the candidates
     (e.g. to samples that have attributions for every method).
     """
-    if population not in POPULATIONS:
-        raise SamplingError(f"study.population must be one of {POPULATIONS}, got {population!r}")
-    if balance_by not in BALANCE:
-        raise SamplingError(f"study.balance_by must be one of {BALANCE}, got {balance_by!r}")
+    if population not in tuple(Population):
+        raise SamplingError(
+            f"study.population must be one of {[str(p) for p in Population]}, got {population!r}"
+        )
+    if balance_by not in tuple(BalanceBy):
+        raise SamplingError(
+            f"study.balance_by must be one of {[str(b) for b in BalanceBy]}, got {balance_by!r}"
+        )
     if n < 1:
         raise SamplingError(f"study.n_samples must be positive, got {n}")
     n_labels = len(label_names)

@@ -23,8 +23,8 @@ accuracy) have them to find; ``workers.csv`` says who they are.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -35,107 +35,19 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from tqdm.auto import tqdm
 
-from saleval.crowd.design import IDK, seeded_rng
+from saleval.crowd.answers import IDK
+from saleval.crowd.config import (
+    SPAMMER_KINDS,
+    BowConfig,
+    Decision,
+    NoiseConfig,
+    NoiseDistribution,
+    SimulationConfig,
+)
+from saleval.crowd.errors import SimulationError
+from saleval.crowd.seeding import seeded_rng
 
 log = logging.getLogger(__name__)
-
-SPAMMER_KINDS = ("random", "idk", "constant")
-
-
-class SimulationError(ValueError):
-    """The simulated crowd cannot run as configured on these tasks."""
-
-
-@dataclass
-class BowConfig:
-    """The simulated workers' reading model."""
-
-    split: str = "train"
-    max_train: int | None = None
-    ngram_max: int = 1
-    min_df: int = 2
-    max_features: int | None = 50000
-    sublinear_tf: bool = True
-    C: float = 10.0
-    solver: str = "saga"
-    max_iter: int = 1000
-
-
-@dataclass
-class SimulationConfig:
-    """``conf/simulation/*.yaml``; see ``conf/simulation/default.yaml`` for the meaning."""
-
-    name: str = "default"
-    seed: int = 42
-    noise: dict[str, Any] = field(
-        default_factory=lambda: {"distribution": "beta", "a": 2.0, "b": 18.0}
-    )
-    idk_threshold: float = 0.25
-    idk_jitter: float = 0.05
-    decision: str = "sample"
-    temperature: float = 0.5
-    spammers: dict[str, Any] = field(
-        default_factory=lambda: {
-            "fraction": 0.1,
-            "kinds": {"random": 0.6, "idk": 0.2, "constant": 0.2},
-            "seconds_median": 0.8,
-            "seconds_sigma": 0.3,
-        }
-    )
-    timing: dict[str, Any] = field(
-        default_factory=lambda: {
-            "base_s": 4.0,
-            "per_word_s": 0.25,
-            "sigma": 0.35,
-            "speed_sigma": 0.25,
-            "gap_s": 0.5,
-            "start": "2024-01-01T09:00:00+00:00",
-            "spread_hours": 48.0,
-        }
-    )
-    bow: BowConfig = field(default_factory=BowConfig)
-
-    @classmethod
-    def from_cfg(cls, cfg: Mapping[str, Any] | Any) -> SimulationConfig:
-        conf = _plain(cfg)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(conf) - known)
-        if unknown:
-            raise SimulationError(
-                f"simulation config has unknown field(s) {unknown}; known: {sorted(known)}"
-            )
-        bow = conf.pop("bow", {}) or {}
-        bad = sorted(set(bow) - set(BowConfig.__dataclass_fields__))
-        if bad:
-            raise SimulationError(f"simulation.bow has unknown field(s) {bad}")
-        out = cls(**conf, bow=BowConfig(**bow))
-        defaults = cls()
-        out.noise = {**defaults.noise, **(out.noise or {})}
-        out.spammers = {**defaults.spammers, **(out.spammers or {})}
-        out.timing = {**defaults.timing, **(out.timing or {})}
-        if out.decision not in ("argmax", "sample"):
-            raise SimulationError(
-                f"simulation.decision must be argmax or sample, got {out.decision!r}"
-            )
-        if not 0.0 <= float(out.spammers["fraction"]) <= 1.0:
-            raise SimulationError(
-                f"simulation.spammers.fraction must lie in [0, 1], got {out.spammers['fraction']}"
-            )
-        kinds = dict(out.spammers["kinds"] or {})
-        if set(kinds) - set(SPAMMER_KINDS) or (
-            float(out.spammers["fraction"]) > 0 and sum(kinds.values()) <= 0
-        ):
-            raise SimulationError(
-                f"simulation.spammers.kinds must weight some of {SPAMMER_KINDS}, got {kinds}"
-            )
-        return out
-
-
-def _plain(cfg: Any) -> dict[str, Any]:
-    if hasattr(cfg, "items"):
-        return {k: _plain(v) if hasattr(v, "items") else v for k, v in cfg.items()}
-    return dict(cfg)
-
 
 # ---------------------------------------------------------------------------------
 # The reading model
@@ -177,17 +89,12 @@ def normalised_confidence(probs: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------
 
 
-def _draw_noise(spec: Mapping[str, Any], rng: np.random.Generator) -> float:
-    kind = str(spec.get("distribution", "beta"))
-    if kind == "beta":
-        return float(rng.beta(float(spec["a"]), float(spec["b"])))
-    if kind == "uniform":
-        return float(rng.uniform(float(spec["low"]), float(spec["high"])))
-    if kind == "fixed":
-        return float(spec["value"])
-    raise SimulationError(
-        f"simulation.noise.distribution must be beta, uniform or fixed, got {kind!r}"
-    )
+def _draw_noise(spec: NoiseConfig, rng: np.random.Generator) -> float:
+    if spec.distribution == NoiseDistribution.beta:
+        return float(rng.beta(float(spec.a), float(spec.b)))
+    if spec.distribution == NoiseDistribution.uniform:
+        return float(rng.uniform(float(spec.low), float(spec.high)))  # type: ignore[arg-type]
+    return float(spec.value)  # type: ignore[arg-type]  # fixed (NoiseConfig checks the fields)
 
 
 def draw_workers(bundle_ids: Sequence[str], n_labels: int, cfg: SimulationConfig) -> pd.DataFrame:
@@ -196,17 +103,17 @@ def draw_workers(bundle_ids: Sequence[str], n_labels: int, cfg: SimulationConfig
     width = max(4, len(str(n)))
     ids = [f"sim-{i + 1:0{width}d}" for i in range(n)]
     rng = seeded_rng(cfg.seed, "spammers")
-    n_spam = round(float(cfg.spammers["fraction"]) * n)
+    n_spam = round(float(cfg.spammers.fraction) * n)
     spam = set(rng.choice(n, size=n_spam, replace=False).tolist()) if n_spam else set()
-    kinds = dict(cfg.spammers["kinds"])
-    names = [k for k in SPAMMER_KINDS if float(kinds.get(k, 0)) > 0]
+    kinds = {k: float(getattr(cfg.spammers.kinds, k)) for k in SPAMMER_KINDS}
+    names = [k for k in SPAMMER_KINDS if kinds[k] > 0]
     weights = np.array([float(kinds[k]) for k in names]) if names else np.array([])
     rows = []
     for i, (wid, bid) in enumerate(zip(ids, bundle_ids)):
         r = seeded_rng(cfg.seed, "worker", wid)
         noise = min(max(_draw_noise(cfg.noise, r), 0.0), 1.0)
         threshold = float(cfg.idk_threshold) + float(cfg.idk_jitter) * float(r.standard_normal())
-        speed = float(np.exp(float(cfg.timing["speed_sigma"]) * r.standard_normal()))
+        speed = float(np.exp(float(cfg.timing.speed_sigma) * r.standard_normal()))
         kind, constant = "honest", -1
         if i in spam:
             kind = str(names[int(r.choice(len(names), p=weights / weights.sum()))])
@@ -245,12 +152,12 @@ def simulate_answers(
     n_labels = len(label_names)
     row_of = {t: i for i, t in enumerate(tasks["task_id"])}
     conf = normalised_confidence(probs)
-    if cfg.decision == "sample":
+    if cfg.decision == Decision.sample:
         tempered = np.power(np.clip(probs, 1e-12, 1.0), 1.0 / float(cfg.temperature))
         tempered /= tempered.sum(axis=1, keepdims=True)
     n_shown = tasks["n_words_shown"].to_numpy(dtype=np.float64)
     timing, spam = cfg.timing, cfg.spammers
-    start0 = datetime.fromisoformat(str(timing["start"]))
+    start0 = datetime.fromisoformat(str(timing.start))
     if start0.tzinfo is None:
         start0 = start0.replace(tzinfo=timezone.utc)
     by_bundle = {b: g.sort_values("position") for b, g in bundles.groupby("bundle_id", sort=True)}
@@ -263,7 +170,7 @@ def simulate_answers(
             raise SimulationError(f"worker {w.worker_id}: bundle {w.bundle_id!r} not in bundles")
         r = seeded_rng(cfg.seed, "answers", w.worker_id)
         # times on a millisecond grid, so ISO stamps and duration_s agree exactly
-        offset_ms = round(float(r.uniform(0.0, float(timing["spread_hours"]))) * 3_600_000)
+        offset_ms = round(float(r.uniform(0.0, float(timing.spread_hours))) * 3_600_000)
         cursor = start0.replace(microsecond=0) + timedelta(milliseconds=offset_ms)
         for pos, tid in zip(g["position"], g["task_id"]):
             i = row_of[tid]
@@ -272,14 +179,12 @@ def simulate_answers(
                     answer = label_names[int(r.integers(n_labels))]
                 elif conf[i] < w.idk_threshold:
                     answer = IDK
-                elif cfg.decision == "sample":
+                elif cfg.decision == Decision.sample:
                     answer = label_names[int(r.choice(n_labels, p=tempered[i]))]
                 else:
                     answer = label_names[int(np.argmax(probs[i]))]
-                seconds = w.speed * (
-                    float(timing["base_s"]) + float(timing["per_word_s"]) * n_shown[i]
-                )
-                seconds *= float(np.exp(float(timing["sigma"]) * r.standard_normal()))
+                seconds = w.speed * (float(timing.base_s) + float(timing.per_word_s) * n_shown[i])
+                seconds *= float(np.exp(float(timing.sigma) * r.standard_normal()))
             else:
                 if w.kind == "random":
                     answer = label_names[int(r.integers(n_labels))]
@@ -287,13 +192,13 @@ def simulate_answers(
                     answer = IDK
                 else:
                     answer = label_names[int(w.constant_label)]
-                seconds = float(spam["seconds_median"]) * float(
-                    np.exp(float(spam["seconds_sigma"]) * r.standard_normal())
+                seconds = float(spam.seconds_median) * float(
+                    np.exp(float(spam.seconds_sigma) * r.standard_normal())
                 )
             seconds = max(round(seconds, 3), 0.001)
             started = cursor
             submitted = started + timedelta(seconds=seconds)
-            cursor = submitted + timedelta(milliseconds=round(float(timing["gap_s"]) * 1000))
+            cursor = submitted + timedelta(milliseconds=round(float(timing.gap_s) * 1000))
             out.append(
                 {
                     "worker_id": w.worker_id,

@@ -25,13 +25,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import tables, tracking
-from saleval.crowd.importer import (
-    ANSWER_FILE,
-    CrowdImport,
-    import_answers,
-    import_published,
-    sha256_file,
-)
+from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
+from saleval.crowd.long_format import ANSWER_FILE
+from saleval.crowd.reading import CrowdImport, sha256_file
 from saleval.stage import RUN_JSON, InputError, Stage, hydra_main, resolve_input
 
 REPORT_FILE = "import_report.json"
@@ -132,10 +128,13 @@ def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, 
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    if cfg.crowd.format == "lu2024":
-        return _run_published(cfg)
-    if cfg.crowd.format != "answers":
-        raise ValueError(f"crowd.format must be 'answers' or 'lu2024', not {cfg.crowd.format!r}")
+    source = crowd_source(cfg.crowd)
+    if isinstance(source, PublishedSource):
+        return _run_published(cfg, source)
+    return _run_answers(cfg, source)
+
+
+def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
     tasks_spec, answers_spec = given_input(cfg, "tasks"), given_input(cfg, "answers")
     if tasks_spec is None or answers_spec is None:
         raise InputError(
@@ -153,13 +152,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         tasks = tables.TASKS.read(tasks_dir)
         bundles_path = tables.BUNDLES.path(tasks_dir)
         bundles = tables.BUNDLES.read(tasks_dir) if bundles_path.is_file() else None
-        expert_path = OmegaConf.select(cfg, "crowd.expert.path")
+        expert_path = source.expert.path
         expert = pd.read_csv(expert_path, dtype=str, keep_default_na=False) if expert_path else None
-        crowd = OmegaConf.to_container(cfg.crowd, resolve=True)
-        assert isinstance(crowd, dict)
-        result = import_answers(
-            answers_file, tasks, bundles, label_names, crowd, seed=int(cfg.seed), expert=expert
-        )
+        result = source.import_(answers_file, tasks, bundles, label_names, expert=expert)
         if result.report.pop("simulated_column", False):
             st.set_tags({"simulated": "true"})
         result.report.update(
@@ -174,14 +169,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return write_outputs(st, result, st.tags.get("simulated") == "true")
 
 
-def _run_published(cfg: DictConfig) -> dict[str, Any]:
+def _run_published(cfg: DictConfig, source: PublishedSource) -> dict[str, Any]:
     path, dataset = published_args(cfg)
     digest = sha256_file(path)
     with Stage(cfg, "import", tags={"source_path": str(path), "source_sha256": digest}) as st:
         tracking.log_params({"source.path": str(path), "source.sha256": digest})
-        crowd = OmegaConf.to_container(cfg.crowd, resolve=True)
-        assert isinstance(crowd, dict)
-        result = import_published(path, list(dataset.label_names), str(dataset.name), crowd)
+        result = source.import_(path, list(dataset.label_names), str(dataset.name))
         result.report.update(
             dataset=str(dataset.name),
             source={"path": str(path), "sha256": digest},

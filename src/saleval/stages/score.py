@@ -25,7 +25,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import reports, scoring, tables, tracking
-from saleval.crowd.importer import import_published, sha256_file
+from saleval.crowd.importer import PublishedSource, crowd_source
+from saleval.crowd.reading import sha256_file
 from saleval.stage import InputError, Stage, hydra_main, resolve_input
 from saleval.stages.import_ import REPORT_FILE, adopt_dataset, given_input, published_args
 
@@ -35,25 +36,24 @@ OUTCOMES_FILE = "outcomes.csv"
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     crowd = OmegaConf.select(cfg, "crowd")
-    if crowd is not None and crowd.format == "lu2024":
+    source = None if crowd is None else crowd_source(crowd)
+    if isinstance(source, PublishedSource):
         path, dataset = published_args(cfg)
         digest = sha256_file(path)
         tags = {"source_path": str(path), "source_sha256": digest}
         with Stage(cfg, "score", tags=tags) as st:
             tracking.log_params({"source.path": str(path), "source.sha256": digest})
-            source = OmegaConf.to_container(crowd, resolve=True)
-            assert isinstance(source, dict)
-            imported = import_published(path, list(dataset.label_names), str(dataset.name), source)
+            imported = source.import_(path, list(dataset.label_names), str(dataset.name))
             if len(imported.rejects):
                 st.write(tables.REJECTS, imported.rejects)
             info = {
-                "source": {"path": str(path), "sha256": digest, "format": "lu2024"},
+                "source": {"path": str(path), "sha256": digest, "format": source.format},
                 "study": {"target": "gold", "population": "correct"},
             }
             return score_outputs(st, cfg, imported.aggregated, info)
-    if crowd is not None:
+    if source is not None:
         raise InputError(
-            f"saleval-score takes inputs.crowd=<import run> or crowd=lu2024; crowd={crowd.name} "
+            f"saleval-score takes inputs.crowd=<import run> or crowd=lu2024; crowd={source.name} "
             "answers must go through saleval-import first"
         )
     spec = given_input(cfg, "crowd")

@@ -13,7 +13,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
-from saleval.crowd.simulate import SimulationConfig, SimulationError, simulate_crowd
+from saleval.crowd.config import SimulationConfig, load
+from saleval.crowd.errors import SimulationError
+from saleval.crowd.simulate import simulate_crowd
 from saleval.data import load_dataset
 from saleval.stage import Stage, hydra_main
 
@@ -42,7 +44,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     f"{parent_cfg}: the task run used dataset {theirs!r} but this run composes "
                     f"dataset={cfg.dataset.name!r}; pass dataset={theirs}"
                 )
-        sim = SimulationConfig.from_cfg(OmegaConf.to_container(cfg.simulation, resolve=True))
+        sim = load(SimulationConfig, cfg.simulation)
         data = load_dataset(cfg.dataset)
         labels = [str(n) for n in cfg.dataset.label_names]
         crowd = simulate_crowd(tasks, bundles, data[sim.bow.split], labels, sim)

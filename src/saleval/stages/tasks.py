@@ -13,7 +13,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
-from saleval.crowd.design import DesignError, StudyConfig, build_study
+from saleval.crowd.config import StudyConfig, load
+from saleval.crowd.design import DesignError, build_study
 from saleval.crowd.exports import write_exports
 from saleval.stage import Stage, hydra_main
 
@@ -46,7 +47,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         preds = tables.PREDICTIONS.read(explain)
         attrs = tables.ATTRIBUTIONS.read(explain)
         labels = check_dataset(cfg, explain, [c for c in preds.columns if c.startswith("prob_")])
-        study = StudyConfig.from_cfg(OmegaConf.to_container(cfg.study, resolve=True))
+        study = load(StudyConfig, cfg.study)
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
         st.write(tables.TASKS, design.tasks)
         st.write(tables.BUNDLES, design.bundles)
@@ -58,7 +59,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             st.log_file(path)
         st.log_metrics({k: v for k, v in design.info.items() if isinstance(v, int | float)})
         st.set_tags(
-            {"study": study.name, "target": study.target, "methods": ",".join(design.methods)}
+            {"study": study.name, "target": str(study.target), "methods": ",".join(design.methods)}
         )
         return {"run_dir": str(st.run_dir), "run_id": st.run_id, **design.info}
 

@@ -1,0 +1,165 @@
+"""The whole study (SPEC §4): samples → tasks → gold questions → bundles → verified design."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from saleval.crowd.config import StudyConfig
+from saleval.crowd.design.bundles import assign_bundles
+from saleval.crowd.design.checks import assert_design, check_design
+from saleval.crowd.design.gold import GOLD_METHOD, select_gold
+from saleval.crowd.design.tasks import build_tasks
+from saleval.crowd.errors import DesignError, SamplingError
+from saleval.crowd.sampling import interleave, select_samples
+from saleval.crowd.seeding import seeded_rng
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StudyDesign:
+    """Everything ``saleval-tasks`` writes, plus the drawn samples and a summary."""
+
+    samples: pd.DataFrame
+    tasks: pd.DataFrame
+    bundles: pd.DataFrame
+    methods: list[str]
+    ks: list[int]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def choose_methods(available: Sequence[str], study: StudyConfig, where: str) -> list[str]:
+    """The study's methods: configured ones (or all available), baseline required."""
+    available = sorted(set(available))
+    if GOLD_METHOD in available:
+        raise DesignError(f"{where}: method name {GOLD_METHOD!r} is reserved for gold questions")
+    methods = list(study.methods) if study.methods else available
+    missing = [m for m in methods if m not in available]
+    if missing:
+        raise DesignError(
+            f"{where}: study.methods {missing} have no attributions; available: {available}"
+        )
+    if len(set(methods)) != len(methods):
+        raise DesignError(f"study.methods lists a method twice: {methods}")
+    if study.require_baseline and study.baseline not in methods:
+        raise DesignError(
+            f"{where}: the study needs the baseline method {study.baseline!r} "
+            f"(methods: {methods}); explain with it or set study.require_baseline=false"
+        )
+    return methods
+
+
+def build_study(
+    predictions: pd.DataFrame,
+    attributions: pd.DataFrame,
+    label_names: Sequence[str],
+    study: StudyConfig,
+    ks: Sequence[int],
+    where: str = "explain run",
+) -> StudyDesign:
+    """Samples → tasks → bundles → verified design (SPEC §4)."""
+    methods = choose_methods(attributions["method"].unique(), study, where)
+    ks = sorted({int(k) for k in ks})
+    # A sample is eligible when every study method explained it with at least one word.
+    cover = (
+        attributions[attributions["method"].isin(methods)].groupby("sample_id")["method"].nunique()
+    )
+    eligible = set(cover.index[cover == len(methods)])
+    if len(eligible) < predictions["sample_id"].nunique():
+        log.warning(
+            "%d explained samples lack attributions for some of %s and are not eligible",
+            predictions["sample_id"].nunique() - len(eligible),
+            methods,
+        )
+    try:
+        samples = select_samples(
+            predictions,
+            int(study.n_samples),
+            label_names,
+            population=study.population,
+            balance_by=study.balance_by,
+            seed=int(study.seed),
+            eligible=eligible,
+            where=f"{where}: predictions",
+        )
+    except SamplingError as err:
+        raise DesignError(str(err)) from err
+    n = len(samples)
+    bundle_size = int(study.bundle_size) if study.bundle_size else n
+    tasks = build_tasks(
+        samples,
+        attributions,
+        methods,
+        ks,
+        study.target,
+        float(study.noise),
+        int(study.seed),
+        f"{where}: attributions",
+    )
+
+    gold_per_bundle = round(float(study.gold_rate) * bundle_size)
+    if study.gold_rate > 0 and gold_per_bundle == 0:
+        gold_per_bundle = 1
+    gold = pd.DataFrame()
+    if gold_per_bundle:
+        gold = select_gold(
+            predictions,
+            set(samples["sample_id"]),
+            label_names,
+            max(int(study.gold_pool), gold_per_bundle),
+            int(study.gold_max_words),
+        )
+    orders = [
+        interleave(samples, seeded_rng(int(study.seed), "order", a))
+        for a in range(int(study.repeats))
+    ]
+    bundles = assign_bundles(
+        tasks,
+        orders,
+        methods,
+        ks,
+        bundle_size,
+        int(study.repeats),
+        int(study.seed),
+        gold_ids=gold["task_id"].tolist() if len(gold) else [],
+        gold_per_bundle=gold_per_bundle,
+    )
+    all_tasks = pd.concat([tasks, gold], ignore_index=True) if len(gold) else tasks
+    violations = check_design(
+        all_tasks,
+        bundles,
+        int(study.repeats),
+        bundle_size,
+        int(study.balance_tolerance),
+        nested=float(study.noise) == 0.0,
+    )
+    try:
+        assert_design(violations)
+    except DesignError as err:
+        only_balance = {v.constraint for v in violations} <= {"method_balance", "k_balance"}
+        if only_balance and n % bundle_size:
+            raise DesignError(
+                f"{err}\nB={bundle_size} does not divide N={n}, so bundles straddle two passes "
+                "over the samples and their method/k mix can be off by one; choose B dividing N "
+                "or allow it with study.balance_tolerance=1"
+            ) from err
+        raise
+    info = {
+        "n_samples": n,
+        "n_methods": len(methods),
+        "n_k": len(ks),
+        "n_tasks": len(tasks),
+        "n_gold_tasks": len(gold),
+        "n_bundles": int(bundles["bundle_id"].nunique()),
+        "bundle_size": bundle_size,
+        "gold_per_bundle": gold_per_bundle,
+        "repeats": int(study.repeats),
+        "n_all_shown": int(tasks["all_shown"].sum()),
+    }
+    log.info("study design: %s", info)
+    return StudyDesign(samples, all_tasks, bundles, methods, ks, info)

@@ -1,0 +1,120 @@
+"""What every crowd input format shares (SPEC §5): reading delimited files, the rejects
+list, the ``strict``/``report`` policy, file hashes, and the result of an import.
+
+Nothing is dropped silently: every data row is either accepted or listed in the
+rejects table with the file, the 1-based data row, the field and the problem.
+With policy ``strict`` any reject is an error; with ``report`` the good rows go
+on and the rejects are written next to them. A file that cannot be read at all
+(missing file, missing required column) is an error under both policies.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from saleval import tables
+from saleval.crowd.errors import CrowdImportError
+
+MAX_LISTED_REJECTS = 20
+
+
+class Policy(StrEnum):
+    """What an import does with rejected rows (``crowd.policy``)."""
+
+    report = "report"  # import the good rows, write the rejects next to them
+    strict = "strict"  # any reject fails the import; nothing is written
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, logged with every import so results trace to their bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_rows(
+    path: Path, delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL
+) -> tuple[list[str], list[list[str]]]:
+    """Header (stripped) and data rows of a delimited file, via csv (no type guessing)."""
+    if not path.is_file():
+        raise CrowdImportError(f"{path}: file not found")
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, delimiter=delimiter, quoting=quoting)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise CrowdImportError(f"{path}: empty file (no header row)") from None
+        rows = list(reader)
+    return [h.strip() for h in header], rows
+
+
+@dataclass
+class Rejects:
+    """The rejected rows of one file (``tables.REJECTS``), collected while reading it."""
+
+    file: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, row: int | None, fld: str, problem: str) -> None:
+        self.rows.append({"file": self.file, "row": row, "field": fld, "problem": problem})
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self.rows, columns=list(tables.REJECTS.columns))
+        df["row"] = df["row"].astype("Int64")
+        return df
+
+    @property
+    def bad_rows(self) -> set[int]:
+        return {int(r["row"]) for r in self.rows if r["row"] is not None}
+
+
+def enforce_policy(rejects: pd.DataFrame, policy: str, source: str | Path) -> None:
+    """``strict``: any reject is an error listing the first ones; ``report``: go on."""
+    if policy not in tuple(Policy):
+        raise CrowdImportError(f"crowd.policy must be 'strict' or 'report', not {policy!r}")
+    if policy == Policy.strict and len(rejects):
+        listed = "\n".join(
+            f"  {r.file}, row {'-' if pd.isna(r.row) else r.row}, field {r.field}: {r.problem}"
+            for r in rejects.head(MAX_LISTED_REJECTS).itertuples()
+        )
+        more = len(rejects) - MAX_LISTED_REJECTS
+        raise CrowdImportError(
+            f"{source}: {len(rejects)} problem(s) under policy 'strict'; nothing was imported:\n"
+            f"{listed}"
+            + (f"\n  ... and {more} more" if more > 0 else "")
+            + "\n(policy 'report' imports the good rows and writes rejects.csv)"
+        )
+
+
+@dataclass
+class CrowdImport:
+    """Everything one import produces; the stage writes these as its outputs.
+
+    ``annotations`` are the accepted answers that passed the quality filters
+    (ANNOTATIONS); ``removed`` the accepted answers a filter took out (with the
+    filter's name); ``aggregated`` is A[i, j, k] (AGGREGATED); ``report`` the
+    counts, hashes and settings written to ``import_report.json``.
+    """
+
+    annotations: pd.DataFrame
+    aggregated: pd.DataFrame
+    rejects: pd.DataFrame
+    report: dict[str, Any]
+    removed: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def empty_annotations() -> pd.DataFrame:
+    """An ANNOTATIONS table without rows (a source that has no worker-level answers)."""
+    cols = {**tables.ANNOTATIONS.columns}
+    return tables.ANNOTATIONS.validate(
+        pd.DataFrame({c: pd.Series(dtype="object") for c in cols}), where="<empty>"
+    )
