@@ -34,6 +34,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths, tracking
+from saleval.config import register_configs
 from saleval.tables import TableSpec
 
 log = logging.getLogger(__name__)
@@ -305,6 +306,8 @@ def _sweep_tags() -> dict[str, str]:
 def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
     """Wrap ``run`` as a console script whose config is ``conf/<config_name>.yaml``."""
     import hydra
+
+    register_configs()
 
     @hydra.main(config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3")
     def _main(cfg: DictConfig) -> Any:
