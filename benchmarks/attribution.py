@@ -38,19 +38,21 @@ from torch import nn
 from saleval import paths
 from saleval import stage as _stage  # noqa: F401  (registers the config resolvers)
 from saleval.attribution import build_method
+from saleval.config import register_configs
 from saleval.data import load_dataset
 from saleval.models import build_model, load_tokenizer
 from saleval.words import Segmentation, segment, token_to_word_scores
 
 
 def _cfg(overrides: list[str], config_name: str = "explain") -> Any:
+    register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         return compose(config_name, overrides=overrides)
 
 
 def setup(n: int) -> tuple[Any, Any, list[str], list[int]]:
-    cfg = _cfg(["+model=minilm", "dataset=ag_news"])
+    cfg = _cfg(["model=minilm", "dataset=ag_news"], "train")
     data = load_dataset(cfg.dataset)
     texts = data["test"]["text"].head(n).tolist()
     tok = load_tokenizer(cfg.model)

@@ -175,9 +175,11 @@ class Setup:
 
 def setup(n: int) -> Setup:
     """The model as the explain stage loads it (eager attention), texts, predicted classes."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
-    cfg = _cfg(["+model=minilm", "dataset=ag_news"])
+    cfg = _cfg(["dataset=ag_news"])  # explain: the dataset and every method's config
+    with open_dict(cfg):  # the explain root has no model node: take train's
+        cfg.model = _cfg(["model=minilm"], "train").model
     data = load_dataset(cfg.dataset)
     texts = data["test"]["text"].head(n).tolist()
     tok = load_tokenizer(cfg.model)
