@@ -136,3 +136,26 @@ def test_profile_typo_fails_saleval_run_before_any_stage_runs(
     with pytest.raises(pipeline.ProfileError, match=r"unknown stages \['evaluate'\]"):
         pipeline.run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_implementations_are_picked_by_target() -> None:
+    from saleval.data import DataError, load_dataset
+    from saleval.models import ModelError, PretrainedSource, RandomSource, model_source
+
+    assert isinstance(model_source(compose_config("train", ["model=tiny"]).model), RandomSource)
+    bert = compose_config("train", ["model=bert_base"]).model
+    assert isinstance(model_source(bert), PretrainedSource)
+    with pytest.raises(ModelError, match="model._target_='os.path.join' is not"):
+        model_source(compose_config("train", ["model=tiny", "model._target_=os.path.join"]).model)
+    cfg = compose_config("train", ["dataset._target_=saleval.data.no_such_reader"])
+    with pytest.raises(DataError, match="_target_='saleval.data.no_such_reader' is not a reader"):
+        load_dataset(cfg.dataset)
+
+
+def test_zero_batch_limits_fail_instead_of_meaning_all() -> None:
+    from saleval.training import _positive_or_all
+
+    assert _positive_or_all(None, "limit_train_batches") == 1.0  # null: every batch
+    assert _positive_or_all(1, "limit_train_batches") == 1  # an int: that many batches
+    with pytest.raises(ValueError, match=r"trainer.limit_train_batches=0: must be > 0"):
+        _positive_or_all(0, "limit_train_batches")
