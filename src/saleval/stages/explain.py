@@ -92,7 +92,8 @@ def _frame_target(target: Target) -> str:
 def _parent_model_cfg(run_dir: Path) -> Mapping[str, Any]:
     """The train run's ``model`` node (name, max_length), as it recorded it."""
     path = run_dir / "config.yaml"
-    return OmegaConf.load(path).get("model") or {} if path.is_file() else {}
+    recorded = OmegaConf.load(path) if path.is_file() else None
+    return (recorded.get("model") or {}) if isinstance(recorded, DictConfig) else {}
 
 
 def _metrics(
