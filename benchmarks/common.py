@@ -44,13 +44,14 @@ class Setup:
 
 def setup(n: int) -> Setup:
     """The model as the explain stage loads it (eager attention), texts, predicted classes."""
-    cfg = compose(["+model=minilm", "dataset=ag_news"])
+    cfg = compose(["dataset=ag_news"])  # explain: the dataset and every method's config
+    model_cfg = compose(["model=minilm"], "train").model  # the explain root has no model node
     data = load_dataset(cfg.dataset)
     texts = data["test"]["text"].head(n).tolist()
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(model_cfg)
     torch.manual_seed(0)
-    model = build_model(cfg.model, data.label_names, attn_implementation="eager", seed=0).eval()
-    segs = [segment(t, tok, int(cfg.model.max_length)) for t in texts]
+    model = build_model(model_cfg, data.label_names, attn_implementation="eager", seed=0).eval()
+    segs = [segment(t, tok, int(model_cfg.max_length)) for t in texts]
     targets = inference.forward_logits(model, [s.input_ids for s in segs]).argmax(1).tolist()
     methods = OmegaConf.to_container(cfg.method, resolve=True)
     assert isinstance(methods, dict)

@@ -16,6 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
 
 from saleval import paths
+from saleval.config import register_configs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,6 +42,7 @@ def compose_config(
     config_name: str, overrides: Sequence[str] = (), run_dir: Path | None = None
 ) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` like Hydra would, with a test run dir."""
+    register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides))
@@ -72,7 +74,7 @@ TINY_TRAIN = [
     "dataset.max_test=64",
     "tracking.log_model=false",
     "trainer.max_epochs=3",
-    "trainer.patience=3",
+    "trainer.early_stopping.patience=3",
 ]
 
 

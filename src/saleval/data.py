@@ -6,7 +6,8 @@ Every split is a DataFrame with ``sample_id`` (stable across runs and machines),
 rationale as a list of ``[char_start, char_end)`` pairs into ``text``.
 
 Sources are explicit: ``source: files`` reads the shared files under
-``data_root``; ``source: hub`` goes through Hugging Face ``datasets`` and fails
+``data_root`` with the reader the config's ``_target_`` names (``read_ag_news``,
+``read_local``, ...); ``source: hub`` goes through Hugging Face ``datasets`` and fails
 offline with one message naming the ``files`` alternative. Nothing falls back
 silently from one to the other.
 """
@@ -17,13 +18,23 @@ import html
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from hydra.utils import get_method
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    ValidationError,
+)
 from sklearn.model_selection import train_test_split
+
+from saleval.config import to_schema
+from saleval.config.dataset import DatasetConfig, DataSource
 
 log = logging.getLogger(__name__)
 
@@ -137,54 +148,54 @@ def _labels_from_names(values: pd.Series, label_names: Sequence[str], where: str
 
 
 # ---------------------------------------------------------------------------------
-# Loaders (targets of conf/dataset/*.yaml)
+# Readers (the _target_ of conf/dataset/*.yaml) and the loader
 # ---------------------------------------------------------------------------------
 
 
-@dataclass
-class DatasetConfig:
-    """Fields shared by every dataset config (``conf/dataset/*.yaml``)."""
+def dataset_config(cfg: DatasetConfig | Mapping[str, Any] | Any) -> DatasetConfig:
+    """A ``conf/dataset`` node (composed, or read back from a run's ``config.yaml``) as the
+    typed :class:`DatasetConfig`: unknown keys and wrong types fail naming the key.
 
-    name: str
-    label_names: list[str]
-    data_root: str = ""
-    source: str = "files"
-    seed: int = 42
-    split_fractions: dict[str, float] = field(
-        default_factory=lambda: {"validation": 0.1, "test": 0.2}
-    )
-    max_train: int | None = None
-    max_validation: int | None = None
-    max_test: int | None = None
-    hub: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    text_column: str = "text"
-    label_column: str = "label"
-    id_column: str | None = None
-    label_descriptions: dict[str, Any] = field(default_factory=dict)
+    >>> dataset_config({"name": "d", "label_names": ["a", "b"], "data_root": "/x"}).source
+    <DataSource.files: 'files'>
+    >>> dataset_config({"name": "d", "label_names": ["a"], "text_colum": "t"})
+    Traceback (most recent call last):
+    ...
+    saleval.data.DataError: dataset config: Key 'text_colum' not in 'DatasetConfig' (full key: text_colum); see conf/dataset/local.yaml for the keys
+    """
+    try:
+        return to_schema(DatasetConfig, cfg)
+    except (
+        ValidationError,
+        ConfigKeyError,
+        InterpolationResolutionError,
+        MissingMandatoryValue,
+    ) as err:
+        msg = str(err).splitlines()[0]
+        key = getattr(err, "full_key", None)
+        where = f" (full key: {key})" if key else ""
+        raise DataError(
+            f"dataset config: {msg}{where}; see conf/dataset/local.yaml for the keys"
+        ) from err
 
 
-def load_dataset(cfg: Mapping[str, Any] | Any) -> DatasetSplits:
-    """Load the dataset a ``conf/dataset`` node describes, limits applied."""
-    conf = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
-    conf = {k: (v if not hasattr(v, "items") else dict(v.items())) for k, v in conf.items()}
-    conf.pop("_target_", None)
-    loader_name = conf.pop("loader", conf["name"])
-    known = set(DatasetConfig.__dataclass_fields__)
-    dc = DatasetConfig(**{k: v for k, v in conf.items() if k in known})
-    dc.label_names = list(dc.label_names)
-    if dc.source == "hub":
+def load_dataset(cfg: DatasetConfig | Mapping[str, Any] | Any) -> DatasetSplits:
+    """Load the dataset a ``conf/dataset`` node describes, limits applied.
+
+    ``source: files`` calls the reader named by the node's ``_target_``.
+    """
+    dc = dataset_config(cfg)
+    if dc.source == DataSource.hub:
         splits = _load_hub(dc)
-    elif dc.source == "files":
-        try:
-            fn = _FILE_LOADERS[loader_name]
-        except KeyError as err:
-            raise DataError(
-                f"no file loader {loader_name!r}; known: {sorted(_FILE_LOADERS)}"
-            ) from err
-        splits = fn(dc)
     else:
-        raise DataError(f"dataset {dc.name}: source must be 'files' or 'hub', got {dc.source!r}")
+        try:
+            reader: Callable[[DatasetConfig], dict[str, pd.DataFrame]] = get_method(dc._target_)
+        except Exception as err:
+            raise DataError(
+                f"dataset {dc.name}: _target_={dc._target_!r} is not a reader "
+                f"(e.g. saleval.data.read_local): {err}"
+            ) from err
+        splits = reader(dc)
     limits = {"train": dc.max_train, "validation": dc.max_validation, "test": dc.max_test}
     for split, n in limits.items():
         if split in splits:
@@ -194,11 +205,20 @@ def load_dataset(cfg: Mapping[str, Any] | Any) -> DatasetSplits:
             raise DataError(f"dataset {dc.name}: duplicate sample_id in split {split}")
     info = {f"n_{s}": len(df) for s, df in splits.items()}
     log.info("dataset %s from %s: %s", dc.name, dc.source, info)
-    return DatasetSplits(dc.name, dc.label_names, splits, dc.source, info)
+    return DatasetSplits(dc.name, list(dc.label_names), splits, str(dc.source), info)
 
 
-def _ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
-    path = _require(Path(dc.data_root, dc.files.get("test", "ag_news/test.csv")), dc.name)
+def _file(dc: DatasetConfig, split: str) -> Path:
+    """``dataset.files.<split>`` under ``data_root``, required to exist."""
+    rel = getattr(dc.files, split)
+    if rel is None:
+        raise DataError(f"dataset {dc.name}: set dataset.files.{split}")
+    return _require(Path(rel) if Path(rel).is_absolute() else Path(dc.data_root, rel), dc.name)
+
+
+def read_ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
+    """AG News CSV (class, title, description) of ``files.test``, split here."""
+    path = _file(dc, "test")
     raw = pd.read_csv(
         path, header=None, names=["class", "title", "description"], dtype=str, keep_default_na=False
     )
@@ -216,8 +236,9 @@ def _ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     return stratified_split(df, dc.split_fractions, dc.seed)
 
 
-def _imdb(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
-    path = _require(Path(dc.data_root, dc.files.get("all", "imdb/imdb_small_3000.csv")), dc.name)
+def read_imdb(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
+    """The IMDB sample CSV of ``files.all`` (text, label), split here."""
+    path = _file(dc, "all")
     raw = pd.read_csv(path, index_col=0)
     for col in ("text", "label"):
         if col not in raw.columns:
@@ -236,9 +257,10 @@ def _read_tsv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t", quoting=3, dtype={"label": "int64"}, keep_default_na=False)
 
 
-def _sst2(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
-    train_path = _require(Path(dc.data_root, dc.files.get("train", "sst2/train.tsv")), dc.name)
-    dev_path = _require(Path(dc.data_root, dc.files.get("dev", "sst2/dev.tsv")), dc.name)
+def read_sst2(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
+    """GLUE SST-2 TSVs: ``files.train`` (split into train/validation) and ``files.test``
+    (GLUE's labelled dev set)."""
+    train_path, dev_path = _file(dc, "train"), _file(dc, "test")
     train, dev = _read_tsv(train_path), _read_tsv(dev_path)
 
     def frame(raw: pd.DataFrame, tag: str) -> pd.DataFrame:
@@ -262,8 +284,9 @@ def _sst2(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     }
 
 
-def _eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
-    root = Path(dc.data_root, dc.files.get("root", "eraser_movies"))
+def read_eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
+    """The ERASER directory of ``files.all``: {train,val,test}.jsonl and docs/."""
+    root = _file(dc, "all")
     _require(root / "docs", dc.name)
     label_of = {"NEG": 0, "POS": 1}
     out = {}
@@ -326,9 +349,10 @@ def _join_pretokenised(doc: str) -> tuple[str, list[tuple[int, int]]]:
     return "".join(parts), spans
 
 
-def _local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
+def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     """Any CSV/JSONL/Parquet: one file per split, or one file split like AG News."""
-    if not dc.files:
+    given = {s: getattr(dc.files, s) for s in (*SPLITS, "all") if getattr(dc.files, s)}
+    if not given:
         raise DataError(
             "dataset local: set dataset.files.{train,validation,test} or dataset.files.all"
         )
@@ -367,35 +391,34 @@ def _local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
             }
         )
 
-    if "all" in dc.files:
-        return stratified_split(read(dc.files["all"]), dc.split_fractions, dc.seed)
-    missing = [s for s in SPLITS if s not in dc.files]
+    if "all" in given:
+        return stratified_split(read(given["all"]), dc.split_fractions, dc.seed)
+    missing = [s for s in SPLITS if s not in given]
     if missing:
         raise DataError(
             f"dataset local: dataset.files lacks {missing} (or give files.all to split one file)"
         )
-    return {s: read(dc.files[s]) for s in SPLITS}
+    return {s: read(given[s]) for s in SPLITS}
 
 
 def _load_hub(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     """Hugging Face ``datasets`` (needs the hub). Offline it fails, naming the alternative."""
-    hub = dict(dc.hub)
-    if "path" not in hub:
+    hub = dc.hub
+    if not hub.path:
         raise DataError(f"dataset {dc.name}: source=hub needs dataset.hub.path")
     try:
         import datasets as hf_datasets
 
-        ds = hf_datasets.load_dataset(hub["path"], hub.get("name"))
+        ds = hf_datasets.load_dataset(hub.path, hub.name)
     except Exception as err:
         raise DataError(
-            f"dataset {dc.name}: could not load '{hub['path']}' from the Hugging Face hub "
+            f"dataset {dc.name}: could not load '{hub.path}' from the Hugging Face hub "
             f"({type(err).__name__}: {str(err)[:200]}). This machine may be offline: use "
             f"dataset.source=files to read the shared copy under {dc.data_root}."
         ) from err
-    text_col, label_col = hub.get("text_column", "text"), hub.get("label_column", "label")
+    text_col, label_col = hub.text_column, hub.label_column
     frames = {}
-    split_map = hub.get("splits", {"train": "train", "test": "test"})
-    for ours, theirs in split_map.items():
+    for ours, theirs in hub.splits.items():
         part = ds[theirs].to_pandas()
         frames[ours] = pd.DataFrame(
             {
@@ -411,12 +434,3 @@ def _load_hub(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
         )
         frames["train"], frames["validation"] = tr.reset_index(drop=True), va.reset_index(drop=True)
     return frames
-
-
-_FILE_LOADERS = {
-    "ag_news": _ag_news,
-    "imdb": _imdb,
-    "sst2": _sst2,
-    "eraser_movies": _eraser_movies,
-    "local": _local,
-}

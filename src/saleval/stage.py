@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import saleval.crowd.config  # noqa: F401  (registers the crowd config schemas with Hydra)
 from saleval import paths, tracking
+from saleval.config import register_configs
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
@@ -379,6 +380,8 @@ def _sweep_tags() -> dict[str, str]:
 def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
     """Wrap ``run`` as a console script whose config is ``conf/<config_name>.yaml``."""
     import hydra
+
+    register_configs()
 
     @hydra.main(config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3")
     def _main(cfg: DictConfig) -> Any:

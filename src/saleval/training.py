@@ -24,6 +24,8 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTok
 from transformers.optimization import get_linear_schedule_with_warmup
 
 from saleval import tracking
+from saleval.config import to_schema
+from saleval.config.trainer import LoaderConfig, TrainerConfig
 
 
 class TokenizedTexts(torch.utils.data.Dataset):
@@ -66,6 +68,25 @@ class TextDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.collate = DataCollatorWithPadding(tokenizer)
         self.ds: dict[str, TokenizedTexts] = {}
+
+    @classmethod
+    def from_config(
+        cls,
+        splits: Mapping[str, pd.DataFrame],
+        tokenizer: PreTrainedTokenizerFast,
+        max_length: int,
+        loader: LoaderConfig | Mapping[str, Any] | Any,
+    ) -> TextDataModule:
+        """The data module with the batch sizes and workers of ``trainer.loader``."""
+        lc = to_schema(LoaderConfig, loader)
+        return cls(
+            splits,
+            tokenizer,
+            max_length=max_length,
+            batch_size=lc.batch_size,
+            eval_batch_size=lc.eval_batch_size,
+            num_workers=lc.num_workers,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         for name, df in self.splits.items():
@@ -189,13 +210,36 @@ class MlflowEpochLogger(Callback):
         self._log(trainer, ("val_", "train_loss"))
 
 
+def trainer_config(cfg: TrainerConfig | Mapping[str, Any] | Any) -> TrainerConfig:
+    """A ``conf/trainer`` node as the typed :class:`TrainerConfig` (unknown keys fail).
+
+    >>> trainer_config({"max_epochs": 2, "optimizer": {"lr": 1e-3}}).optimizer.lr
+    0.001
+    """
+    return to_schema(TrainerConfig, cfg)
+
+
+def _positive_or_all(value: Any, key: str) -> Any:
+    """Lightning's batch limits: null means every batch (1.0); 0 would silently skip
+    training or validation, so it fails here instead."""
+    if value is None:
+        return 1.0
+    if float(value) <= 0:
+        raise ValueError(
+            f"trainer.{key}={value}: must be > 0 (an int: batches, a float: a fraction; "
+            "null: every batch)"
+        )
+    return value
+
+
 def fit(
     model: PreTrainedModel,
     data: TextDataModule,
-    trainer_cfg: Mapping[str, Any],
+    trainer_cfg: TrainerConfig | Mapping[str, Any] | Any,
     workdir: Path,
 ) -> dict[str, float]:
     """Fit with early stopping on validation accuracy, restore the best epoch, test it."""
+    tc = trainer_config(trainer_cfg)
     ckpt_dir = workdir / "checkpoints"
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
@@ -207,36 +251,37 @@ def fit(
     )
     callbacks: list[Callback] = [
         checkpoint,
-        EarlyStopping(monitor="val_acc", mode="max", patience=int(trainer_cfg.get("patience", 1))),
+        EarlyStopping(monitor="val_acc", mode="max", patience=tc.early_stopping.patience),
         MlflowEpochLogger(),
     ]
-    show_progress = bool(trainer_cfg.get("progress_bar", True))
-    if show_progress:
-        callbacks.append(TQDMProgressBar(refresh_rate=int(trainer_cfg.get("progress_refresh", 10))))
+    if tc.progress_bar:
+        callbacks.append(TQDMProgressBar(refresh_rate=tc.progress_refresh))
+    opt = tc.optimizer
     module = SequenceClassifier(
         model,
-        lr=float(trainer_cfg["lr"]),
-        weight_decay=float(trainer_cfg.get("weight_decay", 0.01)),
-        warmup_ratio=float(trainer_cfg.get("warmup_ratio", 0.0)),
-        scheduler=str(trainer_cfg.get("scheduler", "linear")),
+        lr=float(opt.lr),
+        weight_decay=float(opt.weight_decay),
+        warmup_ratio=float(opt.warmup_ratio),
+        scheduler=str(opt.scheduler),
     )
     trainer = L.Trainer(
-        accelerator=trainer_cfg.get("accelerator", "auto"),
-        devices=trainer_cfg.get("devices", "auto"),
-        strategy=trainer_cfg.get("strategy", "auto"),
-        precision=trainer_cfg.get("precision", "32-true"),
-        max_epochs=int(trainer_cfg.get("max_epochs", 3)),
-        min_epochs=int(trainer_cfg.get("min_epochs", 1)),
-        limit_train_batches=trainer_cfg.get("limit_train_batches") or 1.0,
-        val_check_interval=trainer_cfg.get("val_check_interval") or 1.0,
-        gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
-        deterministic=bool(trainer_cfg.get("deterministic", False)),
+        accelerator=tc.accelerator,
+        devices=tc.devices,
+        num_nodes=tc.num_nodes,
+        strategy=tc.strategy,
+        precision=tc.precision,  # type: ignore[arg-type]
+        max_epochs=tc.max_epochs,
+        min_epochs=tc.min_epochs,
+        limit_train_batches=_positive_or_all(tc.limit_train_batches, "limit_train_batches"),
+        val_check_interval=_positive_or_all(tc.val_check_interval, "val_check_interval"),
+        gradient_clip_val=tc.gradient_clip_val,
+        deterministic=tc.deterministic,
         callbacks=callbacks,
         logger=False,
         default_root_dir=str(workdir),
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        enable_progress_bar=show_progress,
+        enable_progress_bar=tc.progress_bar,
     )
     # from_pretrained returns eval mode and Lightning keeps submodule modes: turn dropout on.
     module.train()

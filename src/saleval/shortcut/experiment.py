@@ -45,10 +45,6 @@ DATA_DIR = "data"
 MODEL_NAMES = ("original", "mixed")
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
 # ---------------------------------------------------------------------------------
 # 1. data
 # ---------------------------------------------------------------------------------
@@ -58,7 +54,7 @@ def prepare_data(cfg: DictConfig) -> tuple[ShortcutData, PreTrainedTokenizerFast
     """Source dataset (binary, token-free) → mixed train/validation and synthetic test."""
     rule = rule_from_config(cfg.shortcut)
     raw = load_dataset(cfg.dataset)
-    label_map = cfg.get("label_map")
+    label_map = cfg.label_map
     source, dropped = prepare_source(raw, rule, None if label_map is None else list(label_map))
     tokenizer = load_tokenizer(cfg.model)
     extend_vocabulary(tokenizer, rule)
@@ -112,13 +108,11 @@ def train_classifier(
     L.seed_everything(int(cfg.seed), workers=True)
     model = build_model(cfg.model, label_names, seed=int(cfg.seed))
     extend_vocabulary(tokenizer, rule, model)
-    dm = TextDataModule(
+    dm = TextDataModule.from_config(
         {s: df[["sample_id", "text", "label"]] for s, df in splits.items()},
         tokenizer,
-        max_length=int(cfg.model.max_length),
-        batch_size=int(cfg.trainer.batch_size),
-        eval_batch_size=int(cfg.trainer.eval_batch_size),
-        num_workers=int(cfg.trainer.num_workers),
+        int(cfg.model.max_length),
+        cfg.trainer.loader,
     )
     t0 = time.perf_counter()
     metrics = fit(model, dm, cfg.trainer, workdir)
@@ -144,12 +138,14 @@ def _child_run(name: str) -> Iterator[None]:
 def original_cache_key(cfg: DictConfig, rule: ShortcutRule) -> str:
     """What determines the original model: the same for st, tic and op (no planted
     tokens in its data, all three tokens in its vocabulary), so a sweep trains it once."""
-    dataset = {k: v for k, v in _plain(cfg.dataset).items() if k != "data_root"}
+    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(resolved, dict)
+    dataset = {k: v for k, v in resolved["dataset"].items() if k != "data_root"}
     what = {
         "dataset": dataset,
-        "label_map": _plain(cfg.get("label_map")),
-        "model": _plain(cfg.model),
-        "trainer": {k: v for k, v in _plain(cfg.trainer).items() if "progress" not in k},
+        "label_map": resolved.get("label_map"),
+        "model": resolved["model"],
+        "trainer": {k: v for k, v in resolved["trainer"].items() if "progress" not in k},
         "seed": int(cfg.seed),
         "vocabulary": rule.vocabulary,
     }
@@ -166,7 +162,7 @@ def train_pair(
     """
     models: dict[str, PreTrainedModel] = {}
     metrics: dict[str, dict[str, Any]] = {}
-    cache_root = cfg.get("original_cache")
+    cache_root = cfg.original_cache
     cached = (
         Path(str(cache_root), f"original-{original_cache_key(cfg, data.rule)}")
         if cache_root

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.config import to_schema
+from saleval.config.shortcut import ShortcutConfig
 from saleval.data import DatasetSplits
 from saleval.words import segment
 
@@ -109,14 +111,16 @@ class ShortcutRule:
         return [self.tokens[label], self.tokens[1 - label]]
 
 
-def rule_from_config(cfg: Mapping[str, Any]) -> ShortcutRule:
-    """A :class:`ShortcutRule` from a ``conf/shortcut/*.yaml`` node."""
+def rule_from_config(cfg: ShortcutConfig | Mapping[str, Any]) -> ShortcutRule:
+    """A :class:`ShortcutRule` from a ``conf/shortcut/*.yaml`` node (defaults and key
+    checks from :class:`saleval.config.ShortcutConfig`)."""
+    sc = to_schema(ShortcutConfig, cfg)
     return ShortcutRule(
-        kind=str(cfg["kind"]),
-        tokens=tuple(str(t) for t in cfg.get("tokens", ("#0", "#1"))),  # type: ignore[arg-type]
-        context=str(cfg.get("context", "#2")),
-        max_distance=int(cfg.get("max_distance", 50)),
-        distractors=tuple(str(t) for t in (cfg.get("distractors") or ())),
+        kind=str(sc.kind),
+        tokens=tuple(str(t) for t in sc.tokens),  # type: ignore[arg-type]
+        context=str(sc.context),
+        max_distance=int(sc.max_distance),
+        distractors=tuple(str(t) for t in sc.distractors),
     )
 
 

@@ -26,18 +26,16 @@ from saleval.annotate.app import AppSettings, create_app
 from saleval.annotate.export import answers_frame, write_completions
 from saleval.annotate.store import AnnotationStore
 from saleval.annotate.study import load_study
+from saleval.config.annotate import AnnotateAction
 from saleval.stage import Stage, hydra_main, resolve_input
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("serve", "export")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    action = str(cfg.action)
-    if action not in ACTIONS:
-        raise ValueError(f"action={action!r}: use one of {ACTIONS}")
+    action = AnnotateAction(cfg.action)  # validated when composed; tests may pass a string
     study = load_study(resolve_input("tasks", cfg.inputs.tasks))
     token = cfg.annotate.admin_token
     cfg = copy.deepcopy(cfg)
@@ -46,8 +44,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.annotate.admin_token = None if token is None else "<redacted>"
     db = Path(str(cfg.annotate.db))
     with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}) as st:
-        st.set_tags({"annotate.action": action, "annotate.db": str(db)})
-        if action == "export":
+        st.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
+        if action == AnnotateAction.export:
             if not db.is_file():
                 raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
             store = AnnotationStore(db, synchronous=str(cfg.annotate.synchronous))

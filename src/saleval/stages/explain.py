@@ -1,7 +1,8 @@
 """``saleval-explain``: word-level saliency of a trained model (SPEC §3, §9.1).
 
 Reads ``inputs.model`` (a train run), explains ``data.split`` of ``dataset`` (all of
-it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``) with
+it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``; from
+``data.population``: all, the correctly classified or the misclassified ones) with
 every method in ``method``, through Lightning's predict loop on
 ``trainer.accelerator`` (``trainer=ddp``: the examples sharded over every GPU, the same
 tables as on one; see :mod:`saleval.attribution.frame`). Writes ``attributions.parquet``
@@ -22,13 +23,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, views
 from saleval.attribution import explain_frame
+from saleval.attribution.frame import TARGETS as FRAME_TARGETS
 from saleval.data import DataError, load_dataset
 from saleval.inference import predict_proba
 from saleval.models import label_names_of, load_trained
 from saleval.stage import Stage, hydra_main
+from saleval.vocab import Population, Target
 
 
-def select_samples(
+def draw_samples(
     df: pd.DataFrame,
     n: int | None,
     seed: int,
@@ -61,28 +64,36 @@ def select_samples(
     return df.iloc[sorted(picked)].reset_index(drop=True)
 
 
-OUTCOMES = ("all", "correct", "incorrect")
-
-
-def filter_outcome(
-    model: Any, tokenizer: Any, df: pd.DataFrame, outcome: str, max_length: int
+def filter_population(
+    model: Any, tokenizer: Any, df: pd.DataFrame, population: Population, max_length: int
 ) -> pd.DataFrame:
-    """Keep the samples the model classifies correctly / incorrectly (SPEC §4 study pools)."""
-    if outcome not in OUTCOMES:
-        raise DataError(f"data.outcome must be one of {OUTCOMES}, got {outcome!r}")
-    if outcome == "all":
+    """Keep the samples the model classifies correctly / wrongly (SPEC §4 study pools)."""
+    population = Population(population)
+    if population == Population.all:
         return df
     ids = tokenizer(df["text"].astype(str).tolist(), truncation=True, max_length=max_length)
     pred = predict_proba(
         model, ids["input_ids"], pad_token_id=int(tokenizer.pad_token_id or 0)
     ).argmax(1)
     right = pred == df["label"].to_numpy()
-    return df[right if outcome == "correct" else ~right].reset_index(drop=True)
+    return df[right if population == Population.correct else ~right].reset_index(drop=True)
+
+
+def _frame_target(target: Target) -> str:
+    """The spelling :func:`saleval.attribution.explain_frame` accepts for ``target``.
+
+    Until the attribution side takes ``prediction`` (vocab.Target), it spells it
+    ``predicted``; this translation goes away at merge.
+    """
+    value = Target(target).value
+    return value if value in FRAME_TARGETS else {"prediction": "predicted"}[value]
 
 
 def _parent_model_cfg(run_dir: Path) -> Mapping[str, Any]:
+    """The train run's ``model`` node (name, max_length), as it recorded it."""
     path = run_dir / "config.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path)).get("model", {}) if path.is_file() else {}  # type: ignore[union-attr]
+    recorded = OmegaConf.load(path) if path.is_file() else None
+    return (recorded.get("model") or {}) if isinstance(recorded, DictConfig) else {}
 
 
 def _metrics(
@@ -110,18 +121,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 f"{label_names_of(model)} (inputs.model={cfg.inputs.model})"
             )
         max_length = int(cfg.max_length or parent.get("max_length", 256))
-        pool = filter_outcome(
-            model, tokenizer, data[cfg.data.split], str(cfg.data.outcome), max_length
+        pool = filter_population(
+            model, tokenizer, data[cfg.data.split], cfg.data.population, max_length
         )
-        df = select_samples(
+        df = draw_samples(
             pool, cfg.data.n_samples, int(cfg.seed), cfg.data.sample_ids, len(data.label_names)
         )
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
         attributions, predictions = explain_frame(
-            model, tokenizer, df, dict(cfg.method), target=str(cfg.target),
+            model, tokenizer, df, dict(cfg.method), target=_frame_target(cfg.target),
             max_length=max_length,
-            batch_size=int(cfg.batch_size), trainer=OmegaConf.to_container(cfg.trainer),
+            batch_size=int(cfg.batch_size), trainer=cfg.trainer,
             progress=bool(cfg.progress), timings=timings, diagnostics=diag,
         )  # fmt: skip
         if not st.is_main:  # DDP rank > 0 (torchrun, srun): same tables; rank 0 writes them

@@ -25,6 +25,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import tables, tracking
+from saleval.config import DatasetConfig
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.long_format import ANSWER_FILE
 from saleval.crowd.reading import CrowdImport, sha256_file
@@ -64,8 +65,8 @@ def adopt_dataset(cfg: DictConfig, run_dir: str | Path) -> list[str]:
     if ours is None and theirs is None:
         raise InputError(f"{run_dir}: its config.yaml names no dataset; pass dataset=<name>")
     if ours is None:
-        with open_dict(cfg):
-            cfg.dataset = theirs
+        with open_dict(cfg):  # typed: the run's dataset node is checked against the schema
+            cfg.dataset = OmegaConf.merge(OmegaConf.structured(DatasetConfig), theirs)
     elif theirs is not None and list(ours.label_names) != list(theirs.label_names):
         raise InputError(
             f"dataset={ours.name} has labels {list(ours.label_names)} but the run {run_dir} "

@@ -2,7 +2,9 @@
 
 train → explain → tasks → simulate → import → score, and metrics → compare, each
 stage its own MLflow run nested under one parent run. A profile
-(``conf/profile/*.yaml``) gives every stage its overrides. Stages chain through
+(``conf/profile/*.yaml``) gives every stage its overrides; every stage's config is
+composed with them before the first stage runs (:func:`check_profile`), so a typo in a
+profile fails at once, naming the stage and the key. Stages chain through
 ``inputs.<name>=<run dir>`` exactly as a user would chain them by hand.
 
 Resumable: before running a stage its fingerprint (config + parents'
@@ -25,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
+from saleval.config import register_configs
 from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    register_configs()
     gh = GlobalHydra.instance()
     was = gh.is_initialized()
     if was:
@@ -54,6 +58,53 @@ def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
         return compose(config_name, overrides=overrides)
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         return compose(config_name, overrides=overrides)
+
+
+class ProfileError(ValueError):
+    """A profile's overrides do not compose for some stage (named in the message)."""
+
+
+def _error_chain(err: BaseException) -> str:
+    """Hydra's error and its causes in one line: the cause names the bad key."""
+    parts: list[str] = []
+    e: BaseException | None = err
+    while e is not None and len(parts) < 4:
+        text = " ".join(str(e).split())
+        if text and text not in parts:
+            parts.append(text)
+        e = e.__cause__ or e.__context__
+    return ": ".join(parts)
+
+
+def stage_overrides(profile: DictConfig, stage: str) -> list[str]:
+    """The profile's ``common`` then ``stages.<stage>`` overrides of one stage."""
+    common = [f"{k}={v}" for k, v in profile.common.items()]
+    return common + [str(o) for o in profile.stages.get(stage, [])]
+
+
+def check_profile(profile: DictConfig, selected: list[str]) -> None:
+    """Compose every selected stage's config with the profile's overrides (inputs as
+    placeholders) before any stage runs, so a typo fails in seconds, naming the stage
+    and the key, instead of after the stages before it ran."""
+    known = [s for s, *_ in PIPELINE]
+    for where, names in (("stages", list(profile.stages)), ("stages_to_run", selected)):
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ProfileError(
+                f"profile {profile.name}: {where} names unknown stages {unknown}; "
+                f"the stages are {known}"
+            )
+    for stage, _, config_name, needs in PIPELINE:
+        if stage not in selected:
+            continue
+        placeholders = [f"inputs.{name}=pending-{producer}-run" for name, producer in needs.items()]
+        try:
+            compose_stage(config_name, stage_overrides(profile, stage) + placeholders)
+        except Exception as err:
+            raise ProfileError(
+                f"profile {profile.name}, stage {stage}: its config does not compose: "
+                f"{_error_chain(err)}"
+            ) from err
 
 
 def find_reusable(stage: str, fp: str) -> Path | None:
@@ -78,22 +129,22 @@ def find_reusable(stage: str, fp: str) -> Path | None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     profile = cfg.profile
-    out_root = Path(str(cfg.run_dir)) if cfg.get("run_dir") else _hydra_dir()
+    selected = list(profile.stages_to_run or [s for s, *_ in PIPELINE])
+    check_profile(profile, selected)
+    out_root = Path(str(cfg.run_dir)) if cfg.run_dir else _hydra_dir()
     out_root.mkdir(parents=True, exist_ok=True)
-    common = [f"{k}={v}" for k, v in dict(profile.get("common", {})).items()]
     uri = tracking.tracking_uri(cfg.tracking.uri)
-    tracking.setup(uri, f"saleval/{profile.get('dataset', 'study')}", cfg.tracking.artifact_root)
+    tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
-    selected = list(profile.get("stages_to_run") or [s for s, *_ in PIPELINE])
 
     with mlflow.start_run(
         run_name=f"run:{profile.name}",
         tags={
             "stage": "run",
             "profile": str(profile.name),
-            "dataset": str(profile.get("dataset", "")),
-            "model": str(profile.get("model", "")),
+            "dataset": str(profile.dataset),
+            "model": str(profile.model),
             "run_dir": str(out_root),
             "simulated": "true" if "simulate" in selected else "false",
         },
@@ -102,14 +153,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         for stage, module, config_name, needs in PIPELINE:
             if stage not in selected:
                 continue
-            given = dict(cfg.get("inputs") or {})
+            given = dict(cfg.inputs)
             if given.get(stage):  # this stage's run is given: use it instead of running it
                 dirs[stage] = resolve_input(stage, given[stage])
                 timings[stage] = {"seconds": 0.0, "reused": True, "run_dir": str(dirs[stage])}
                 mlflow.set_tag(f"given.{stage}", read_run_info(dirs[stage]).get("run_id", ""))
                 print(f"[saleval-run] {stage:<9} given  {dirs[stage]}", flush=True)
                 continue
-            overrides = list(common) + [str(o) for o in profile.stages.get(stage, [])]
+            overrides = stage_overrides(profile, stage)
             for name, producer in needs.items():
                 src = given.get(f"{stage}.{name}") or given.get(producer)
                 if src and Path(str(src)).is_file():  # e.g. a platform's answers.csv

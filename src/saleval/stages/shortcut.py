@@ -22,6 +22,7 @@ from saleval.shortcut import experiment as ex
 from saleval.shortcut.report import combine_runs, published_table, to_markdown
 from saleval.shortcut.verify import require
 from saleval.stage import Stage, hydra_main
+from saleval.vocab import Target
 
 TABLE_MD = "shortcut_table.md"
 
@@ -55,13 +56,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model, _ = load_trained(st.run_dir / "mixed", attn_implementation="eager")
         pool = data.synthetic_test.assign(pred=mixed_pred)
         methods = ex.select_methods(
-            cfg.method,
-            cfg.explain.n_samples,
-            cfg.explain.get("budget"),
-            cfg.explain.get("skip", []),
+            cfg.method, cfg.explain.n_samples, cfg.explain.budget, cfg.explain.skip
         )
         examples = ex.explain_pool(pool, cfg.explain.n_samples, int(cfg.seed))
-        target_col = {"predicted": "pred", "gold": "label"}[str(cfg.explain.target)]
+        target_col = {Target.prediction: "pred", Target.gold: "label"}[cfg.explain.target]
         summary, per_example = ex.saliency_sweep(
             model,
             tokenizer,
@@ -69,7 +67,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             examples[target_col].tolist(),
             methods,
             max_length,
-            progress=bool(cfg.get("progress", True)),
+            progress=cfg.progress,
         )
         results = summary.assign(dataset=dataset_label(cfg), shortcut=kind)
         st.write(tables.SHORTCUT_RESULTS, results)

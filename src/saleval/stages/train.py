@@ -27,13 +27,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         data = load_dataset(cfg.dataset)
         tokenizer = load_tokenizer(cfg.model)
         model = build_model(cfg.model, data.label_names, seed=int(cfg.seed))
-        dm = TextDataModule(
+        dm = TextDataModule.from_config(
             {s: data[s] for s in ("train", "validation", "test")},
             tokenizer,
-            max_length=int(cfg.model.max_length),
-            batch_size=int(cfg.trainer.batch_size),
-            eval_batch_size=int(cfg.trainer.eval_batch_size),
-            num_workers=int(cfg.trainer.num_workers),
+            int(cfg.model.max_length),
+            cfg.trainer.loader,
         )
         result = fit(model, dm, cfg.trainer, st.run_dir)
         if not st.is_main:  # a DDP rank > 0 (trainer=ddp): rank 0 saves and logs the model
@@ -51,7 +49,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.path("metrics.json").write_text(json.dumps(metrics, indent=2))
         st.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)})
         st.log_file(st.path("metrics.json"))
-        if cfg.tracking.get("log_model", True):
+        if cfg.tracking.log_model:
             st.log_file(st.path(MODEL_DIR))
         return {
             "run_dir": str(st.run_dir),

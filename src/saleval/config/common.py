@@ -1,0 +1,35 @@
+"""Schemas of the groups every stage composes: ``paths`` and ``tracking``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+
+@dataclass
+class PathsConfig:
+    """``conf/paths``: where the project, the shared data and the outputs live."""
+
+    root_dir: str = "${saleval.root:}"
+    data_root: str = "${saleval.data_root:}"
+    output_root: str = "${paths.root_dir}/outputs"
+
+
+@dataclass
+class TrackingConfig:
+    """``conf/tracking``: the MLflow store (``MLFLOW_TRACKING_URI`` wins over ``uri``)."""
+
+    uri: str = "sqlite:///${paths.output_root}/mlflow.db"
+    artifact_root: str | None = "${paths.output_root}/mlartifacts"
+    experiment: str | None = None  # null: saleval/<dataset name>
+    run_name: str | None = None  # null: the stage name
+    log_model: bool = True  # train: log model/ as an artifact
+
+
+@dataclass
+class KGridConfig:
+    """``conf/kgrid``: the crowd study's k-grid (SPEC §4), shared by tasks and metrics."""
+
+    name: str = MISSING
+    ks: list[int] = MISSING

@@ -1,0 +1,245 @@
+"""One root schema per stage (Hydra's "schema for the primary config" pattern).
+
+Each ``conf/<stage>.yaml`` lists ``<stage>_schema`` first in its ``defaults``; the group
+nodes are typed, so an unknown key in any group file (the project's or one found through
+``--config-dir``) fails when the config is composed, naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from saleval.config.annotate import AnnotateAction, AnnotateConfig
+from saleval.config.common import KGridConfig, PathsConfig, TrackingConfig
+from saleval.config.dataset import DatasetConfig
+from saleval.config.model import ModelConfig
+from saleval.config.profile import ProfileConfig
+from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
+from saleval.config.trainer import TrainerConfig
+from saleval.vocab import Population, Target
+
+
+@dataclass
+class StageConfig:
+    """Keys every stage root has."""
+
+    task_name: str = MISSING
+    seed: int = 42
+    run_dir: str | None = None  # set by tests/pipeline; null = Hydra's run dir
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+# -- train ---------------------------------------------------------------------------
+
+
+@dataclass
+class TrainStageConfig(StageConfig):
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    trainer: TrainerConfig = MISSING
+
+
+# -- explain -------------------------------------------------------------------------
+
+
+@dataclass
+class ExplainInputs:
+    model: str = MISSING  # a train run dir or runs:/<mlflow run id>
+
+
+@dataclass
+class ExplainData:
+    """Which samples to explain."""
+
+    split: str = "test"
+    n_samples: int | None = None  # null: every sample; N: seeded, class-balanced
+    sample_ids: list[str] | None = None  # an explicit list (wins over n_samples)
+    population: Population = Population.all  # by the model's outcome on them
+
+
+@dataclass
+class ExplainView:
+    samples: Any = 3  # HTML highlight pages for this many samples, or a list of sample ids
+    top_k: int = 10  # words highlighted per method
+    overlap_k: int = 40  # K of the method-overlap table (SPEC §6)
+
+
+@dataclass
+class ExplainStageConfig(StageConfig):
+    dataset: DatasetConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    method: Any = None  # schema: owned by the method helper, wired at merge
+    inputs: ExplainInputs = field(default_factory=ExplainInputs)
+    data: ExplainData = field(default_factory=ExplainData)
+    target: Target = Target.prediction  # the class each explanation is for
+    max_length: int | None = None  # null: the train run's model.max_length
+    batch_size: int = 64  # examples per prediction batch
+    progress: bool = True
+    view: ExplainView = field(default_factory=ExplainView)
+
+
+# -- tasks, simulate, annotate, import -----------------------------------------------
+
+
+@dataclass
+class TasksInputs:
+    explain: str = MISSING
+
+
+@dataclass
+class TasksStageConfig(StageConfig):
+    dataset: DatasetConfig = MISSING
+    study: Any = None  # schema: owned by the crowd helper, wired at merge
+    kgrid: KGridConfig = MISSING
+    inputs: TasksInputs = field(default_factory=TasksInputs)
+
+
+@dataclass
+class TaskRunInputs:
+    tasks: str = MISSING  # a saleval-tasks run dir or runs:/<id>
+
+
+@dataclass
+class SimulateStageConfig(StageConfig):
+    dataset: DatasetConfig = MISSING
+    simulation: Any = None  # schema: owned by the crowd helper, wired at merge
+    inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
+
+
+@dataclass
+class AnnotateStageConfig(StageConfig):
+    action: AnnotateAction = AnnotateAction.serve
+    inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
+    annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
+    dataset: Any = None  # set by the stage from the task run's config
+
+
+@dataclass
+class ImportInputs:
+    tasks: str = MISSING
+    answers: str = MISSING  # answers.csv, a run dir holding it, or runs:/<id>
+
+
+@dataclass
+class ImportStageConfig(StageConfig):
+    dataset: DatasetConfig | None = None  # null: the task run's dataset
+    crowd: Any = None  # schema: owned by the crowd helper, wired at merge
+    inputs: ImportInputs = field(default_factory=ImportInputs)
+
+
+# -- score, metrics, compare ---------------------------------------------------------
+
+
+@dataclass
+class BootstrapConfig:
+    n: int = 1000  # resamples over samples for the CIs (0: no CIs)
+    level: float = 0.95
+
+
+@dataclass
+class ScoringConfig:
+    baseline: str = "random"  # the paired test compares every method with this one
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    test_resamples: int = 9999  # sign-flip permutations of the paired test
+    positive_label: int = 1  # forward-prediction studies: the "positive" class
+    flip_histogram_exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ScoreInputs:
+    crowd: str = MISSING  # a saleval-import run (unless crowd=... is given)
+
+
+@dataclass
+class ScoreStageConfig(StageConfig):
+    dataset: DatasetConfig | None = None  # null: the import run's dataset
+    crowd: Any = None  # schema: owned by the crowd helper, wired at merge
+    inputs: ScoreInputs = field(default_factory=ScoreInputs)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+
+
+@dataclass
+class MetricsInputs:
+    model: str = MISSING  # a saleval-train run (its model/ dir)
+    explain: str = MISSING  # a saleval-explain run
+
+
+@dataclass
+class MetricsStageConfig(StageConfig):
+    kgrid: KGridConfig = MISSING
+    metrics: Any = None  # schema: owned by the metrics helper, wired at merge
+    dataset: DatasetConfig | None = None  # null: the explain run's dataset
+    model: ModelConfig | None = None  # null: the train run's model
+    progress: bool = True
+    inputs: MetricsInputs = field(default_factory=MetricsInputs)
+
+
+@dataclass
+class CompareInputs:
+    score: str = MISSING  # a saleval-score run
+    metrics: str = MISSING  # a saleval-metrics run
+
+
+@dataclass
+class CompareConfig:
+    # summary (grid averages + single-k metrics) | all | a list of metric columns
+    columns: Any = "summary"
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+
+
+@dataclass
+class CompareStageConfig(StageConfig):
+    dataset: DatasetConfig | None = None  # null: the runs' dataset
+    model: ModelConfig | None = None  # unused; accepted so pipeline-wide overrides compose
+    inputs: CompareInputs = field(default_factory=CompareInputs)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+
+
+# -- shortcut, run -------------------------------------------------------------------
+
+
+@dataclass
+class ShortcutStageConfig(StageConfig):
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    shortcut: ShortcutConfig = MISSING
+    method: Any = None  # schema: owned by the method helper, wired at merge
+    inputs: dict[str, str] = field(default_factory=dict)  # no parents
+    label_map: list[int] | None = None  # source class → 0/1 (-1 drops it)
+    explain: ShortcutExplainConfig = field(default_factory=ShortcutExplainConfig)
+    original_cache: str | None = None  # reuse the original model across a sweep
+    progress: bool = True
+
+
+@dataclass
+class RunStageConfig:
+    """``saleval-run``: every stage under one parent run, overrides from a profile."""
+
+    task_name: str = "run"
+    run_dir: str | None = None
+    reuse: bool = True  # reuse a finished stage run with the same config and inputs
+    inputs: dict[str, str] = field(default_factory=dict)  # <stage>: an existing run
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    profile: ProfileConfig = MISSING
+
+
+#: ConfigStore name → root schema; ``conf/<stage>.yaml`` lists ``<name>`` first.
+ROOTS: dict[str, type] = {
+    "train_schema": TrainStageConfig,
+    "explain_schema": ExplainStageConfig,
+    "tasks_schema": TasksStageConfig,
+    "simulate_schema": SimulateStageConfig,
+    "annotate_schema": AnnotateStageConfig,
+    "import_schema": ImportStageConfig,
+    "score_schema": ScoreStageConfig,
+    "metrics_schema": MetricsStageConfig,
+    "compare_schema": CompareStageConfig,
+    "shortcut_schema": ShortcutStageConfig,
+    "run_schema": RunStageConfig,
+}
