@@ -493,15 +493,18 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
 
 
 def test_bf16_option_parses_and_names_bad_values() -> None:
-    from saleval.faithfulness import FaithfulnessConfig
+    from saleval.faithfulness import MetricsConfig
     from saleval.inference import parse_bf16
 
     assert [parse_bf16(v) for v in (True, False, None, "auto", "AUTO", "true", "false")] == [
         True, False, False, "auto", "auto", True, False,
     ]  # fmt: skip
     with pytest.raises(ValueError, match="metrics.inference.bf16 must be true, false or auto"):
-        FaithfulnessConfig.from_mapping({"inference": {"bf16": "fast"}})
-    assert FaithfulnessConfig.from_mapping({"inference": {"bf16": "auto"}}).bf16 == "auto"
+        MetricsConfig.from_config({"ks": [1], "inference": {"bf16": "fast"}})
+    assert (
+        MetricsConfig.from_config({"ks": [1], "inference": {"bf16": "auto"}}).inference.bf16
+        == "auto"
+    )
     with pytest.raises(ValueError, match="bf16 must be true, false or auto, got 1"):
         build_method({"bf16": 1}, "lime")
 
