@@ -42,7 +42,7 @@ def comprehensiveness(p_full: np.ndarray | float, p_without_top_k: np.ndarray | 
     DeYoung et al. (2020), "ERASER: A Benchmark to Evaluate Rationalized NLP
     Models", ACL, §4 (https://aclanthology.org/2020.acl-main.408).
 
-    >>> float(comprehensiveness(0.9, 0.3))
+    >>> round(float(comprehensiveness(0.9, 0.3)), 6)
     0.6
     """
     return np.asarray(p_full, dtype=np.float64) - np.asarray(p_without_top_k, dtype=np.float64)
@@ -55,7 +55,7 @@ def sufficiency(p_full: np.ndarray | float, p_only_top_k: np.ndarray | float) ->
     lower = the shown words suffice (negative when they alone are more convincing).
     DeYoung et al. (2020), ERASER, ACL, §4.
 
-    >>> float(sufficiency(0.9, 0.95))
+    >>> round(float(sufficiency(0.9, 0.95)), 6)
     -0.05
     """
     return np.asarray(p_full, dtype=np.float64) - np.asarray(p_only_top_k, dtype=np.float64)
