@@ -59,7 +59,9 @@ class InferenceConfig:
 
     max_tokens: int = 8192  # padded tokens per batch (length-sorted batches)
     max_batch: int = 512
-    # true | false | auto (saleval.inference.use_bf16). A str: OmegaConf has no bool|str type.
+    # true | false | auto: bf16 autocast only where the hardware has it (GPU, AMX/AVX512-BF16
+    # CPU; emulated bf16 is ~8x slower, saleval.inference.use_bf16). A str: OmegaConf has no
+    # bool | str type; "true"/"false" parse as the booleans.
     bf16: str = "false"
 
 
@@ -77,13 +79,17 @@ class MetricsConfig:
     """What :func:`saleval.faithfulness.evaluate` and ``saleval-metrics`` compute."""
 
     name: str = "default"
-    removal: Removal = Removal.delete  # how a removed word's tokens go, always on ids
+    # delete | mask | unk: how a removed word's tokens go, always on ids (as LIME/occlusion)
+    removal: Removal = Removal.delete
     # comprehensiveness/sufficiency per k words: the crowd k-grid by default
     ks: list[int] = II("kgrid.ks")  # type: ignore[assignment]  # noqa: RUF009
+    # ERASER bins (fractions of words): per bin, then averaged (k "")
     eraser_grid: list[float] = field(default_factory=lambda: list(ERASER_GRID))
     aopc_k: int = 10  # AOPC over the first K deletions
     log_odds_fraction: float = 0.2  # log-odds drop after removing this fraction of the words
-    sufficiency_keep_other: bool = False  # sufficiency shows only the top-k words, no punctuation
+    # sufficiency keeps only the top-k words (+ [CLS]/[SEP]) and no punctuation: what a
+    # crowd worker sees
+    sufficiency_keep_other: bool = False
     switching: SwitchingConfig = field(default_factory=SwitchingConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     plausibility: PlausibilityConfig = field(default_factory=PlausibilityConfig)
