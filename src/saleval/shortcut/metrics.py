@@ -1,10 +1,10 @@
 """Does a saliency method find the planted shortcut? (SPEC §8; Bastings et al. 2022, §4).
 
-A *ranking* is a sequence of word indices, most important first
-(:func:`saleval.words.rank_words` with ``ties="against", against=<ground truth>``, so a
-tie earns a method no credit). Ground truth is the set of word indices where the
-shortcut tokens were planted. Both metrics are
-averaged over examples; each is one pure function over rankings.
+A *ranking* is a sequence of word indices, most important first: here
+:func:`saleval.words.rank_words` with ``ties="against", against=<ground truth>``, so a
+tie earns a method no credit. Ground truth is the set of word indices where the
+shortcut tokens were planted. Both metrics are averaged over examples; each is one
+pure function over rankings.
 """
 
 from __future__ import annotations

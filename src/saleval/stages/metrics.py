@@ -147,8 +147,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with open_dict(cfg):  # tracking is not part of the fingerprint
         cfg.tracking.experiment = cfg.tracking.experiment or f"saleval/{dataset}"
     tags = {"dataset": dataset, "model": model_name}
+    mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
     with Stage(cfg, "metrics", {"model": model_dir, "explain": explain_dir}, tags=tags) as st:
-        mcfg = MetricsConfig.from_config(cfg.metrics)
         model, tok = load_trained(st.inputs["model"], attn_implementation=None)
         preds = tables.PREDICTIONS.read(st.inputs["explain"])
         attrs = tables.ATTRIBUTIONS.read(st.inputs["explain"])
