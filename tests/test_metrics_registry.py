@@ -152,3 +152,56 @@ def test_metrics_config_defaults_live_in_the_schema() -> None:
     assert m.ks == [2, 5] and m.inference.bf16 == "auto"
     with pytest.raises(ValueError, match="unresolved"):
         F.MetricsConfig()  # ks defaults to the k-grid, which only a composed config has
+
+
+def test_every_builtin_row_matches_an_independent_recomputation(tok) -> None:
+    """Every row evaluate writes for the hand example, recomputed from the model's formula.
+
+    Pins the refactor to a loop over registered metrics: same rows, same values, same
+    timings families, and no more forward passes than distinct inputs.
+    """
+    seg = segment(TEXT, tok, 64)
+    exps = [F.Explanation("s1", m, seg, s) for m, s in SCORES.items()]
+    res = F.evaluate(CountModel(tok, WEIGHTS), tok, exps, CFG)
+    words = seg.words
+
+    def p(kept: list[int]) -> float:  # p(class 1) with only the words `kept` left
+        return p1(sum(words[i] == "good" for i in kept), sum(words[i] == "bad" for i in kept))
+
+    def logit(q: float) -> float:
+        return float(np.log(q) - np.log1p(-q))
+
+    full, n = p(list(range(5))), 5
+    expected: dict[tuple[str, str, str], float] = {}
+    for method, scores in SCORES.items():
+        order = sorted(range(n), key=lambda i: (-scores[i], i))
+        gone = {k: full - p(order[k:]) for k in range(n + 1)}  # comprehensiveness at k
+        only = {k: full - p(order[:k]) for k in range(n + 1)}  # sufficiency at k
+        for name, at in (("comprehensiveness", gone), ("sufficiency", only)):
+            for k in (1, 2, 3):
+                expected[method, name, str(k)] = at[k]
+            expected[method, name, "0.2"], expected[method, name, "0.5"] = at[1], at[3]
+            expected[method, name, ""] = (at[1] + at[3]) / 2
+            expected[method, name + "_kgrid", ""] = (at[1] + at[2] + at[3]) / 3
+        expected[method, "aopc_most", ""] = sum(gone[k] for k in (1, 2, 3)) / 4
+        least = [full - p(order[: n - k]) for k in (1, 2, 3)]
+        expected[method, "aopc_least", ""] = sum(least) / 4
+        switch = next((k for k in range(1, n + 1) if p(order[k:]) <= 0.5), None)
+        expected[method, "switching_point", ""] = 1.0 if switch is None else switch / n
+        expected[method, "no_switch", ""] = 1.0 if switch is None else 0.0
+        expected[method, "log_odds_drop", "0.2"] = logit(full) - logit(p(order[1:]))
+    got = res.per_example.set_index(["method", "metric", "k"])["value"]
+    assert sorted(got.index) == sorted(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key
+    assert res.timings["metric"].tolist() == [
+        "full_text",
+        "comprehensiveness",
+        "sufficiency",
+        "aopc_most",
+        "aopc_least",
+        "switching_point",
+        "log_odds_drop",
+    ]
+    assert res.timings["n_forward"].sum() == res.extra["n_forward"]
+    assert res.extra["n_forward"] < res.timings["n_sequences"].sum()  # the cache is shared
