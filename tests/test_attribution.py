@@ -26,14 +26,13 @@ from saleval.attribution import (
     attribute_words,
     build_method,
     explain_frame,
-    top_k,
 )
 from saleval.attribution.base import Batch
 from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMethod
 from saleval.attribution.perturbation import lime_neighbourhood
 from saleval.models import build_model, load_tokenizer
 from saleval.views import highlight_html, overlap_matrix
-from saleval.words import segment, token_to_word_scores
+from saleval.words import rank_words, segment, token_to_word_scores
 from tests.conftest import compose_config
 
 MODEL_CFG = {
@@ -309,18 +308,16 @@ class _Planted(nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-@pytest.mark.parametrize("perturbation", ["erase", "unk", "mask"])
-def test_lime_and_occlusion_find_a_planted_word(perturbation, tok) -> None:
+@pytest.mark.parametrize("removal", ["delete", "unk", "mask"])
+def test_lime_and_occlusion_find_a_planted_word(removal, tok) -> None:
     text = "the quick brown fox jumps over the lazy dog near the river bank"
     seg = segment(text, tok, 64)
     fox = tok.convert_tokens_to_ids("fox")
     model = _Planted(fox)
     for cfg in ({"kind": "lime", "num_samples": 300}, {"kind": "occlusion"}):
-        scores = attribute_words(model, tok, [seg], [1], {**cfg, "perturbation": perturbation})[0]
-        assert seg.words[int(top_k(scores, 1)[0])] == "fox", (cfg, scores)
-    occ = attribute_words(
-        model, tok, [seg], [1], {"kind": "occlusion", "perturbation": perturbation}
-    )[0]
+        scores = attribute_words(model, tok, [seg], [1], {**cfg, "removal": removal})[0]
+        assert seg.words[int(rank_words(scores)[0])] == "fox", (cfg, scores)
+    occ = attribute_words(model, tok, [seg], [1], {"kind": "occlusion", "removal": removal})[0]
     p = 1 / (1 + np.exp(-3))
     np.testing.assert_allclose(occ[seg.words.index("fox")], p - (1 - p), rtol=1e-5)
     assert np.abs(np.delete(occ, seg.words.index("fox"))).max() < 1e-6
@@ -349,8 +346,8 @@ def test_method_configs_build_and_presets_compose() -> None:
     assert lu.all_attention.aggregate == "sum" and "occlusion" not in lu
     grid = compose_config("explain", ["method=preset/bastings2022"]).method
     assert len(grid) == 30 and {build_method(m, k).name for k, m in grid.items()} == set(grid)
-    one = compose_config("explain", ["method=lime", "method.lime.perturbation=unk"]).method
-    assert list(one) == ["lime"] and build_method(one.lime, "lime").perturbation == "unk"
+    one = compose_config("explain", ["method=lime", "method.lime.removal=unk"]).method
+    assert list(one) == ["lime"] and build_method(one.lime, "lime").removal == "unk"
 
 
 def test_bad_settings_are_clear_errors(model, tok, segs) -> None:
@@ -365,6 +362,13 @@ def test_bad_settings_are_clear_errors(model, tok, segs) -> None:
     df = pd.DataFrame({"sample_id": ["a"], "text": ["hi there"], "label": [0]})
     with pytest.raises(AttributionError, match="share the name 'x'"):
         explain_frame(model, tok, df, {"a": {"kind": "random", "name": "x"}, "x": "random"})
+    # one word per concept (saleval.vocab): Target and Removal, not the old spellings
+    with pytest.raises(AttributionError, match=r"target must be one of \['gold', 'prediction'\]"):
+        explain_frame(model, tok, df, {"r": "random"}, target="predicted")
+    with pytest.raises(
+        AttributionError, match=r"removal must be one of \['delete', 'mask', 'unk'\]"
+    ):
+        build_method({"kind": "occlusion", "removal": "erase"})
 
 
 # --- table level, views, stage ------------------------------------------------------------
@@ -494,15 +498,18 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
 
 
 def test_bf16_option_parses_and_names_bad_values() -> None:
-    from saleval.faithfulness import FaithfulnessConfig
+    from saleval.faithfulness import MetricsConfig
     from saleval.inference import parse_bf16
 
     assert [parse_bf16(v) for v in (True, False, None, "auto", "AUTO", "true", "false")] == [
         True, False, False, "auto", "auto", True, False,
     ]  # fmt: skip
     with pytest.raises(ValueError, match="metrics.inference.bf16 must be true, false or auto"):
-        FaithfulnessConfig.from_mapping({"inference": {"bf16": "fast"}})
-    assert FaithfulnessConfig.from_mapping({"inference": {"bf16": "auto"}}).bf16 == "auto"
+        MetricsConfig.from_config({"ks": [1], "inference": {"bf16": "fast"}})
+    assert (
+        MetricsConfig.from_config({"ks": [1], "inference": {"bf16": "auto"}}).inference.bf16
+        == "auto"
+    )
     with pytest.raises(ValueError, match="bf16 must be true, false or auto, got 1"):
         build_method({"bf16": 1}, "lime")
 

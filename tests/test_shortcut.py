@@ -25,10 +25,10 @@ from saleval.shortcut.generate import (
     extend_vocabulary,
     prepare_source,
 )
-from saleval.shortcut.metrics import mean_rank, precision_at_k, rank_words
+from saleval.shortcut.metrics import mean_rank, precision_at_k
 from saleval.shortcut.report import published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, chance_accuracy, require, verify
-from saleval.words import segment
+from saleval.words import rank_words, segment
 
 TOKENIZER_CFG = {
     "_target_": "saleval.models.EmbeddedSource",
@@ -250,14 +250,9 @@ def test_precision_at_k_and_mean_rank_on_hand_made_rankings() -> None:
         mean_rank([[0, 1]], [[5]])
 
 
-def test_rank_words_breaks_ties_against_the_ground_truth() -> None:
-    assert rank_words([0.3, 0.9, 0.1]).tolist() == [1, 0, 2]
-    flat = np.zeros(5)
-    r = rank_words(flat, ground_truth=[0])
-    assert r.tolist() == [1, 2, 3, 4, 0]
+def test_a_flat_explanation_earns_no_credit_for_the_shortcut() -> None:
+    r = rank_words(np.zeros(5), ties="against", against=[0])  # the protocol's tie rule
     assert precision_at_k([r], [[0]]) == 0.0 and mean_rank([r], [[0]]) == 5.0
-    with pytest.raises(ValueError, match="non-finite"):
-        rank_words([0.1, np.nan])
 
 
 # --- verification ---------------------------------------------------------------------

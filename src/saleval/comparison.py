@@ -11,7 +11,9 @@ classifier's confidence and whether its prediction was right (Nguyen 2018,
 Classification", NAACL, https://aclanthology.org/N18-1097).
 
 Metric direction matters: for sufficiency, switching point and AOPC over the least
-important words *lower* is better. Method-level correlations compare *rankings*
+important words *lower* is better. Every direction comes from the metric's registration
+(:mod:`saleval.metrics_registry`); a metric of the table that nobody registered is named
+in the report's notes and a warning, not dropped silently. Method-level correlations compare *rankings*
 (rank 1 = best on both sides), so a positive correlation always means agreement.
 Instance-level statistics use the raw metric values; ``higher_is_better`` says how
 to read their sign.
@@ -30,25 +32,20 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from saleval import faithfulness as F
-from saleval import plausibility as P
+from saleval import metrics_registry
 
 log = logging.getLogger(__name__)
 
-HIGHER_IS_BETTER: dict[str, bool] = {
-    F.COMPREHENSIVENESS: True,
-    F.COMPREHENSIVENESS + F.KGRID_SUFFIX: True,
-    F.SUFFICIENCY: False,
-    F.SUFFICIENCY + F.KGRID_SUFFIX: False,
-    F.AOPC_MOST: True,
-    F.AOPC_LEAST: False,
-    F.SWITCHING_POINT: False,
-    F.LOG_ODDS_DROP: True,
-    P.AUPRC: True,
-    P.TOKEN_F1: True,
-    P.IOU_F1: True,
-}
-"""Direction of every metric the comparison knows; others (``no_switch``) are not ranked."""
+
+def metric_directions() -> dict[str, bool]:
+    """Direction (higher is better?) of every ranked metric name the registry knows.
+
+    Read from :mod:`saleval.metrics_registry` at call time, so a metric registered with
+    :func:`saleval.metrics_registry.register_metric` is compared like a built-in one;
+    diagnostics registered without a direction (``no_switch``) are not ranked.
+    """
+    return {m: d for m, d in metrics_registry.outputs().items() if d is not None}
+
 
 HumanScoreFn = Callable[[pd.DataFrame], pd.Series]
 
@@ -73,12 +70,21 @@ def split_column(column: str) -> tuple[str, str]:
 
 
 def higher_is_better(column: str) -> bool:
+    """The registered direction of a column's metric; unknown metrics fail naming it."""
     metric = split_column(column)[0]
-    if metric not in HIGHER_IS_BETTER:
+    directions = metric_directions()
+    if metric not in directions:
         raise ComparisonError(
-            f"metric {metric!r} has no known direction; known: {sorted(HIGHER_IS_BETTER)}"
+            f"metric {metric!r} has no registered direction (saleval.metrics_registry); "
+            f"known: {sorted(directions)}"
         )
-    return HIGHER_IS_BETTER[metric]
+    return directions[metric]
+
+
+def unplaced_metrics(metrics: pd.DataFrame) -> list[str]:
+    """Metrics of a table the comparison cannot rank: not registered, or without a direction."""
+    directions = metric_directions()
+    return [m for m in dict.fromkeys(metrics["metric"].astype(str)) if m not in directions]
 
 
 def select_columns(metrics: pd.DataFrame, which: str | Sequence[str] = "summary") -> list[str]:
@@ -89,7 +95,8 @@ def select_columns(metrics: pd.DataFrame, which: str | Sequence[str] = "summary"
     """
     k = metrics["k"].fillna("").astype(str)
     pairs = list(dict.fromkeys(zip(metrics["metric"].astype(str), k)))
-    known = [(m, kk) for m, kk in pairs if m in HIGHER_IS_BETTER]
+    directions = metric_directions()
+    known = [(m, kk) for m, kk in pairs if m in directions]
     available = [column_name(m, kk) for m, kk in known]
     if isinstance(which, str) and which == "all":
         return available
@@ -557,6 +564,15 @@ def compare(
     table = comparison_table(human, auto, cols)
     methods = list(table["method"])
     notes: list[str] = []
+    outputs = metrics_registry.outputs()
+    unknown = [m for m in unplaced_metrics(metrics) if m not in outputs]
+    if unknown:
+        msg = (
+            f"Not compared: metric(s) {', '.join(unknown)} of the metrics table have no "
+            "registered direction (register them with saleval.metrics_registry.register_metric)."
+        )
+        log.warning(msg)
+        notes.append(msg)
     rows: list[dict[str, Any]] = []
     for col in cols:
         r = rank_agreement(table["human_score"], table[col], higher_is_better(col))

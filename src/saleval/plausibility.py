@@ -17,16 +17,22 @@ Models", ACL, §4 (https://aclanthology.org/2020.acl-main.408).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from saleval.faithfulness import importance_order
+from saleval.metrics_registry import Metric, register_metric, registered
+from saleval.words import rank_words
 
 AUPRC = "auprc"
 TOKEN_F1 = "token_f1"
 IOU_F1 = "iou_f1"
+ERASER = (
+    'DeYoung et al. (2020), "ERASER: A Benchmark to Evaluate Rationalized NLP Models", '
+    "ACL, §4, https://aclanthology.org/2020.acl-main.408"
+)
 
 
 def rationale_word_mask(
@@ -44,7 +50,7 @@ def rationale_word_mask(
 
 def top_k_mask(scores: Sequence[float] | np.ndarray, k: int) -> np.ndarray:
     """The method's discrete rationale: its k highest-scoring words (ties in text order)."""
-    order = importance_order(scores)
+    order = rank_words(scores)
     mask = np.zeros(len(order), dtype=bool)
     mask[order[: max(0, int(k))]] = True
     return mask
@@ -128,21 +134,76 @@ def iou_f1(human: np.ndarray, predicted: np.ndarray, threshold: float = 0.5) -> 
     return float(2 * precision * recall / (precision + recall))
 
 
+class RationaleMetric(Metric):
+    """A plausibility metric: one value per text from the human rationale and the scores.
+
+    ``predicted`` is the method's discrete rationale (:func:`top_k_mask`).
+    """
+
+    kind = "plausibility"
+
+    @abc.abstractmethod
+    def score(
+        self, human: np.ndarray, scores: np.ndarray, predicted: np.ndarray, iou_threshold: float
+    ) -> float:
+        """The metric for one text."""
+
+
+@register_metric(
+    AUPRC,
+    higher_is_better=True,
+    citation=ERASER + ' ("soft scoring")',
+    description="average precision of the word scores against the rationale words",
+)
+class Auprc(RationaleMetric):
+    def score(
+        self, human: np.ndarray, scores: np.ndarray, predicted: np.ndarray, iou_threshold: float
+    ) -> float:
+        return auprc(human, scores)
+
+
+@register_metric(
+    TOKEN_F1,
+    higher_is_better=True,
+    citation=ERASER + ' ("token-level F1")',
+    description="F1 of the top-k words against the rationale words",
+)
+class TokenF1(RationaleMetric):
+    def score(
+        self, human: np.ndarray, scores: np.ndarray, predicted: np.ndarray, iou_threshold: float
+    ) -> float:
+        return token_f1(human, predicted)
+
+
+@register_metric(
+    IOU_F1,
+    higher_is_better=True,
+    citation=ERASER + ' ("IOU F1")',
+    description="F1 of top-k word spans matching rationale spans at IOU ≥ the threshold",
+)
+class IouF1(RationaleMetric):
+    def score(
+        self, human: np.ndarray, scores: np.ndarray, predicted: np.ndarray, iou_threshold: float
+    ) -> float:
+        return iou_f1(human, predicted, iou_threshold)
+
+
 def plausibility_scores(
     human: np.ndarray,
     scores: Sequence[float] | np.ndarray,
     top_k: int | None = None,
     iou_threshold: float = 0.5,
 ) -> dict[str, float]:
-    """AUPRC, token F1 and IOU F1 of one explanation against one human rationale.
+    """Every registered plausibility metric of one explanation against one human rationale.
 
     ``top_k`` None discretizes at as many words as the human rationale has.
     """
     human = np.asarray(human, dtype=bool)
+    scores = np.asarray(scores, dtype=np.float64)
     k = int(human.sum()) if top_k is None else int(top_k)
     pred = top_k_mask(scores, k)
     return {
-        AUPRC: auprc(human, scores),
-        TOKEN_F1: token_f1(human, pred),
-        IOU_F1: iou_f1(human, pred, iou_threshold),
+        m.info.name: m.score(human, scores, pred, iou_threshold)
+        for m in registered("plausibility")
+        if isinstance(m, RationaleMetric)
     }

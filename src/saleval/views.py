@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from saleval.attribution.base import top_k
+from saleval.words import rank_words
 
 
 def _ranked(attributions: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
-    """(sample_id, method) → word indices ordered by decreasing score (ties: text order)."""
+    """(sample_id, method) → word indices, most salient first (:func:`saleval.words.rank_words`)."""
     out: dict[tuple[str, str], np.ndarray] = {}
     df = attributions.sort_values(["sample_id", "word_index"], kind="stable")
     for (sid, method), g in df.groupby(["sample_id", "method"], sort=False):
         idx = g["word_index"].to_numpy()
-        out[(str(sid), str(method))] = idx[top_k(g["score"].to_numpy(), len(idx))]
+        out[(str(sid), str(method))] = idx[rank_words(g["score"].to_numpy())]
     return out
 
 

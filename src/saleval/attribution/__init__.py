@@ -9,7 +9,7 @@ Two entry points for the other stages:
     config group (a mapping with ``_target_`` naming a class of this package, or a
     registry name, plus its settings), or an already-built :class:`Attributor`.
 
-``explain_frame(model, tokenizer, df, methods, target="predicted", max_length=256, ...)``
+``explain_frame(model, tokenizer, df, methods, target="prediction", max_length=256, ...)``
     For a table with ``sample_id, text, label``: predictions and word attributions of
     every configured method, as frames matching ``tables.PREDICTIONS`` and
     ``tables.ATTRIBUTIONS`` (``method`` = the method's unique name: its key in
@@ -31,7 +31,6 @@ from saleval.attribution.base import (
     attribute_words,
     build_method,
     method_name,
-    top_k,
 )
 from saleval.attribution.frame import explain_frame
 from saleval.attribution.gradient import (
@@ -63,5 +62,4 @@ __all__ = [
     "build_method",
     "explain_frame",
     "method_name",
-    "top_k",
 ]

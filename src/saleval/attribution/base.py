@@ -1,7 +1,7 @@
 """The ``attribute`` protocol, the method registry and the one entry point other stages call.
 
 Shape of the protocol (Captum's, SPEC §3): an :class:`Attributor` is built from a
-method config — its *structural* settings (baseline, n_steps, perturbation, word
+method config — its *structural* settings (baseline, n_steps, removal, word
 reducer, batch size) go to the constructor — and is then called per batch with the
 model, tokenizer, segmented texts and target classes. Token-level methods
 (:class:`TokenAttributor`) return a ``(batch, tokens)`` tensor over a right-padded
@@ -85,12 +85,6 @@ def sample_rng(seed: int, text: str) -> np.random.Generator:
     """A generator seeded by (seed, sample): the same text gets the same draws in any batch."""
     digest = hashlib.sha256(text.encode("utf-8")).digest()
     return np.random.default_rng([int(seed), *np.frombuffer(digest[:16], dtype=np.uint32)])
-
-
-def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` highest scores; ties go to the earlier word (stable)."""
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
-    return order[: max(int(k), 0)]
 
 
 class Attributor(abc.ABC):

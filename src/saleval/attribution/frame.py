@@ -59,9 +59,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
 from saleval.inference import predict_proba
 from saleval.models import label_names_of
+from saleval.vocab import Target
 from saleval.words import Segmentation, segment
-
-TARGETS = ("predicted", "gold")
 
 #: one phase's per-batch function: example indices -> (one output per example, diagnostics)
 _BatchFn = Callable[[list[int]], tuple[list[Any], dict[str, list[float]]]]
@@ -170,8 +169,8 @@ def _phase(
     return results, diagnostics, time.perf_counter() - t0
 
 
-def _targets(probs: np.ndarray, labels: Sequence[int], target: str) -> list[int]:
-    return [int(x) for x in (probs.argmax(1) if target == "predicted" else labels)]
+def _targets(probs: np.ndarray, labels: Sequence[int], target: Target) -> list[int]:
+    return [int(x) for x in (probs.argmax(1) if target is Target.prediction else labels)]
 
 
 @dataclass
@@ -181,7 +180,7 @@ class _Job:
     tokenizer: PreTrainedTokenizerFast
     segs: list[Segmentation]
     labels: list[int]
-    target: str
+    target: Target
     batch_size: int
     methods: list[tuple[str, Attributor]]
     progress: bool = False
@@ -301,7 +300,7 @@ def explain_frame(
     tokenizer: PreTrainedTokenizerFast,
     df: pd.DataFrame,
     methods: Mapping[str, Attributor | str | Mapping[str, Any] | None],
-    target: str = "predicted",
+    target: Target | str = Target.prediction,
     max_length: int = 256,
     batch_size: int = 64,
     trainer: Mapping[str, Any] | L.Trainer | None = None,
@@ -312,8 +311,8 @@ def explain_frame(
     """Predictions and word attributions of every method for ``df(sample_id, text, label)``.
 
     ``methods``: name → method config (``conf/method`` entry, registry name or built
-    attributor; ``None`` disables that entry). ``target``: ``predicted`` (default) or
-    ``gold``. ``batch_size``: examples per prediction batch (methods batch by their own
+    attributor; ``None`` disables that entry). ``target``
+    (:class:`saleval.vocab.Target`): ``prediction`` (default) or ``gold``. ``batch_size``: examples per prediction batch (methods batch by their own
     ``batch_size``). ``trainer``: a ``conf/trainer`` mapping (see :func:`make_trainer`;
     ``devices`` > 1 shards the batches over DDP ranks), or a Trainer built with
     ``inference_mode=False`` and used as given, to run through Lightning's predict loop;
@@ -325,8 +324,12 @@ def explain_frame(
     ``target``) and ``tables.PREDICTIONS`` (``prob_<label name>``, ``n_words``, ``truncated``),
     the same on any number of devices.
     """
-    if target not in TARGETS:
-        raise AttributionError(f"target must be one of {TARGETS}, got {target!r}")
+    try:
+        target = Target(target)
+    except ValueError:
+        raise AttributionError(
+            f"target must be one of {[t.value for t in Target]}, got {target!r}"
+        ) from None
     _check_frame(df)
     sample_ids = df["sample_id"].astype(str).tolist()
     texts = df["text"].astype(str).tolist()

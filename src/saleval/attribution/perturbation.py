@@ -4,8 +4,9 @@ and the original crowd study's Captum-LIME over embedding values.
 Word-level perturbation always acts on token ids (:func:`saleval.words.perturb_ids`),
 never on decoded strings, so a word is removed exactly as segmented. The perturbed
 inputs of a whole batch of examples go through :func:`saleval.inference.predict_proba`
-at once, sorted by length under a token budget — ``erase`` shortens inputs, and
-sorting before batching is what makes that pay off (SPEC §3 facts).
+at once, sorted by length under a token budget — ``removal: delete`` shortens inputs,
+and sorting before batching is what makes that pay off (SPEC §3 facts). ``removal``
+(:class:`saleval.vocab.Removal`) is the word the faithfulness metrics use too.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from saleval.attribution.base import (
 )
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
 from saleval.inference import BF16, forward_logits, parse_bf16, use_bf16
+from saleval.vocab import Removal
 from saleval.words import Segmentation, perturb_ids
 
-PERTURBATIONS = {"erase": "delete", "unk": "unk", "mask": "mask"}
 DISTANCES = ("cosine", "euclidean")
 
 
@@ -51,18 +52,19 @@ class _Perturbation(Attributor):
     def __init__(
         self,
         *,
-        perturbation: str = "erase",
+        removal: Removal | str = Removal.delete,
         max_tokens: int = 16384,
         max_batch: int = 1024,
         bf16: BF16 = False,
         **kw: object,
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if perturbation not in PERTURBATIONS:
+        try:
+            self.removal = Removal(removal)
+        except ValueError:
             raise AttributionError(
-                f"perturbation must be one of {sorted(PERTURBATIONS)}, got {perturbation!r}"
-            )
-        self.perturbation = perturbation
+                f"removal must be one of {[r.value for r in Removal]}, got {removal!r}"
+            ) from None
         self.max_tokens = int(max_tokens)
         self.max_batch = int(max_batch)
         self.bf16 = parse_bf16(bf16)
@@ -105,7 +107,7 @@ class Lime(_Perturbation):
     """LIME (Ribeiro et al. 2016) over word presence, with the ``lime`` package's surrogate.
 
     Per example: ``num_samples`` neighbourhood rows (:func:`lime_neighbourhood`, row 0
-    the original), each removing words by ``perturbation`` (``erase`` drops the word's
+    the original), each removing words by ``removal`` (``delete`` drops the word's
     tokens, ``unk``/``mask`` replace them); distances are cosine distances to the
     original row × 100 and weights LIME's exponential kernel (width 25), as in
     ``LimeTextExplainer(bow=False)``; ``lime.lime_base.LimeBase`` fits its weighted
@@ -142,7 +144,7 @@ class Lime(_Perturbation):
         segs: Sequence[Segmentation],
         targets: Sequence[int],
     ) -> list[np.ndarray]:
-        mode = PERTURBATIONS[self.perturbation]
+        mode = self.removal
         neighbourhoods: list[np.ndarray] = []
         seqs: list[list[int]] = []
         for seg in segs:
@@ -186,7 +188,7 @@ class Lime(_Perturbation):
 class Occlusion(_Perturbation):
     """Leave-one-word-out ("word omission"): p(target | x) − p(target | x without w).
 
-    ``perturbation`` says how the word is removed (``erase`` default, ``unk``,
+    ``removal`` says how the word is removed (``delete`` default, ``unk``,
     ``mask``); ``output: logits`` uses the target logit instead of its probability.
     """
 
@@ -203,7 +205,7 @@ class Occlusion(_Perturbation):
         segs: Sequence[Segmentation],
         targets: Sequence[int],
     ) -> list[np.ndarray]:
-        mode = PERTURBATIONS[self.perturbation]
+        mode = self.removal
         seqs: list[list[int]] = []
         for seg in segs:
             seqs.append(list(seg.input_ids))

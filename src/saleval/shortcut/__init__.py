@@ -23,7 +23,7 @@ from saleval.shortcut.generate import (
     rule_from_config,
     synthesize,
 )
-from saleval.shortcut.metrics import mean_rank, precision_at_k, rank_words
+from saleval.shortcut.metrics import mean_rank, precision_at_k
 from saleval.shortcut.report import combine_runs, published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, VerificationReport, require, verify
 
@@ -42,7 +42,6 @@ __all__ = [
     "precision_at_k",
     "prepare_source",
     "published_table",
-    "rank_words",
     "require",
     "rule_from_config",
     "synthesize",

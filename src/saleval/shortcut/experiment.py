@@ -33,11 +33,11 @@ from saleval.shortcut.generate import (
     prepare_source,
     rule_from_config,
 )
-from saleval.shortcut.metrics import mean_rank, precision_at_k, rank_words
+from saleval.shortcut.metrics import mean_rank, precision_at_k
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
 from saleval.stage import fingerprint
 from saleval.training import TextDataModule, fit
-from saleval.words import segment
+from saleval.words import rank_words, segment
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ def score_method(
     """Per-example precision@k and rank of the ground truth for one method's scores."""
     prec, ranks = [], []
     for s, gt in zip(scores, ground_truth):
-        r = rank_words(s, gt)
+        r = rank_words(s, ties="against", against=gt)
         prec.append(precision_at_k([r], [gt]))
         ranks.append(mean_rank([r], [gt]))
     return prec, ranks

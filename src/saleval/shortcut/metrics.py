@@ -1,8 +1,10 @@
 """Does a saliency method find the planted shortcut? (SPEC §8; Bastings et al. 2022, §4).
 
-A *ranking* is a sequence of word indices, most important first. Ground truth is
-the set of word indices where the shortcut tokens were planted. Both metrics are
-averaged over examples; each is one pure function over rankings.
+A *ranking* is a sequence of word indices, most important first: here
+:func:`saleval.words.rank_words` with ``ties="against", against=<ground truth>``, so a
+tie earns a method no credit. Ground truth is the set of word indices where the
+shortcut tokens were planted. Both metrics are averaged over examples; each is one
+pure function over rankings.
 """
 
 from __future__ import annotations
@@ -10,31 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-
-def rank_words(
-    scores: Sequence[float] | np.ndarray, ground_truth: Sequence[int] = ()
-) -> np.ndarray:
-    """Word indices sorted by score, highest first; ties put ground-truth words last.
-
-    Breaking ties *against* the ground truth means a method gets no credit for a tie
-    (a constant explanation ranks the shortcut last, not first by luck of position).
-    Other ties keep text order.
-
-    >>> rank_words([0.1, 0.5, 0.5, 0.2], ground_truth=[1]).tolist()
-    [2, 1, 3, 0]
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 1:
-        raise ValueError(f"scores must be one score per word, got shape {s.shape}")
-    if not np.isfinite(s).all():
-        raise ValueError(
-            f"scores hold non-finite values at words {np.flatnonzero(~np.isfinite(s))}"
-        )
-    is_gt = np.zeros(len(s), dtype=bool)
-    is_gt[list(ground_truth)] = True
-    # lexsort: last key is primary
-    return np.lexsort((np.arange(len(s)), is_gt, -s))
 
 
 def _check(ranking: Sequence[int], truth: Sequence[int], i: int) -> tuple[list[int], set[int]]:

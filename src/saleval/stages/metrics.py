@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saleval import tables
 from saleval.faithfulness import (
     Explanation,
-    FaithfulnessConfig,
+    MetricsConfig,
     evaluate,
     explanations_from_tables,
     summarize,
@@ -81,13 +81,14 @@ def _warn_on_other_model(explain_dir: Path, model_dir: Path) -> None:
 
 
 def plausibility_rows(
-    explanations: list[Explanation], explain_cfg: DictConfig, cfg: DictConfig
+    explanations: list[Explanation], explain_cfg: DictConfig, cfg: DictConfig, mcfg: MetricsConfig
 ) -> pd.DataFrame | None:
-    """AUPRC, token F1, IOU F1 per explanation, when the dataset has human rationales."""
+    """The plausibility metrics (AUPRC, token F1, IOU F1) per explanation, when the dataset
+    has human rationales."""
     from saleval.data import load_dataset
     from saleval.plausibility import plausibility_scores, rationale_word_mask
 
-    pcfg = cfg.metrics.plausibility
+    pcfg = mcfg.plausibility
     enabled = str(pcfg.enabled).lower()
     if enabled == "false":
         return None
@@ -146,9 +147,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with open_dict(cfg):  # tracking is not part of the fingerprint
         cfg.tracking.experiment = cfg.tracking.experiment or f"saleval/{dataset}"
     tags = {"dataset": dataset, "model": model_name}
+    mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
     with Stage(cfg, "metrics", {"model": model_dir, "explain": explain_dir}, tags=tags) as st:
-        mcfg = cfg.metrics
-        fcfg = FaithfulnessConfig.from_mapping(OmegaConf.to_container(mcfg, resolve=True))
         model, tok = load_trained(st.inputs["model"], attn_implementation=None)
         preds = tables.PREDICTIONS.read(st.inputs["explain"])
         attrs = tables.ATTRIBUTIONS.read(st.inputs["explain"])
@@ -160,10 +160,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         explanations = explanations_from_tables(
             preds, attrs, tok, max_length, methods, where=str(tables.ATTRIBUTIONS.path(explain_dir))
         )
-        result = evaluate(model, tok, explanations, fcfg, progress=bool(cfg.get("progress", True)))
+        result = evaluate(model, tok, explanations, mcfg, progress=bool(cfg.get("progress", True)))
         _warn_on_prediction_mismatch(preds, result.full)
         per_example = result.per_example
-        plaus = plausibility_rows(explanations, explain_cfg, cfg)
+        plaus = plausibility_rows(explanations, explain_cfg, cfg, mcfg)
         if plaus is not None:
             per_example = pd.concat([per_example, plaus], ignore_index=True)
         summary = summarize(per_example)
@@ -173,7 +173,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_file(st.path(TIMINGS))
         st.log_metrics(mlflow_names(summary))
         st.log_metrics({f"seconds/{r.metric}": r.seconds for r in result.timings.itertuples()})
-        bf16 = use_bf16(next(model.parameters()).device, fcfg.bf16)  # what `auto` became
+        bf16 = use_bf16(next(model.parameters()).device, mcfg.inference.bf16)  # what `auto` became
         st.log_metrics(
             {
                 "n_forward": result.extra["n_forward"],

@@ -1,0 +1,147 @@
+"""The schema of the ``metrics`` config group (``conf/metrics/*.yaml``): every default once.
+
+:class:`MetricsConfig` is an OmegaConf structured config: composed through Hydra (the
+schema is stored in Hydra's ConfigStore as ``metrics/schema``, which
+``conf/metrics/default.yaml`` extends), a misspelt key or a bad ``removal`` fails when
+the config is composed, naming the key. The YAML files state only what differs from
+these defaults. Re-exported by :mod:`saleval.faithfulness`.
+
+This module imports no model code, so registering the schema costs nothing.
+
+>>> cfg = MetricsConfig.from_config({"ks": [2, 5], "switching": {"chunk": 4}})
+>>> cfg.ks, cfg.aopc_k, cfg.switching.chunk, cfg.removal
+([2, 5], 10, 4, <Removal.delete: 'delete'>)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import II, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from saleval.vocab import Removal
+
+ERASER_GRID: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
+"""ERASER's rationale bins, fractions of a text's words (DeYoung et al. 2020, §4)."""
+
+
+def n_words_for_fraction(fraction: float, n_words: int) -> int:
+    r"""Number of words that make up ``fraction`` of a text: :math:`\max(1, \lceil f n \rceil)`.
+
+    ERASER (DeYoung et al. 2020, §4) bins rationales at 1, 5, 10, 20, 50 % of the
+    tokens; rounding up keeps the 1 % bin non-empty on short texts.
+
+    >>> n_words_for_fraction(0.01, 40), n_words_for_fraction(0.5, 5)
+    (1, 3)
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"a fraction of words must lie in (0, 1), got {fraction}")
+    if n_words <= 0:
+        return 0
+    return max(1, math.ceil(fraction * n_words - 1e-9))
+
+
+@dataclass
+class SwitchingConfig:
+    """The switching-point walk (Nguyen 2018, §3.2)."""
+
+    chunk: int = 10  # deletions evaluated per round (one batched call per round)
+    max_fraction: float = 1.0  # stop after deleting this fraction; unchanged class -> 1.0
+
+
+@dataclass
+class InferenceConfig:
+    """Batched forward passes (:func:`saleval.inference.predict_proba`)."""
+
+    max_tokens: int = 8192  # padded tokens per batch (length-sorted batches)
+    max_batch: int = 512
+    # true | false | auto: bf16 autocast only where the hardware has it (GPU, AMX/AVX512-BF16
+    # CPU; emulated bf16 is ~8x slower, saleval.inference.use_bf16). A str: OmegaConf has no
+    # bool | str type; "true"/"false" parse as the booleans.
+    bf16: str = "false"
+
+
+@dataclass
+class PlausibilityConfig:
+    """Agreement with human rationales (ERASER), on datasets that have them."""
+
+    enabled: str = "auto"  # auto: when the dataset has human rationales; true | false
+    top_k: int | None = None  # discrete rationale = top-k words; None: as many as the human one
+    iou_threshold: float = 0.5  # IOU F1 match threshold (ERASER)
+
+
+@dataclass
+class MetricsConfig:
+    """What :func:`saleval.faithfulness.evaluate` and ``saleval-metrics`` compute."""
+
+    name: str = "default"
+    # delete | mask | unk: how a removed word's tokens go, always on ids (as LIME/occlusion)
+    removal: Removal = Removal.delete
+    # comprehensiveness/sufficiency per k words: the crowd k-grid by default
+    ks: list[int] = II("kgrid.ks")  # type: ignore[assignment]  # noqa: RUF009
+    # ERASER bins (fractions of words): per bin, then averaged (k "")
+    eraser_grid: list[float] = field(default_factory=lambda: list(ERASER_GRID))
+    aopc_k: int = 10  # AOPC over the first K deletions
+    log_odds_fraction: float = 0.2  # log-odds drop after removing this fraction of the words
+    # sufficiency keeps only the top-k words (+ [CLS]/[SEP]) and no punctuation: what a
+    # crowd worker sees
+    sufficiency_keep_other: bool = False
+    switching: SwitchingConfig = field(default_factory=SwitchingConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    plausibility: PlausibilityConfig = field(default_factory=PlausibilityConfig)
+    methods: list[str] | None = None  # None: every method of the explain run
+    max_samples: int | None = None  # None: every explained sample; else the first N by id
+
+    def __post_init__(self) -> None:
+        self.removal = Removal(self.removal)
+        if isinstance(self.ks, str):
+            raise ValueError(
+                f"metrics.ks is {self.ks!r}, unresolved: compose it with a kgrid group or pass ks"
+            )
+        self.ks = [int(k) for k in self.ks]
+        self.eraser_grid = [float(f) for f in self.eraser_grid]
+        if any(k < 1 for k in self.ks):
+            raise ValueError(f"metrics.ks must be positive word counts, got {self.ks}")
+        for f in (*self.eraser_grid, self.log_odds_fraction):
+            n_words_for_fraction(f, 1)  # validates 0 < f < 1
+        if self.aopc_k < 1 or self.switching.chunk < 1:
+            raise ValueError("metrics.aopc_k and metrics.switching.chunk must be ≥ 1")
+        if not 0 < self.switching.max_fraction <= 1:
+            raise ValueError("metrics.switching.max_fraction must lie in (0, 1]")
+        for key, value in (
+            ("inference.bf16", self.inference.bf16),
+            ("plausibility.enabled", self.plausibility.enabled),
+        ):
+            if str(value).lower() not in ("auto", "true", "false"):
+                raise ValueError(f"metrics.{key} must be true, false or auto, got {value!r}")
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any] | DictConfig) -> MetricsConfig:
+        """Validate a ``metrics`` node against the schema; an unknown key fails naming it.
+
+        A node of a composed config is resolved first (``ks: ${kgrid.ks}`` points into it).
+        """
+        try:
+            if isinstance(node, DictConfig):
+                node = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
+            merged = OmegaConf.merge(OmegaConf.structured(cls), node)
+            obj = OmegaConf.to_object(merged)
+        except OmegaConfBaseException as err:
+            key = getattr(err, "full_key", None) or ""
+            raise ValueError(
+                f"metrics config{f', key {key!r}' if key else ''}: {str(err).splitlines()[0]} "
+                "(see saleval.metrics_config.MetricsConfig for the keys and their types)"
+            ) from None
+        assert isinstance(obj, cls)
+        return obj
+
+
+def store_schema() -> None:
+    """Store :class:`MetricsConfig` as ``metrics/schema`` in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="metrics", name="schema", node=MetricsConfig)

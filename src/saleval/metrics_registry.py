@@ -1,0 +1,124 @@
+"""The registry of automated metrics: one declaration per metric, read by every consumer.
+
+A metric declares, once, its name, its direction (higher is better or not), the paper
+it comes from, and every name it writes to ``metrics.csv`` (e.g. comprehensiveness also
+writes ``comprehensiveness_kgrid``; the switching point writes the diagnostic
+``no_switch``, which has no direction). :func:`saleval.faithfulness.evaluate` runs every
+registered ``faithfulness`` metric over one shared probability cache;
+:func:`saleval.plausibility.plausibility_scores` runs the ``plausibility`` ones; the
+comparison with the crowd takes each metric's direction from here and names, rather than
+drops, any metric of a table that nobody registered. The manner is that of Hugging Face
+``evaluate`` (``_info`` + ``_compute``) and Inseq's step functions.
+
+Register a metric with :func:`register_metric` on a subclass of
+:class:`saleval.faithfulness.PerturbationMetric` (it declares the perturbed sequences it
+needs and reduces their probabilities to rows) or of
+:class:`saleval.plausibility.RationaleMetric`.
+
+>>> direction("sufficiency"), direction("comprehensiveness_kgrid"), direction("no_switch")
+(False, True, None)
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
+
+KINDS = ("faithfulness", "plausibility")
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """What a metric is: its name, direction, source and the names it writes."""
+
+    name: str
+    higher_is_better: bool
+    citation: str
+    description: str = ""
+    #: further names the metric writes, each with its direction (None: a diagnostic, not ranked)
+    extra_outputs: Mapping[str, bool | None] = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> dict[str, bool | None]:
+        """Every name this metric writes to ``metrics.csv``, with its direction."""
+        return {self.name: self.higher_is_better, **dict(self.extra_outputs)}
+
+
+class Metric(abc.ABC):
+    """Base of every registered metric; ``info`` is set by :func:`register_metric`."""
+
+    #: ``faithfulness`` (computed from the model's probabilities by ``evaluate``) or
+    #: ``plausibility`` (computed against human rationales)
+    kind: ClassVar[str] = "faithfulness"
+    info: ClassVar[MetricInfo]
+
+
+_REGISTRY: dict[str, Metric] = {}
+_BUILTINS_LOADED = False
+
+M = TypeVar("M", bound=type[Metric])
+
+
+def register_metric(
+    name: str,
+    *,
+    higher_is_better: bool,
+    citation: str,
+    description: str = "",
+    extra_outputs: Mapping[str, bool | None] | None = None,
+) -> Callable[[M], M]:
+    """Class decorator: register a :class:`Metric` subclass (built with no arguments).
+
+    Registration order is run order (the built-ins first), so the probability cache
+    serves later metrics from earlier ones' sequences. A name (or output name) already
+    taken by another metric fails.
+    """
+
+    def deco(cls: M) -> M:
+        if cls.kind not in KINDS:
+            raise ValueError(f"metric {name}: kind must be one of {KINDS}, got {cls.kind!r}")
+        info = MetricInfo(name, bool(higher_is_better), citation, description, extra_outputs or {})
+        taken = {out: m.info.name for m in _REGISTRY.values() for out in m.info.outputs}
+        clash = sorted(o for o in info.outputs if o in taken and taken[o] != name)
+        if clash:
+            raise ValueError(f"metric {name}: output name(s) {clash} already registered")
+        cls.info = info
+        _REGISTRY[name] = cls()
+        return cls
+
+    return deco
+
+
+def unregister_metric(name: str) -> None:
+    """Remove a registered metric (tests, experiments)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load_builtins() -> None:
+    """Import the modules that register the built-in metrics."""
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        import saleval.faithfulness
+        import saleval.plausibility  # noqa: F401
+
+
+def registered(kind: str | None = None) -> list[Metric]:
+    """The registered metrics (of one ``kind``), in registration order."""
+    _load_builtins()
+    return [m for m in _REGISTRY.values() if kind is None or m.kind == kind]
+
+
+def outputs() -> dict[str, bool | None]:
+    """Every metric name any registered metric writes, with its direction."""
+    return {o: d for m in registered() for o, d in m.info.outputs.items()}
+
+
+def direction(name: str) -> bool | None:
+    """Whether higher ``name`` is better (None: a diagnostic); KeyError when unregistered."""
+    out = outputs()
+    if name not in out:
+        raise KeyError(f"metric {name!r} is not registered; registered: {sorted(out)}")
+    return out[name]
