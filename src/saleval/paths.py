@@ -25,9 +25,6 @@ def project_root() -> Path:
 
 def conf_dir() -> Path:
     """Hydra config tree: the repo's ``conf/`` or the copy packed into a wheel."""
-    from saleval.metrics_config import store_schema
-
-    store_schema()  # conf/metrics/default.yaml extends metrics/schema
     packed = _PKG_DIR / "conf"
     if packed.is_dir():
         return packed

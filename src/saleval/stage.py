@@ -37,9 +37,8 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import saleval.crowd.config  # noqa: F401  (registers the crowd config schemas with Hydra)
 from saleval import paths, tracking
-from saleval.config import register_configs
+from saleval.config import DatasetConfig, register_configs
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
@@ -187,9 +186,11 @@ class Stage:
         inputs: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
         inherits: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
+        requires: Sequence[str] = (),
     ) -> None:
         """``inherits``: the provenance fields this stage takes from its parents (names,
-        or field → input names); None: every field from every parent."""
+        or field → input names); None: every field from every parent. ``requires``: fields
+        that must be known once inherited (given or adopted), else it fails before starting."""
         self.cfg = cfg
         self.stage = stage
         self.run_dir = _run_dir_of(cfg).resolve()
@@ -203,14 +204,25 @@ class Stage:
         self.parent_configs: dict[str, DictConfig] = {
             k: read_run_config(p) for k, p in self.inputs.items()
         }
+        #: each parent's provenance record (saleval.provenance)
+        self.parent_provenance: dict[str, Provenance] = {
+            k: Provenance.of_run(p, self.parents[k]) for k, p in self.inputs.items()
+        }
         self.provenance: Provenance = resolve(
             Provenance.from_config(cfg),
-            {k: Provenance.of_run(p, self.parents[k]) for k, p in self.inputs.items()},
+            self.parent_provenance,
             {k: str(p) for k, p in self.inputs.items()},
             inherits,
         )
         if (tags or {}).get("simulated") == "true":
             self.provenance = dataclasses.replace(self.provenance, simulated=True)
+        unknown = [f for f in requires if getattr(self.provenance, f) is None]
+        if unknown:
+            where = ", ".join(f"inputs.{k}={p}" for k, p in self.inputs.items()) or "no inputs"
+            raise ProvenanceError(
+                f"saleval-{stage}: no {' or '.join(unknown)} is given and none is recorded by "
+                f"{where}; pass " + " ".join(f"{f}=<name>" for f in unknown)
+            )
         self._adopt_dataset()
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
@@ -233,11 +245,19 @@ class Stage:
         for parent in self.parent_configs.values():
             node = OmegaConf.select(parent, "dataset", default=None)
             if node is not None and str(node.get("name")) == name:
-                node = OmegaConf.create(OmegaConf.to_container(node, resolve=False))
+                plain = OmegaConf.to_container(node, resolve=False)
+                assert isinstance(plain, dict)
                 if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None:
-                    node.data_root = "${paths.data_root}"  # where the files sit here
+                    plain["data_root"] = "${paths.data_root}"  # where the files sit here
+                try:  # typed: a recorded node is checked against today's schema
+                    typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
+                except Exception as err:
+                    raise ProvenanceError(
+                        f"the dataset config recorded by an input run cannot be read with "
+                        f"this version of saleval ({err}); pass dataset={name}"
+                    ) from err
                 with open_dict(self.cfg):
-                    self.cfg.dataset = node
+                    self.cfg.dataset = typed
                 return
         raise ProvenanceError(
             f"the inputs are about dataset {name!r} but none of their config.yaml files holds "
@@ -259,8 +279,8 @@ class Stage:
             return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-        dataset = str(OmegaConf.select(self.cfg, "dataset.name", default="none"))
-        model = str(OmegaConf.select(self.cfg, "model.name", default="none"))
+        dataset = str(self.provenance.dataset or "none")
+        model = str(self.provenance.model or "none")
         experiment = str(
             OmegaConf.select(self.cfg, "tracking.experiment", default=None) or f"saleval/{dataset}"
         )

@@ -403,3 +403,7 @@ ALL: dict[str, TableSpec] = {
         SHORTCUT_RESULTS,
     )
 }
+
+
+#: the import stage's report (hashes, counts, filters, agreement); JSON, read by score
+IMPORT_REPORT = "import_report.json"

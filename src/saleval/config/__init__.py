@@ -34,6 +34,8 @@ from saleval.config.trainer import (
     Scheduler,
     TrainerConfig,
 )
+from saleval.crowd.config import register_schemas as crowd_schemas
+from saleval.metrics_config import store_schema as metrics_schema
 
 __all__ = [
     "AnnotateAction",
@@ -90,11 +92,16 @@ _registered = False
 
 
 def register_configs() -> None:
-    """Store every root schema in Hydra's ConfigStore (once per process)."""
+    """Store every schema in Hydra's ConfigStore (once per process): the stage roots here,
+    the group schemas the YAML defaults lists name (``metrics/schema``,
+    ``study/study_schema``, ``simulation/simulation_schema``, ``crowd/answers_schema``,
+    ``crowd/lu2024_schema``) from the modules that own them."""
     global _registered
     if _registered:
         return
     cs = ConfigStore.instance()
     for name, schema in ROOTS.items():
         cs.store(name=name, node=schema)
+    crowd_schemas()
+    metrics_schema()
     _registered = True

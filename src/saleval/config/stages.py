@@ -19,6 +19,8 @@ from saleval.config.model import ModelConfig
 from saleval.config.profile import ProfileConfig
 from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
+from saleval.crowd.config import SimulationConfig, StudyConfig
+from saleval.metrics_config import MetricsConfig
 from saleval.vocab import Population, Target
 
 
@@ -70,9 +72,10 @@ class ExplainView:
 
 @dataclass
 class ExplainStageConfig(StageConfig):
-    dataset: DatasetConfig = MISSING
+    dataset: DatasetConfig | None = None  # null: the train run's (saleval.provenance)
     trainer: TrainerConfig = MISSING
-    method: Any = None  # schema: owned by the method helper, wired at merge
+    # method key -> settings with ``_target_``: each class checks its own keyword arguments
+    method: Any = None
     inputs: ExplainInputs = field(default_factory=ExplainInputs)
     data: ExplainData = field(default_factory=ExplainData)
     target: Target = Target.prediction  # the class each explanation is for
@@ -92,8 +95,8 @@ class TasksInputs:
 
 @dataclass
 class TasksStageConfig(StageConfig):
-    dataset: DatasetConfig = MISSING
-    study: Any = None  # schema: owned by the crowd helper, wired at merge
+    dataset: DatasetConfig | None = None  # null: the explain run's (saleval.provenance)
+    study: StudyConfig = MISSING
     kgrid: KGridConfig = MISSING
     inputs: TasksInputs = field(default_factory=TasksInputs)
 
@@ -105,8 +108,8 @@ class TaskRunInputs:
 
 @dataclass
 class SimulateStageConfig(StageConfig):
-    dataset: DatasetConfig = MISSING
-    simulation: Any = None  # schema: owned by the crowd helper, wired at merge
+    dataset: DatasetConfig | None = None  # null: the task run's (saleval.provenance)
+    simulation: SimulationConfig = MISSING
     inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
 
 
@@ -115,7 +118,7 @@ class AnnotateStageConfig(StageConfig):
     action: AnnotateAction = AnnotateAction.serve
     inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
-    dataset: Any = None  # set by the stage from the task run's config
+    dataset: DatasetConfig | None = None  # null: the task run's (saleval.provenance)
 
 
 @dataclass
@@ -127,7 +130,9 @@ class ImportInputs:
 @dataclass
 class ImportStageConfig(StageConfig):
     dataset: DatasetConfig | None = None  # null: the task run's dataset
-    crowd: Any = None  # schema: owned by the crowd helper, wired at merge
+    # answers (AnswersCrowdConfig) or a published file (PublishedCrowdConfig): OmegaConf has
+    # no unions, so each crowd/*.yaml names its schema in its defaults list instead
+    crowd: Any = None
     inputs: ImportInputs = field(default_factory=ImportInputs)
 
 
@@ -157,7 +162,9 @@ class ScoreInputs:
 @dataclass
 class ScoreStageConfig(StageConfig):
     dataset: DatasetConfig | None = None  # null: the import run's dataset
-    crowd: Any = None  # schema: owned by the crowd helper, wired at merge
+    # answers (AnswersCrowdConfig) or a published file (PublishedCrowdConfig): OmegaConf has
+    # no unions, so each crowd/*.yaml names its schema in its defaults list instead
+    crowd: Any = None
     inputs: ScoreInputs = field(default_factory=ScoreInputs)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
@@ -171,7 +178,7 @@ class MetricsInputs:
 @dataclass
 class MetricsStageConfig(StageConfig):
     kgrid: KGridConfig = MISSING
-    metrics: Any = None  # schema: owned by the metrics helper, wired at merge
+    metrics: MetricsConfig = MISSING
     dataset: DatasetConfig | None = None  # null: the explain run's dataset
     model: ModelConfig | None = None  # null: the train run's model
     progress: bool = True
@@ -208,7 +215,8 @@ class ShortcutStageConfig(StageConfig):
     model: ModelConfig = MISSING
     trainer: TrainerConfig = MISSING
     shortcut: ShortcutConfig = MISSING
-    method: Any = None  # schema: owned by the method helper, wired at merge
+    # method key -> settings with ``_target_``: each class checks its own keyword arguments
+    method: Any = None
     inputs: dict[str, str] = field(default_factory=dict)  # no parents
     label_map: list[int] | None = None  # source class → 0/1 (-1 drops it)
     explain: ShortcutExplainConfig = field(default_factory=ShortcutExplainConfig)

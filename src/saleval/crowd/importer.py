@@ -129,6 +129,22 @@ class PublishedSource(PublishedCrowdConfig):
 
     format: ClassVar[str] = "lu2024"
 
+    def file(self, dataset: str | None) -> Path:
+        """The published file, checked: it needs ``crowd.path`` and a dataset (for the label
+        names); the errors say which is missing and how to give it."""
+        if not self.path:
+            raise CrowdImportError(
+                "crowd=lu2024 needs crowd.path=<data root>/published/lu2024/<IMDB|AGNEWS>.csv"
+            )
+        if dataset is None:
+            raise CrowdImportError(
+                "crowd=lu2024 needs dataset=imdb or dataset=ag_news (for the label names)"
+            )
+        path = Path(str(self.path)).expanduser()
+        if not path.is_file():
+            raise CrowdImportError(f"crowd.path={path}: file not found")
+        return path.resolve()
+
     def import_(self, path: str | Path, label_names: Sequence[str], dataset: str) -> CrowdImport:
         """Read and check the published file (``path`` overrides ``crowd.path``)."""
         aggregated, rejects, info = read_lu2024(path, label_names, dataset, self.methods)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from saleval import tables
 from saleval.annotate.app import AppSettings, create_app
@@ -39,11 +39,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     study = load_study(resolve_input("tasks", cfg.inputs.tasks))
     token = cfg.annotate.admin_token
     cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):  # the dataset is the task set's; the token stays out of the record
-        cfg.dataset = OmegaConf.load(study.tasks_dir / "config.yaml").dataset
+    with open_dict(cfg):  # the token stays out of the record
         cfg.annotate.admin_token = None if token is None else "<redacted>"
     db = Path(str(cfg.annotate.db))
-    with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}) as st:
+    # the dataset (and study) are the task set's: adopted by the provenance rule
+    with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}, requires=["dataset"]) as st:
         st.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
         if action == AnnotateAction.export:
             if not db.is_file():

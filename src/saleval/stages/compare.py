@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from saleval import comparison, scoring, tables
-from saleval.stage import Stage, hydra_main, read_run_info, resolve_input
+from saleval.stage import Stage, hydra_main, read_run_info
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +40,6 @@ def ancestry(run_dir: Path) -> dict[str, Path]:
         out[stage] = d
         todo += [Path(p) for p in (info.get("parent_dirs") or {}).values() if Path(p).is_dir()]
     return out
-
-
-def is_simulated(runs: dict[str, Path]) -> bool:
-    return any(str(read_run_info(d).get("simulated", "")).lower() == "true" for d in runs.values())
-
-
-def dataset_of(runs: dict[str, Path]) -> str | None:
-    """The dataset named in the nearest config.yaml of a chain."""
-    for d in runs.values():
-        path = d / "config.yaml"
-        if path.is_file():
-            name = OmegaConf.select(OmegaConf.load(path), "dataset.name", default=None)
-            if name:
-                return str(name)
-    return None
 
 
 def find_table(spec: tables.TableSpec, runs: dict[str, Path]) -> Path | None:
@@ -85,32 +70,26 @@ def human_score_fn(A: np.ndarray) -> np.ndarray:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    score_dir = resolve_input("score", cfg.inputs.score)
-    metrics_dir = resolve_input("metrics", cfg.inputs.metrics)
-    human_runs, auto_runs = ancestry(score_dir), ancestry(metrics_dir)
-    h_data, a_data = dataset_of(human_runs), dataset_of(auto_runs)
-    given = OmegaConf.select(cfg, "dataset.name", default=None)
-    names = {n for n in (h_data, a_data, given) if n}
-    if len(names) > 1:
-        raise ValueError(
-            f"the score run ({score_dir}: dataset {h_data}) and the metrics run "
-            f"({metrics_dir}: dataset {a_data}) are not about one dataset"
-            + (f" (dataset={given} given)" if given else "")
+    # both chains must be about one dataset (and one model, where both name one): the
+    # provenance rule fails naming both runs otherwise
+    inputs = {"score": cfg.inputs.score, "metrics": cfg.inputs.metrics}
+    inherits = ("dataset", "model", "target", "population")
+    with Stage(cfg, "compare", inputs, inherits=inherits, requires=["dataset"]) as st:
+        score_dir, metrics_dir = st.inputs["score"], st.inputs["metrics"]
+        human_runs, auto_runs = ancestry(score_dir), ancestry(metrics_dir)
+        dataset = str(st.provenance.dataset)
+        simulated = st.provenance.simulated
+        links = {
+            f"link.{stage}": str(read_run_info(d).get("run_id", ""))
+            for stage, d in {**auto_runs, **human_runs}.items()
+        }
+        st.set_tags(
+            {
+                "human_run": links.get("link.score", ""),
+                "automated_run": str(st.parents["metrics"].get("run_id", "")),
+                **links,
+            }
         )
-    dataset = names.pop() if names else "unknown"
-    simulated = is_simulated(human_runs) or is_simulated(auto_runs)
-    links = {
-        f"link.{stage}": str(read_run_info(d).get("run_id", ""))
-        for stage, d in {**auto_runs, **human_runs}.items()
-    }
-    tags = {"dataset": dataset, "human_run": links.get("link.score", ""), **links}
-    tags["automated_run"] = str(read_run_info(metrics_dir).get("run_id", ""))
-    if simulated:
-        tags["simulated"] = "true"
-    with open_dict(cfg):  # tracking is not part of the fingerprint
-        cfg.tracking.experiment = cfg.tracking.experiment or f"saleval/{dataset}"
-    inputs = {"score": score_dir, "metrics": metrics_dir}
-    with Stage(cfg, "compare", inputs, tags=tags) as st:
         ccfg = cfg.compare
         scores = tables.SCORES.read(score_dir)
         human = scores.set_index(scores["method"].astype(str))["score"].astype(float)

@@ -14,16 +14,14 @@ convergence deltas, and the views (``views/highlights.html``, ``views/overlap.cs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from saleval import tables, views
 from saleval.attribution import explain_frame
-from saleval.attribution.frame import TARGETS as FRAME_TARGETS
 from saleval.data import DataError, load_dataset
 from saleval.inference import predict_proba
 from saleval.models import label_names_of, load_trained
@@ -79,23 +77,6 @@ def filter_population(
     return df[right if population == Population.correct else ~right].reset_index(drop=True)
 
 
-def _frame_target(target: Target) -> str:
-    """The spelling :func:`saleval.attribution.explain_frame` accepts for ``target``.
-
-    Until the attribution side takes ``prediction`` (vocab.Target), it spells it
-    ``predicted``; this translation goes away at merge.
-    """
-    value = Target(target).value
-    return value if value in FRAME_TARGETS else {"prediction": "predicted"}[value]
-
-
-def _parent_model_cfg(run_dir: Path) -> Mapping[str, Any]:
-    """The train run's ``model`` node (name, max_length), as it recorded it."""
-    path = run_dir / "config.yaml"
-    recorded = OmegaConf.load(path) if path.is_file() else None
-    return (recorded.get("model") or {}) if isinstance(recorded, DictConfig) else {}
-
-
 def _metrics(
     timings: Mapping[str, Mapping[str, float]], diag: Mapping[str, Any]
 ) -> dict[str, float]:
@@ -110,17 +91,21 @@ def _metrics(
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    with Stage(cfg, "explain", inputs={"model": cfg.inputs.model}) as st:
+    # the dataset and the model's name come from the train run unless given (checked then)
+    inherits = ("dataset", "model")
+    with Stage(
+        cfg, "explain", {"model": cfg.inputs.model}, inherits=inherits, requires=["dataset"]
+    ) as st:
         model, tokenizer = load_trained(st.inputs["model"])
-        parent = _parent_model_cfg(st.inputs["model"])
-        st.set_tags({"model": str(parent.get("name", "unknown"))})
         data = load_dataset(cfg.dataset)
         if list(data.label_names) != label_names_of(model):
             raise DataError(
                 f"dataset {cfg.dataset.name} labels {data.label_names} != the model's "
                 f"{label_names_of(model)} (inputs.model={cfg.inputs.model})"
             )
-        max_length = int(cfg.max_length or parent.get("max_length", 256))
+        # the explain run's own choice, recorded so the metrics re-segment the same way
+        max_length = int(cfg.max_length or st.parent_provenance["model"].max_length or 256)
+        st.provide(max_length=max_length)
         pool = filter_population(
             model, tokenizer, data[cfg.data.split], cfg.data.population, max_length
         )
@@ -130,7 +115,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
         attributions, predictions = explain_frame(
-            model, tokenizer, df, dict(cfg.method), target=_frame_target(cfg.target),
+            model, tokenizer, df, dict(cfg.method), target=Target(cfg.target),
             max_length=max_length,
             batch_size=int(cfg.batch_size), trainer=cfg.trainer,
             progress=bool(cfg.progress), timings=timings, diagnostics=diag,

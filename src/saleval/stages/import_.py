@@ -22,25 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
-from saleval.config import DatasetConfig
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.long_format import ANSWER_FILE
 from saleval.crowd.reading import CrowdImport, sha256_file
-from saleval.stage import RUN_JSON, InputError, Stage, hydra_main, resolve_input
+from saleval.stage import RUN_JSON, InputError, Stage, given_input, hydra_main, resolve_input
+from saleval.vocab import Population, Target
 
-REPORT_FILE = "import_report.json"
+REPORT_FILE = tables.IMPORT_REPORT
 FILTERED_FILE = "filtered.csv"
-
-
-def given_input(cfg: DictConfig, key: str) -> str | None:
-    """``inputs.<key>`` as a string, or None when left at ``???``/null."""
-    if OmegaConf.is_missing(cfg.inputs, key):
-        return None
-    value = OmegaConf.select(cfg, f"inputs.{key}")
-    return None if value in (None, "", "None") else str(value)
 
 
 def answers_source(spec: str) -> tuple[Path, str | None]:
@@ -57,36 +49,14 @@ def answers_source(spec: str) -> tuple[Path, str | None]:
     raise InputError(f"inputs.answers={spec}: no such file or directory")
 
 
-def adopt_dataset(cfg: DictConfig, run_dir: str | Path) -> list[str]:
-    """Take the dataset config of a parent run unless one was given (then they must agree)."""
-    parent = OmegaConf.load(Path(run_dir, "config.yaml"))
-    theirs = OmegaConf.select(parent, "dataset")
-    ours = OmegaConf.select(cfg, "dataset")
-    if ours is None and theirs is None:
-        raise InputError(f"{run_dir}: its config.yaml names no dataset; pass dataset=<name>")
-    if ours is None:
-        with open_dict(cfg):  # typed: the run's dataset node is checked against the schema
-            cfg.dataset = OmegaConf.merge(OmegaConf.structured(DatasetConfig), theirs)
-    elif theirs is not None and list(ours.label_names) != list(theirs.label_names):
-        raise InputError(
-            f"dataset={ours.name} has labels {list(ours.label_names)} but the run {run_dir} "
-            f"used {theirs.name} with labels {list(theirs.label_names)}"
-        )
-    return [str(n) for n in cfg.dataset.label_names]
-
-
-def study_of(tasks_dir: Path, tasks: pd.DataFrame) -> dict[str, str]:
-    """Target (gold | prediction) and population (correct | misclassified) of a task run."""
-    tcfg = OmegaConf.load(tasks_dir / "config.yaml")
-    target = OmegaConf.select(tcfg, "study.target", default=None)
-    if "target" in tasks and tasks["target"].notna().any():
-        target = str(tasks["target"].dropna().iloc[0])
-    population = OmegaConf.select(tcfg, "study.population", default=None)
-    if population is None and {"gold_label", "pred"} <= set(tasks.columns):
-        t = tasks.dropna(subset=["gold_label", "pred"])
-        if len(t) and (t["gold_label"] != t["pred"]).all():
-            population = "misclassified"
-    return {"target": str(target or "gold"), "population": str(population or "correct")}
+def study_record(st: Stage) -> dict[str, str]:
+    """The study's target and population as the import report records them (from the
+    run's provenance; a study that names neither is the main one: gold, correct)."""
+    prov = st.provenance
+    return {
+        "target": str(prov.target or Target.gold),
+        "population": str(prov.population or Population.correct),
+    }
 
 
 def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, Any]:
@@ -143,12 +113,13 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
             "run dir> (or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
         )
     answers_file, answers_run = answers_source(answers_spec)
-    tasks_dir = resolve_input("tasks", tasks_spec)
-    label_names = adopt_dataset(cfg, tasks_dir)
     digest = sha256_file(answers_file) if answers_file.is_file() else ""
-    inputs = {"tasks": str(tasks_dir), **({"answers": answers_run} if answers_run else {})}
+    inputs = {"tasks": tasks_spec, **({"answers": answers_run} if answers_run else {})}
     tags = {"answers_path": str(answers_file), "answers_sha256": digest}
-    with Stage(cfg, "import", inputs=inputs, tags=tags) as st:
+    # dataset, study target and population come from the task run (and a simulate run)
+    with Stage(cfg, "import", inputs=inputs, tags=tags, requires=["dataset"]) as st:
+        tasks_dir = st.inputs["tasks"]
+        label_names = [str(n) for n in cfg.dataset.label_names]
         tracking.log_params({"source.path": str(answers_file), "source.sha256": digest})
         tasks = tables.TASKS.read(tasks_dir)
         bundles_path = tables.BUNDLES.path(tasks_dir)
@@ -157,7 +128,7 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
         expert = pd.read_csv(expert_path, dtype=str, keep_default_na=False) if expert_path else None
         result = source.import_(answers_file, tasks, bundles, label_names, expert=expert)
         if result.report.pop("simulated_column", False):
-            st.set_tags({"simulated": "true"})
+            st.provide(simulated=True)
         result.report.update(
             dataset=str(cfg.dataset.name),
             source={"path": str(answers_file), "sha256": digest},
@@ -165,38 +136,27 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
                 "path": str(tables.TASKS.path(tasks_dir)),
                 "sha256": sha256_file(tables.TASKS.path(tasks_dir)),
             },
-            study=study_of(tasks_dir, tasks),
+            study=study_record(st),
         )
-        return write_outputs(st, result, st.tags.get("simulated") == "true")
+        return write_outputs(st, result, st.provenance.simulated)
 
 
 def _run_published(cfg: DictConfig, source: PublishedSource) -> dict[str, Any]:
-    path, dataset = published_args(cfg)
+    path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
     digest = sha256_file(path)
     with Stage(cfg, "import", tags={"source_path": str(path), "source_sha256": digest}) as st:
+        # the published study: workers named the gold label of correctly classified samples
+        st.provide(target=Target.gold, population=Population.correct)
         tracking.log_params({"source.path": str(path), "source.sha256": digest})
+        dataset = cfg.dataset
         result = source.import_(path, list(dataset.label_names), str(dataset.name))
         result.report.update(
             dataset=str(dataset.name),
             source={"path": str(path), "sha256": digest},
-            study={"target": "gold", "population": "correct"},
+            study=study_record(st),
         )
         return write_outputs(st, result, simulated=False)
 
-
-def published_args(cfg: DictConfig) -> tuple[Path, DictConfig]:
-    """(file, dataset config) for ``crowd=lu2024``, with a clear error for what is missing."""
-    if OmegaConf.is_missing(cfg.crowd, "path") or not cfg.crowd.path:
-        raise InputError(
-            "crowd=lu2024 needs crowd.path=<data root>/published/lu2024/<IMDB|AGNEWS>.csv"
-        )
-    dataset = OmegaConf.select(cfg, "dataset")
-    if dataset is None:
-        raise InputError("crowd=lu2024 needs dataset=imdb or dataset=ag_news (for the label names)")
-    path = Path(str(cfg.crowd.path)).expanduser()
-    if not path.is_file():
-        raise InputError(f"crowd.path={path}: file not found")
-    return path.resolve(), dataset
 
 
 main = hydra_main("import", run)

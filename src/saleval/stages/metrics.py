@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
 from saleval.faithfulness import (
@@ -27,45 +27,11 @@ from saleval.faithfulness import (
 )
 from saleval.inference import use_bf16
 from saleval.models import load_trained
-from saleval.stage import Stage, hydra_main, read_run_info, resolve_input
+from saleval.stage import Stage, hydra_main, read_run_info
 
 log = logging.getLogger(__name__)
 
 TIMINGS = "metric_timings.csv"
-
-
-def parent_config(run_dir: Path) -> DictConfig:
-    path = Path(run_dir, "config.yaml")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: the run's config.yaml is missing")
-    cfg = OmegaConf.load(path)
-    assert isinstance(cfg, DictConfig)
-    return cfg
-
-
-def _check_matches(cfg: DictConfig, key: str, parent: DictConfig, where: Path) -> str:
-    """The parent's ``<key>.name``; a value set here must agree with it."""
-    theirs = str(OmegaConf.select(parent, f"{key}.name", default="none"))
-    ours = OmegaConf.select(cfg, f"{key}.name", default=None)
-    if ours is not None and str(ours) != theirs:
-        raise ValueError(f"{key}={ours} but the run at {where} used {key}={theirs}")
-    return theirs
-
-
-def explain_max_length(explain_cfg: DictConfig, train_cfg: DictConfig, where: Path) -> int:
-    """The max_length the explain run segmented with: its own, else the train run's."""
-    for cfg, key in (
-        (explain_cfg, "max_length"),
-        (explain_cfg, "model.max_length"),
-        (train_cfg, "model.max_length"),
-    ):
-        value = OmegaConf.select(cfg, key, default=None)
-        if value:
-            return int(value)
-    raise ValueError(
-        f"{where}/config.yaml sets no max_length and the train run's config has no "
-        "model.max_length: cannot re-segment the texts as the explain run did"
-    )
 
 
 def _warn_on_other_model(explain_dir: Path, model_dir: Path) -> None:
@@ -92,9 +58,7 @@ def plausibility_rows(
     enabled = str(pcfg.enabled).lower()
     if enabled == "false":
         return None
-    dcfg = OmegaConf.to_container(explain_cfg.dataset, resolve=True)
-    assert isinstance(dcfg, dict)
-    dcfg["data_root"] = str(cfg.paths.data_root)  # where the files sit here, not where they sat
+    dcfg = cfg.dataset  # the explain run's, adopted by the provenance rule
     split = str(OmegaConf.select(explain_cfg, "data.split", default="test") or "test")
     frame = load_dataset(dcfg)[split]
     if "rationale_spans" not in frame.columns:
@@ -137,25 +101,32 @@ def mlflow_names(summary: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+#: the dataset and max_length the explain run used, the model of the train run; a value
+#: given here is checked against them (saleval.provenance)
+INHERITS = {"dataset": ["explain"], "model": ["model"], "max_length": ["explain"]}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
-    explain_dir = resolve_input("explain", cfg.inputs.explain)
-    model_dir = resolve_input("model", cfg.inputs.model)
-    explain_cfg = parent_config(explain_dir)
-    _warn_on_other_model(explain_dir, model_dir)
-    dataset = _check_matches(cfg, "dataset", explain_cfg, explain_dir)
-    model_name = _check_matches(cfg, "model", parent_config(model_dir), model_dir)
-    with open_dict(cfg):  # tracking is not part of the fingerprint
-        cfg.tracking.experiment = cfg.tracking.experiment or f"saleval/{dataset}"
-    tags = {"dataset": dataset, "model": model_name}
     mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
-    with Stage(cfg, "metrics", {"model": model_dir, "explain": explain_dir}, tags=tags) as st:
-        model, tok = load_trained(st.inputs["model"], attn_implementation=None)
+    inputs = {"model": cfg.inputs.model, "explain": cfg.inputs.explain}
+    with Stage(cfg, "metrics", inputs, inherits=INHERITS, requires=["dataset"]) as st:
+        explain_dir, model_dir = st.inputs["explain"], st.inputs["model"]
+        explain_cfg = st.parent_configs["explain"]
+        _warn_on_other_model(explain_dir, model_dir)
+        # the explain run's segmentation length (runs written before it was recorded: the
+        # train run's model.max_length, which the explain stage then used)
+        max_length = st.provenance.max_length or st.parent_provenance["model"].max_length
+        if not max_length:
+            raise ValueError(
+                f"neither {explain_dir} nor {model_dir} records a max_length: cannot "
+                "re-segment the texts as the explain run did"
+            )
+        model, tok = load_trained(model_dir, attn_implementation=None)
         preds = tables.PREDICTIONS.read(st.inputs["explain"])
         attrs = tables.ATTRIBUTIONS.read(st.inputs["explain"])
         if mcfg.max_samples is not None:
             keep = sorted(preds["sample_id"].astype(str))[: int(mcfg.max_samples)]
             attrs = attrs[attrs["sample_id"].isin(keep)]
-        max_length = explain_max_length(explain_cfg, parent_config(model_dir), explain_dir)
         methods = None if mcfg.methods is None else [str(m) for m in mcfg.methods]
         explanations = explanations_from_tables(
             preds, attrs, tok, max_length, methods, where=str(tables.ATTRIBUTIONS.path(explain_dir))

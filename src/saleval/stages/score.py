@@ -27,8 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from saleval import reports, scoring, tables, tracking
 from saleval.crowd.importer import PublishedSource, crowd_source
 from saleval.crowd.reading import sha256_file
-from saleval.stage import InputError, Stage, hydra_main, resolve_input
-from saleval.stages.import_ import REPORT_FILE, adopt_dataset, given_input, published_args
+from saleval.stage import InputError, Stage, given_input, hydra_main
+from saleval.vocab import Population, Target
 
 COUNTS_FILE = "counts.csv"
 OUTCOMES_FILE = "outcomes.csv"
@@ -38,17 +38,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     crowd = OmegaConf.select(cfg, "crowd")
     source = None if crowd is None else crowd_source(crowd)
     if isinstance(source, PublishedSource):
-        path, dataset = published_args(cfg)
+        path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
         digest = sha256_file(path)
         tags = {"source_path": str(path), "source_sha256": digest}
         with Stage(cfg, "score", tags=tags) as st:
+            st.provide(target=Target.gold, population=Population.correct)
             tracking.log_params({"source.path": str(path), "source.sha256": digest})
+            dataset = cfg.dataset
             imported = source.import_(path, list(dataset.label_names), str(dataset.name))
             if len(imported.rejects):
                 st.write(tables.REJECTS, imported.rejects)
             info = {
                 "source": {"path": str(path), "sha256": digest, "format": source.format},
-                "study": {"target": "gold", "population": "correct"},
             }
             return score_outputs(st, cfg, imported.aggregated, info)
     if source is not None:
@@ -62,10 +63,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "saleval-score needs inputs.crowd=<import run dir or runs:/id> "
             "(or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
         )
-    crowd_dir = resolve_input("crowd", spec)
-    adopt_dataset(cfg, crowd_dir)
-    with Stage(cfg, "score", inputs={"crowd": str(crowd_dir)}) as st:
-        report_path = crowd_dir / REPORT_FILE
+    with Stage(cfg, "score", inputs={"crowd": spec}, requires=["dataset"]) as st:
+        crowd_dir = st.inputs["crowd"]
+        report_path = crowd_dir / tables.IMPORT_REPORT
         report = json.loads(report_path.read_text()) if report_path.is_file() else {}
         annotations = tables.ANNOTATIONS.path(crowd_dir)
         if annotations.is_file():
@@ -73,7 +73,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             st.log_file(st.path(annotations.name))
         info = {
             "source": {"import_run": str(crowd_dir), **(report.get("source") or {})},
-            "study": report.get("study") or {"target": "gold", "population": "correct"},
             "aggregator": report.get("aggregator"),
         }
         return score_outputs(st, cfg, tables.AGGREGATED.read(crowd_dir), info)
@@ -101,14 +100,20 @@ def score_outputs(
     st.write(tables.FLIPS, result.flips)
     result.histogram.to_csv(st.path("flip_histogram.csv"), index=False)
     sections: dict[str, pd.DataFrame] = {}
-    study = info["study"]
-    if study.get("population") == "misclassified":
+    # what the study means comes from the run's provenance (saleval.provenance), not a guess
+    prov = st.provenance
+    study = {
+        "target": str(prov.target or Target.gold),
+        "population": str(prov.population or Population.correct),
+    }
+    info = {**info, "study": study}
+    if study["population"] == Population.misclassified:
         counts = scoring.recognised_counts(result.cube)
         counts.to_csv(st.path(COUNTS_FILE), index=False)
         wide = counts.pivot(index="method", columns="k", values="recognised")
         wide = wide.loc[scoring.order_methods(wide.index)].reset_index()
         sections["Misclassified samples recognised (count per method and k)"] = wide
-    if study.get("target") == "prediction" and {"gold_label", "pred"} <= set(aggregated.columns):
+    if study["target"] == Target.prediction and {"gold_label", "pred"} <= set(aggregated.columns):
         outcomes = scoring.outcome_breakdown(
             aggregated, positive=int(sc.positive_label), n_labels=len(cfg.dataset.label_names)
         )
@@ -119,9 +124,9 @@ def score_outputs(
         pooled = pooled.loc[scoring.order_methods(pooled.index)].round(1).reset_index()
         sections["Forward prediction: accuracy (%) by model outcome, all k"] = pooled
     caption = f"{dataset}: crowd accuracy and score per saliency method"
-    if study.get("population") == "misclassified":
+    if study["population"] == Population.misclassified:
         caption += " (misclassified samples)"
-    if study.get("target") == "prediction":
+    if study["target"] == Target.prediction:
         caption += " (forward prediction)"
     md = reports.scores_markdown(
         result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from saleval import tables
 from saleval.crowd.config import SimulationConfig, load
-from saleval.crowd.errors import SimulationError
 from saleval.crowd.simulate import simulate_crowd
 from saleval.data import load_dataset
 from saleval.stage import Stage, hydra_main
@@ -30,20 +29,12 @@ never as evidence about how people judge explanations.
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    with Stage(
-        cfg, "simulate", inputs={"tasks": cfg.inputs.tasks}, tags={"simulated": "true"}
-    ) as st:
+    inputs = {"tasks": cfg.inputs.tasks}
+    tags = {"simulated": "true"}
+    with Stage(cfg, "simulate", inputs, tags=tags, requires=["dataset"]) as st:
         task_dir = st.inputs["tasks"]
         tasks = tables.TASKS.read(task_dir)
         bundles = tables.BUNDLES.read(task_dir)
-        parent_cfg = task_dir / "config.yaml"
-        if parent_cfg.is_file():
-            theirs = OmegaConf.select(OmegaConf.load(parent_cfg), "dataset.name", default=None)
-            if theirs is not None and str(theirs) != str(cfg.dataset.name):
-                raise SimulationError(
-                    f"{parent_cfg}: the task run used dataset {theirs!r} but this run composes "
-                    f"dataset={cfg.dataset.name!r}; pass dataset={theirs}"
-                )
         sim = load(SimulationConfig, cfg.simulation)
         data = load_dataset(cfg.dataset)
         labels = [str(n) for n in cfg.dataset.label_names]

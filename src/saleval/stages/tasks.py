@@ -19,34 +19,27 @@ from saleval.crowd.exports import write_exports
 from saleval.stage import Stage, hydra_main
 
 
-def check_dataset(cfg: DictConfig, parent_dir: Path, prob_columns: list[str]) -> list[str]:
-    """Label names from ``cfg.dataset``, checked against the parent run's dataset and
-    the ``prob_<label>`` columns, so answers and labels cannot be silently misaligned."""
-    names = [str(n) for n in cfg.dataset.label_names]
-    parent_cfg = parent_dir / "config.yaml"
-    if parent_cfg.is_file():
-        parent = OmegaConf.load(parent_cfg)
-        theirs = OmegaConf.select(parent, "dataset.name", default=None)
-        if theirs is not None and str(theirs) != str(cfg.dataset.name):
-            raise DesignError(
-                f"{parent_cfg}: the explain run used dataset {theirs!r} but this run composes "
-                f"dataset={cfg.dataset.name!r}; pass dataset={theirs}"
-            )
+def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[str]) -> list[str]:
+    """The explain run's ``prob_<label>`` columns must follow the dataset's label names, so
+    answers and labels cannot be silently misaligned (the dataset itself is checked by the
+    provenance rule in :class:`saleval.stage.Stage`)."""
+    names = [str(n) for n in label_names]
     expected = [f"prob_{n}" for n in names]
     if prob_columns and prob_columns != expected:
         raise DesignError(
-            f"{tables.PREDICTIONS.path(parent_dir)}: probability columns {prob_columns} do not "
+            f"{tables.PREDICTIONS.path(explain_dir)}: probability columns {prob_columns} do not "
             f"match dataset.label_names {names} (expected {expected})"
         )
     return names
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    with Stage(cfg, "tasks", inputs={"explain": cfg.inputs.explain}) as st:
+    with Stage(cfg, "tasks", {"explain": cfg.inputs.explain}, requires=["dataset"]) as st:
         explain = st.inputs["explain"]
         preds = tables.PREDICTIONS.read(explain)
         attrs = tables.ATTRIBUTIONS.read(explain)
-        labels = check_dataset(cfg, explain, [c for c in preds.columns if c.startswith("prob_")])
+        prob_columns = [c for c in preds.columns if c.startswith("prob_")]
+        labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
         study = load(StudyConfig, cfg.study)
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
         st.write(tables.TASKS, design.tasks)
