@@ -165,7 +165,7 @@ def fake_chain(root: Path, simulated: bool, dataset: str = "ag_news") -> tuple[P
         {"sample_id": samples, "text": "t", "label": 0, "pred": 0, "prob_a": preds["confidence"]}
     )
     tables.PREDICTIONS.write(p.assign(prob_b=1 - p["prob_a"]), explain)
-    metrics = write_run(root / "metrics", "metrics", {}, parents={"explain": explain})
+    metrics = write_run(root / "metrics", "metrics", ds, parents={"explain": explain})
     tables.METRICS.write(summary, metrics)
     tables.METRICS_PER_EXAMPLE.write(per_ex, metrics)
     return score, metrics
@@ -206,5 +206,5 @@ def test_compare_stage_refuses_two_datasets(make_cfg, tmp_path) -> None:
     score, _ = fake_chain(tmp_path / "a", simulated=False, dataset="imdb")
     _, metrics = fake_chain(tmp_path / "b", simulated=False, dataset="ag_news")
     cfg = make_cfg("compare", [f"inputs.score={score}", f"inputs.metrics={metrics}"])
-    with pytest.raises(ValueError, match="not about one dataset"):
+    with pytest.raises(ValueError, match="disagree on dataset.*imdb.*ag_news"):
         stage.run(cfg)

@@ -28,6 +28,7 @@ from saleval.crowd.design import (
 )
 from saleval.crowd.exports import bundles_wide
 from saleval.crowd.sampling import SamplingError, select_samples
+from saleval.provenance import ProvenanceError
 
 AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 METHODS = [
@@ -448,8 +449,10 @@ def test_tasks_stage_writes_and_logs_everything(tmp_path: Path, make_cfg: Callab
 
     preds, attrs = synthetic_explain(140, 60)
     explain = write_explain_run(tmp_path / "explain", preds, attrs)
-    cfg = make_cfg("tasks", [f"inputs.explain={explain}", "study=main", "kgrid=paper"])
-    out = tasks_stage.run(cfg)
+    # the synthetic explain run records only the dataset's name and labels: give the full
+    # config (checked against the run's by the provenance rule)
+    overrides = [f"inputs.explain={explain}", "study=main", "kgrid=paper", "dataset=ag_news"]
+    out = tasks_stage.run(make_cfg("tasks", overrides))
     run_dir = Path(out["run_dir"])
     assert out["n_tasks"] == 4000 and out["n_bundles"] == 200
     t = tables.TASKS.read(run_dir)
@@ -486,6 +489,7 @@ def test_tasks_stage_forward_study_and_dataset_checks(tmp_path: Path, make_cfg: 
         "tasks",
         [
             f"inputs.explain={explain}",
+            "dataset=ag_news",
             "study=forward",
             "kgrid=smoke",
             "study.n_samples=40",
@@ -498,7 +502,7 @@ def test_tasks_stage_forward_study_and_dataset_checks(tmp_path: Path, make_cfg: 
     assert (t["label"] != t["gold_label"]).any()
 
     imdb = make_cfg("tasks", [f"inputs.explain={explain}", "dataset=imdb"], name="imdb")
-    with pytest.raises(DesignError, match="used dataset 'ag_news'.*pass dataset=ag_news"):
+    with pytest.raises(ProvenanceError, match="dataset=imdb is given.*pass dataset=ag_news"):
         tasks_stage.run(imdb)
 
 
