@@ -29,6 +29,7 @@ from saleval.crowd.design import (
 from saleval.crowd.exports import bundles_wide
 from saleval.crowd.sampling import SamplingError, select_samples
 from saleval.provenance import ProvenanceError
+from tests.conftest import compose_config
 
 AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 METHODS = [
@@ -107,10 +108,11 @@ def write_explain_run(
         )
     )
     labels = [c.removeprefix("prob_") for c in preds.columns if c.startswith("prob_")]
-    OmegaConf.save(
-        OmegaConf.create({"dataset": {"name": dataset, "label_names": labels}}),
-        run_dir / "config.yaml",
-    )
+    # the dataset's whole config node, as a real explain run records it (later stages adopt it)
+    composed = OmegaConf.to_container(compose_config("train", [f"dataset={dataset}"]), resolve=True)
+    node = composed["dataset"]  # type: ignore[index]
+    assert list(node["label_names"]) == labels, (node["label_names"], labels)
+    OmegaConf.save(OmegaConf.create({"dataset": node}), run_dir / "config.yaml")
     return run_dir
 
 

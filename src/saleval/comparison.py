@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+import saleval.faithfulness
+import saleval.plausibility  # noqa: F401  (registers the plausibility metrics)
 from saleval import metrics_registry
 
 log = logging.getLogger(__name__)

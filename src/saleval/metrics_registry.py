@@ -56,7 +56,6 @@ class Metric(abc.ABC):
 
 
 _REGISTRY: dict[str, Metric] = {}
-_BUILTINS_LOADED = False
 
 M = TypeVar("M", bound=type[Metric])
 
@@ -96,18 +95,10 @@ def unregister_metric(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def _load_builtins() -> None:
-    """Import the modules that register the built-in metrics."""
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        import saleval.faithfulness
-        import saleval.plausibility  # noqa: F401
-
-
 def registered(kind: str | None = None) -> list[Metric]:
-    """The registered metrics (of one ``kind``), in registration order."""
-    _load_builtins()
+    """The registered metrics (of one ``kind``), in registration order. The built-in ones
+    register when :mod:`saleval.faithfulness` and :mod:`saleval.plausibility` are imported
+    (the modules that read the registry import them; the registry imports neither)."""
     return [m for m in _REGISTRY.values() if kind is None or m.kind == kind]
 
 
