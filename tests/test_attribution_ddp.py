@@ -45,6 +45,7 @@ def _explain(make_cfg, model_dir: Path, name: str, extra: list[str]) -> Path:
 
     overrides = [
         f"inputs.model={model_dir}",
+        "dataset=ag_news",  # named (and checked against the train run's) to shrink its splits
         "dataset.max_train=160",
         "dataset.max_validation=64",
         "dataset.max_test=64",
