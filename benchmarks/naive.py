@@ -16,7 +16,7 @@ across examples, no length sorting, no cache.
   removals, p(target | x) − p(target | x without w);
 * LIME: ``lime``'s ``LimeTextExplainer`` over strings with a ``classifier_fn`` that
   tokenizes the perturbed strings and runs them in chunks of 64 (``mask_string=''``
-  deletes the word, as ``perturbation: erase``).
+  deletes the word, as ``removal: delete``).
 
 **Baselines.** IG and DeepLIFT start from the **zero** embedding vector, with special
 tokens keeping their own embedding: the engine's default (``baseline: zero`` in
@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from saleval.attribution import perturbation as P
 from saleval.attribution.base import sample_rng
 from saleval.words import Segmentation, perturb_ids, token_to_word_scores
 
@@ -52,8 +51,8 @@ MIRRORED: dict[str, dict[str, Any]] = {
     "input_x_gradient": _GRADIENT,
     "integrated_gradients": {**_GRADIENT, "baseline": "zero"},
     "deeplift": {**_GRADIENT, "baseline": "zero"},
-    "occlusion": {"output": "probs", "bf16": False},
-    "lime": {"perturbation": "erase", "feature_selection": "none", "bf16": False},
+    "occlusion": {"output": "probs", "removal": "delete", "bf16": False},
+    "lime": {"removal": "delete", "feature_selection": "none", "bf16": False},
 }
 
 
@@ -112,7 +111,7 @@ def naive_method(kind: str, model: Any, tok: Any, settings: dict[str, Any], text
         for w in range(seg.n_words):
             keep = np.ones(seg.n_words, dtype=bool)
             keep[w] = False
-            seqs.append(perturb_ids(seg, keep, P.PERTURBATIONS[settings["perturbation"]], tok))
+            seqs.append(perturb_ids(seg, keep, settings["removal"], tok))
         p = probs_padded(model, seqs, int(tok.pad_token_id))[:, target]
         return p[0] - p[1:]
     ids = torch.tensor([seg.input_ids])

@@ -123,9 +123,9 @@ def verdict(wall_ok: bool, cpu_ok: bool) -> str:
     return "met (wall)" if wall_ok else "met (CPU time only)"
 
 
-def _metrics_cfg() -> F.FaithfulnessConfig:
-    cfg = compose(["+inputs.model=x", "+inputs.explain=x"], "metrics")
-    return F.FaithfulnessConfig.from_mapping(cfg.metrics)
+def _metrics_cfg() -> F.MetricsConfig:
+    cfg = compose(["inputs.model=x", "inputs.explain=x"], "metrics")
+    return F.MetricsConfig.from_config(cfg.metrics)
 
 
 # ---------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) 
 
 
 def naive_metrics(
-    s: Setup, items: list[F.Explanation], config: F.FaithfulnessConfig
+    s: Setup, items: list[F.Explanation], config: F.MetricsConfig
 ) -> tuple[dict[str, Timing], dict[tuple[str, str, str, str], float]]:
     """Every metric family per explanation, one padded forward per explanation and family
     (the switching point: per chunk of deletions), no cache; values keyed like the engine's."""
@@ -272,11 +272,11 @@ def naive_metrics(
 
     def switching() -> None:
         for e in items:
-            limit = max(1, math.ceil(config.switching_max_fraction * e.seg.n_words - 1e-9))
+            limit = max(1, math.ceil(config.switching.max_fraction * e.seg.n_words - 1e-9))
             preds: list[int] = []
             lo = 1
             while True:
-                hi = min(lo + config.switching_chunk - 1, limit)
+                hi = min(lo + config.switching.chunk - 1, limit)
                 seqs = [
                     F.without_words(e.seg, e.order[:k], config.removal, tok)
                     for k in range(lo, hi + 1)
@@ -512,7 +512,9 @@ def run(args: argparse.Namespace) -> list[Row]:
             total.naive = sum(naive_t.values(), Timing(0, 0, len(items)))
         metric_rows.append(total)
         if args.bf16:
-            cfg16 = dataclasses.replace(mcfg, bf16=True)
+            cfg16 = dataclasses.replace(
+                mcfg, inference=dataclasses.replace(mcfg.inference, bf16="true")
+            )
             with recording(F, "predict_proba") as calls16:
                 t16, res16 = timed(lambda: F.evaluate(s.model, s.tok, items, cfg16), len(items))
             row = Row("metrics: all families (bf16: true)", len(items), t16, naive=total.naive)

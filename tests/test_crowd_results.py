@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +26,7 @@ from tests.conftest import DATA_ROOT, compose_config
 LABELS = ["negative", "positive"]
 SAMPLES = {"s0": 0, "s1": 1, "s2": 0, "s3": 1}
 COMBOS = [("vanilla_gradient", 2), ("vanilla_gradient", 5), ("random", 2), ("random", 5)]
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 PUBLISHED = DATA_ROOT / "published" / "lu2024"
 
 

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -93,7 +93,7 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 def utcnow() -> str:
     """Now as ISO 8601 UTC with milliseconds, the format of every stored time."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 class StoreError(RuntimeError):

@@ -9,7 +9,7 @@ a task run's ``tasks.csv``/``bundles.csv``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ _TIME_FIELDS = ("started_at", "submitted_at")
 
 def _parse_time(value: str) -> datetime:
     t = datetime.fromisoformat(value.strip())
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def read_answers(

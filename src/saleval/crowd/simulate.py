@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -159,7 +159,7 @@ def simulate_answers(
     timing, spam = cfg.timing, cfg.spammers
     start0 = datetime.fromisoformat(str(timing.start))
     if start0.tzinfo is None:
-        start0 = start0.replace(tzinfo=timezone.utc)
+        start0 = start0.replace(tzinfo=UTC)
     by_bundle = {b: g.sort_values("position") for b, g in bundles.groupby("bundle_id", sort=True)}
     out: list[dict[str, Any]] = []
     for w in tqdm(

@@ -158,5 +158,4 @@ def _run_published(cfg: DictConfig, source: PublishedSource) -> dict[str, Any]:
         return write_outputs(st, result, simulated=False)
 
 
-
 main = hydra_main("import", run)
