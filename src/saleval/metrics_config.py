@@ -95,6 +95,9 @@ class MetricsConfig:
     plausibility: PlausibilityConfig = field(default_factory=PlausibilityConfig)
     methods: list[str] | None = None  # None: every method of the explain run
     max_samples: int | None = None  # None: every explained sample; else the first N by id
+    # modules imported before the metrics run (and by the comparison), each registering its
+    # own metrics with saleval.metrics_registry.register_metric (docs/extending.md)
+    plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.removal = Removal(self.removal)

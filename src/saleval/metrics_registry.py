@@ -15,6 +15,7 @@ Register a metric with :func:`register_metric` on a subclass of
 needs and reduces their probabilities to rows) or of
 :class:`saleval.plausibility.RationaleMetric`.
 
+>>> import saleval.faithfulness  # importing it registers the built-in metrics
 >>> direction("sufficiency"), direction("comprehensiveness_kgrid"), direction("no_switch")
 (False, True, None)
 """
@@ -22,7 +23,8 @@ needs and reduces their probabilities to rows) or of
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
@@ -88,6 +90,16 @@ def register_metric(
         return cls
 
     return deco
+
+
+def import_plugins(modules: Sequence[str]) -> None:
+    """Import modules that register their own metrics (``metrics.plugins``); one that
+    cannot be imported fails naming it."""
+    for module in modules:
+        try:
+            importlib.import_module(str(module))
+        except ImportError as err:
+            raise ValueError(f"metrics.plugins: cannot import {module!r} ({err})") from err
 
 
 def unregister_metric(name: str) -> None:

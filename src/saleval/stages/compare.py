@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from saleval import comparison, scoring, tables
+from saleval.metrics_registry import import_plugins
 from saleval.stage import Stage, hydra_main, read_run_info
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inherits = ("dataset", "model", "target", "population")
     with Stage(cfg, "compare", inputs, inherits=inherits, requires=["dataset"]) as st:
         score_dir, metrics_dir = st.inputs["score"], st.inputs["metrics"]
+        # the metrics run's own metrics modules, so their directions are known here too
+        plugins = OmegaConf.select(st.parent_configs["metrics"], "metrics.plugins", default=None)
+        import_plugins(list(plugins or []))
         human_runs, auto_runs = ancestry(score_dir), ancestry(metrics_dir)
         dataset = str(st.provenance.dataset)
         simulated = st.provenance.simulated

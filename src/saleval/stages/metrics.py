@@ -26,6 +26,7 @@ from saleval.faithfulness import (
     summarize,
 )
 from saleval.inference import use_bf16
+from saleval.metrics_registry import import_plugins
 from saleval.models import load_trained
 from saleval.stage import Stage, hydra_main, read_run_info
 
@@ -108,6 +109,7 @@ INHERITS = {"dataset": ["explain"], "model": ["model"], "max_length": ["explain"
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
+    import_plugins(mcfg.plugins)  # a user's own metrics register themselves
     inputs = {"model": cfg.inputs.model, "explain": cfg.inputs.explain}
     with Stage(cfg, "metrics", inputs, inherits=INHERITS, requires=["dataset"]) as st:
         explain_dir, model_dir = st.inputs["explain"], st.inputs["model"]

