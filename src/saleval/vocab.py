@@ -37,7 +37,7 @@ class Population(StrEnum):
 
 
 class Removal(StrEnum):
-    """How a removed word's tokens are perturbed, always on token ids (docs/definitions.md).
+    """How a removed word's tokens are perturbed, always on token ids (saleval.words.perturb_ids).
 
     ``delete``: the tokens are dropped; ``mask``: each becomes ``[MASK]``; ``unk``: each
     becomes ``[UNK]``. LIME, occlusion and the faithfulness metrics share this word.
