@@ -27,6 +27,14 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 
+def n_labels_of(model: PreTrainedModel) -> int:
+    """How many classes ``model`` scores (its ``config.num_labels``)."""
+    n = model.config.num_labels
+    if n is None:  # transformers types it Optional: a config without id2label
+        raise ValueError(f"{type(model).__name__}: config has no num_labels; not a classifier")
+    return int(n)
+
+
 def length_batches(lengths: Sequence[int], max_tokens: int, max_batch: int) -> Iterator[np.ndarray]:
     """Indices grouped into length-sorted batches of at most ``max_tokens`` padded tokens."""
     order = np.argsort(np.asarray(lengths), kind="stable")
@@ -134,7 +142,7 @@ def forward_logits(
     """Logits (float32, caller's order) for every id sequence; ``bf16`` per :func:`use_bf16`."""
     device = next(model.parameters()).device
     lengths = [len(s) for s in sequences]
-    n_labels = int(model.config.num_labels)
+    n_labels = n_labels_of(model)
     out = np.empty((len(sequences), n_labels), dtype=np.float32)
     if not sequences:
         return out

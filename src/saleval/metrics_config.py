@@ -82,7 +82,7 @@ class MetricsConfig:
     # delete | mask | unk: how a removed word's tokens go, always on ids (as LIME/occlusion)
     removal: Removal = Removal.delete
     # comprehensiveness/sufficiency per k words: the crowd k-grid by default
-    ks: list[int] = II("kgrid.ks")  # type: ignore[assignment]  # noqa: RUF009
+    ks: list[int] = II("kgrid.ks")  # noqa: RUF009
     # ERASER bins (fractions of words): per bin, then averaged (k "")
     eraser_grid: list[float] = field(default_factory=lambda: list(ERASER_GRID))
     aopc_k: int = 10  # AOPC over the first K deletions

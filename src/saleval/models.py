@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from hydra.utils import get_class
@@ -154,7 +154,7 @@ def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | Any) -> PreTrainedToke
         ) from err
     if not tok.is_fast:
         raise ModelError(f"tokenizer at {where} is not a fast tokenizer; word offsets need one")
-    return tok
+    return cast(PreTrainedTokenizerFast, tok)  # is_fast: the stubs' union includes slow ones
 
 
 def build_model(
@@ -190,9 +190,13 @@ def load_trained(
     model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     tok = AutoTokenizer.from_pretrained(path, use_fast=True)
     model.eval()
-    return model, tok
+    return model, cast(PreTrainedTokenizerFast, tok)  # train runs save fast tokenizers
 
 
 def label_names_of(model: PreTrainedModel) -> list[str]:
     id2label = model.config.id2label
-    return [id2label[i] for i in range(len(id2label))]
+    if id2label is None:
+        raise ModelError(f"{type(model).__name__}: config has no id2label; not a classifier")
+    # PretrainedConfig turns the saved JSON's str keys back into ints
+    labels = cast(dict[int, str], id2label)
+    return [labels[i] for i in range(len(labels))]

@@ -31,7 +31,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlflow
 import pandas as pd
@@ -152,8 +152,9 @@ def stage_fingerprint(cfg: DictConfig, stage: str, input_dirs: Mapping[str, Path
     Two runs with the same fingerprint produce the same outputs (up to hardware
     nondeterminism); ``saleval-run`` reuses a finished one instead of recomputing.
     """
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)
+    resolved = cast(dict[str, Any], container)  # a stage config's keys are str
     stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
     if isinstance(stable.get("dataset"), dict):  # where the files sit is not what they are
         stable["dataset"] = {k: v for k, v in stable["dataset"].items() if k != "data_root"}
@@ -226,7 +227,8 @@ class Stage:
         self._adopt_dataset()
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
-        self.resolved: dict[str, Any] = resolved
+        # a stage config's keys are str
+        self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)
         self.fingerprint = stage_fingerprint(cfg, stage, self.inputs)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None

@@ -110,7 +110,7 @@ def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> S
             raw_word[t] = w
     # A word survives only if the tokenizer produced all of its characters' pieces,
     # i.e. its last character is covered by a kept token.
-    last_cover = {}
+    last_cover: dict[int, int] = {}
     for t, w in enumerate(raw_word):
         if w >= 0:
             last_cover[w] = max(last_cover.get(w, -1), offsets[t][1])

@@ -16,13 +16,13 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.inference import attention_implementation
+from saleval.inference import attention_implementation, n_labels_of
 from saleval.words import REDUCERS, Segmentation, token_to_word_scores
 
 
@@ -132,7 +132,7 @@ class Attributor(abc.ABC):
         """
         if len(segs) != len(targets):
             raise AttributionError(f"{len(segs)} texts but {len(targets)} targets")
-        n_labels = int(model.config.num_labels)
+        n_labels = n_labels_of(model)
         for i, t in enumerate(targets):
             if not 0 <= int(t) < n_labels:
                 raise AttributionError(f"example {i}: target {t} outside 0..{n_labels - 1}")
@@ -150,8 +150,8 @@ class Attributor(abc.ABC):
                 scores = self.word_scores(
                     model, tokenizer, [segs[i] for i in idx], [int(targets[i]) for i in idx]
                 )
-                for i, s in zip(idx, scores):
-                    out[i] = np.asarray(s, dtype=np.float64)
+                for i, got in zip(idx, scores):
+                    out[i] = np.asarray(got, dtype=np.float64)
         for i, (seg, s) in enumerate(zip(segs, out)):
             assert s is not None
             if s.shape != (seg.n_words,):
@@ -216,7 +216,7 @@ def _plain(cfg: Any) -> dict[str, Any]:
         if isinstance(cfg, DictConfig):
             out = OmegaConf.to_container(cfg, resolve=True)
             assert isinstance(out, dict)
-            return out
+            return cast(dict[str, Any], out)  # a method config's keys are str
     except ImportError:  # pragma: no cover
         pass
     return dict(cfg)
@@ -232,7 +232,8 @@ def build_method(cfg: Attributor | str | Mapping[str, Any], key: str | None = No
     if isinstance(cfg, Attributor):
         return cfg
     if isinstance(cfg, str):
-        cfg, key = {"kind": cfg}, key or cfg
+        key = key or cfg
+        cfg = {"kind": cfg}
     conf = _plain(cfg)
     target = conf.pop("_target_", None)
     kind = conf.pop("kind", None)

@@ -40,7 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import numpy as np
@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
-from saleval.inference import predict_proba
+from saleval.inference import n_labels_of, predict_proba
 from saleval.models import label_names_of
 from saleval.vocab import Target
 from saleval.words import Segmentation, segment
@@ -199,7 +199,7 @@ class _Job:
             return list(p), {}
 
         rows, _, _ = _phase(_predict, order, self.batch_size, rank, world, "predict", self.progress)
-        n_labels = int(model.config.num_labels)
+        n_labels = n_labels_of(model)
         probs = np.vstack(rows) if rows else np.zeros((0, n_labels))
         targets = _targets(probs, self.labels, self.target)
         scores: dict[str, list[np.ndarray]] = {}
@@ -267,8 +267,10 @@ def _only(items: list[Any]) -> Any:
 def _run_on(trainer: L.Trainer, model: PreTrainedModel, job: _Job) -> dict[str, Any]:
     """The job through ``trainer.predict``: one loader item per rank; the full result back."""
     world = trainer.num_nodes * trainer.num_devices
-    loader = torch.utils.data.DataLoader(
-        list(range(world)), batch_size=1, shuffle=False, collate_fn=_only
+    # a list is a map-style dataset (len + getitem); the stubs want a Dataset subclass
+    ranks = cast("torch.utils.data.Dataset[int]", list(range(world)))
+    loader: torch.utils.data.DataLoader[int] = torch.utils.data.DataLoader(
+        ranks, batch_size=1, shuffle=False, collate_fn=_only
     )
     if not isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
         outputs = trainer.predict(_JobModule(model, job), dataloaders=loader)

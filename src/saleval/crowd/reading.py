@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -42,7 +42,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def read_rows(
-    path: Path, delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL
+    path: Path, delimiter: str = ",", quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL
 ) -> tuple[list[str], list[list[str]]]:
     """Header (stripped) and data rows of a delimited file, via csv (no type guessing)."""
     if not path.is_file():

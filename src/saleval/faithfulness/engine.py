@@ -29,7 +29,7 @@ from saleval.faithfulness.formulas import (
     only_words,
     without_words,
 )
-from saleval.inference import parse_bf16, predict_proba
+from saleval.inference import n_labels_of, parse_bf16, predict_proba
 from saleval.metrics_config import MetricsConfig
 from saleval.metrics_registry import Metric, registered
 from saleval.vocab import Removal
@@ -127,7 +127,7 @@ class ProbabilityCache:
             )
             self._probs.update(zip(first, probs))
             self.n_forward += len(first)
-        n_labels = int(self.model.config.num_labels)
+        n_labels = n_labels_of(self.model)
         if not keys:
             return np.empty((0, n_labels), dtype=np.float32)
         return np.stack([self._probs[k] for k in keys])

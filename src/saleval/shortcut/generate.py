@@ -26,10 +26,11 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config import to_schema
@@ -129,6 +130,11 @@ def rule_from_config(cfg: ShortcutConfig | Mapping[str, Any]) -> ShortcutRule:
 # ---------------------------------------------------------------------------------
 
 
+def _token_ids(tokenizer: PreTrainedTokenizerFast, tokens: list[str]) -> list[int]:
+    # a list of tokens gives a list of ids; the stubs type it int | list[int]
+    return cast(list[int], tokenizer.convert_tokens_to_ids(tokens))
+
+
 def extend_vocabulary(
     tokenizer: PreTrainedTokenizerFast,
     rule: ShortcutRule,
@@ -140,9 +146,12 @@ def extend_vocabulary(
     ``#`` + ``0``. Returns their ids in :attr:`ShortcutRule.vocabulary` order.
     """
     tokenizer.add_tokens(rule.vocabulary)
-    ids = tokenizer.convert_tokens_to_ids(rule.vocabulary)
-    if model is not None and model.get_input_embeddings().weight.shape[0] != len(tokenizer):
-        model.resize_token_embeddings(len(tokenizer))
+    ids = _token_ids(tokenizer, rule.vocabulary)
+    if model is not None:
+        weight = model.get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor)
+        if weight.shape[0] != len(tokenizer):
+            model.resize_token_embeddings(len(tokenizer))
     return [int(i) for i in ids]
 
 
@@ -291,7 +300,7 @@ def locate(
     token_ids: Mapping[str, int] | None = None,
 ) -> Planted:
     """Find planted ``tokens`` (expected in this order) in the tokenised ``text``."""
-    ids = dict(token_ids or zip(tokens, tokenizer.convert_tokens_to_ids(list(tokens))))
+    ids = dict(token_ids or zip(tokens, _token_ids(tokenizer, list(tokens))))
     wanted = {ids[t]: t for t in tokens}
     seg = segment(text, tokenizer, max_length)
     pos = [i for i, tid in enumerate(seg.input_ids) if tid in wanted]
@@ -363,7 +372,7 @@ def synthesize(
         raise ShortcutError(f"asked for {n} synthetic examples from {len(source)} source texts")
     picks = source.iloc[rng.choice(len(source), size=n, replace=False)]
     labels = rng.permutation(np.arange(n) % 2)
-    ids = dict(zip(rule.vocabulary, tokenizer.convert_tokens_to_ids(rule.vocabulary)))
+    ids = dict(zip(rule.vocabulary, _token_ids(tokenizer, rule.vocabulary)))
     rows = []
     for r, y in zip(picks.itertuples(index=False), labels):
         planted = plant_tokens(
@@ -405,7 +414,7 @@ def add_distractors(
         return out
     n = round(fraction * len(df))
     idx = rng.choice(len(df), size=n, replace=False)
-    ids = dict(zip(rule.vocabulary, tokenizer.convert_tokens_to_ids(rule.vocabulary)))
+    ids = dict(zip(rule.vocabulary, _token_ids(tokenizer, rule.vocabulary)))
     for i in idx:
         tok = str(rng.choice(list(rule.distractors)))
         planted = plant_tokens(

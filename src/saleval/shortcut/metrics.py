@@ -13,8 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+#: word indices, most salient first: a list, or the array :func:`saleval.words.rank_words` gives
+Ranking = Sequence[int] | np.ndarray
 
-def _check(ranking: Sequence[int], truth: Sequence[int], i: int) -> tuple[list[int], set[int]]:
+
+def _check(ranking: Ranking, truth: Sequence[int], i: int) -> tuple[list[int], set[int]]:
     r, gt = [int(x) for x in ranking], {int(x) for x in truth}
     if not gt:
         raise ValueError(f"example {i}: empty ground truth")
@@ -27,7 +30,7 @@ def _check(ranking: Sequence[int], truth: Sequence[int], i: int) -> tuple[list[i
 
 
 def precision_at_k(
-    rankings: Sequence[Sequence[int]], ground_truth: Sequence[Sequence[int]], k: int | None = None
+    rankings: Sequence[Ranking], ground_truth: Sequence[Sequence[int]], k: int | None = None
 ) -> float:
     r"""Mean precision@k of the shortcut (SPEC §8; Bastings et al. 2022, eq. 1):
 
@@ -53,7 +56,7 @@ def precision_at_k(
     return float(np.mean(values))
 
 
-def mean_rank(rankings: Sequence[Sequence[int]], ground_truth: Sequence[Sequence[int]]) -> float:
+def mean_rank(rankings: Sequence[Ranking], ground_truth: Sequence[Sequence[int]]) -> float:
     r"""Mean rank of the shortcut (SPEC §8; Bastings et al. 2022): per example the
     smallest :math:`r` such that the top-:math:`r` words contain every ground-truth word,
 

@@ -77,7 +77,7 @@ def plausibility_rows(
             f"dataset {dcfg['name']}"
         )
     top_k = pcfg.top_k
-    out = []
+    out: list[tuple[str, str, str, str, float]] = []
     for e in explanations:
         row = rows.loc[e.sample_id]
         if str(row["text"]) != e.seg.text:

@@ -48,7 +48,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             imported = source.import_(path, list(dataset.label_names), str(dataset.name))
             if len(imported.rejects):
                 st.write(tables.REJECTS, imported.rejects)
-            info = {
+            info: dict[str, Any] = {
                 "source": {"path": str(path), "sha256": digest, "format": source.format},
             }
             return score_outputs(st, cfg, imported.aggregated, info)

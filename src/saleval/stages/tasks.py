@@ -8,7 +8,7 @@ writes ``tasks.csv``, ``bundles.csv``, ``bundles_wide.csv`` (platform upload),
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -44,8 +44,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
         st.write(tables.TASKS, design.tasks)
         st.write(tables.BUNDLES, design.bundles)
-        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-        assert isinstance(dataset, dict)
+        container = OmegaConf.to_container(cfg.dataset, resolve=True)
+        assert isinstance(container, dict)
+        dataset = cast(dict[str, Any], container)  # a dataset config's keys are str
         for path in write_exports(
             st.run_dir, design.tasks, design.bundles, preds, dataset, study.target
         ):

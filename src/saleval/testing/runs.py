@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -107,7 +108,8 @@ def explain_frames(
         samples.append((f"s{i:03d}", label, label))
     for i in range(n_labels):
         samples.append((f"x{i:03d}", i, (i + 1) % n_labels))
-    pred_rows, attr_rows = [], []
+    pred_rows: list[dict[str, Any]] = []
+    attr_rows: list[dict[str, Any]] = []
     for sid, label, pred in samples:
         text = " ".join(rng.choice(_VOCABULARY, size=int(rng.integers(12, 30))))
         tricky = tricky_text and sid == "s000"
