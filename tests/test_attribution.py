@@ -451,10 +451,8 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
     cfg = make_cfg(
         "explain",
         [
+            # no dataset=: the train run's (with its 64-text test split) is adopted
             f"inputs.model={tiny_train_run}",
-            "dataset.max_train=160",
-            "dataset.max_validation=64",
-            "dataset.max_test=64",
             "data.n_samples=8",
             "method=[random,all_attention,integrated_gradients,lime,occlusion]",
             "method.integrated_gradients.n_steps=4",
@@ -485,6 +483,9 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
     assert overlap.shape == (5, 5)
     run = MlflowClient().get_run(json.loads((run_dir / "run.json").read_text())["run_id"])
     assert run.data.tags["stage"] == "explain" and run.data.tags["model"] == "tiny"
+    prov = json.loads((run_dir / "run.json").read_text())["provenance"]
+    assert (prov["dataset"], prov["model"], prov["max_length"]) == ("ag_news", "tiny", 64)
+    assert run.data.params["dataset.max_test"] == "64"  # adopted with the train run's node
     assert "examples_per_s.lime_20" in run.data.metrics and "seconds.occlusion" in run.data.metrics
     assert "convergence_delta_abs_mean.integrated_gradients" in run.data.metrics
     assert run.data.params["method.lime.num_samples"] == "20"
