@@ -22,11 +22,11 @@ from saleval.crowd.config import (
     PublishedCrowdConfig,
     SimulationConfig,
     StudyConfig,
-    load,
 )
 from saleval.crowd.errors import CrowdImportError, DesignError, SimulationError
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.lu2024 import LU2024_METHODS
+from saleval.schema import to_schema
 from tests.conftest import compose_config
 
 GROUPS = {"study": "tasks", "simulation": "simulate", "crowd": "import"}
@@ -88,7 +88,7 @@ def test_every_option_composes_into_its_schema(group: str) -> None:
             source = crowd_source(cfg.crowd)
             assert source.name == opt
         else:
-            typed = load(StudyConfig if group == "study" else SimulationConfig, cfg[group])
+            typed = to_schema(StudyConfig if group == "study" else SimulationConfig, cfg[group])
             assert typed.name == opt and typed.seed == 42
 
 
@@ -106,12 +106,12 @@ def test_unknown_keys_and_bad_values_fail_naming_the_key() -> None:
     # `+` forces a key in at compose time; building the typed object still refuses it
     cfg = compose_config("tasks", ["+study.bogus=1"])
     with pytest.raises(ConfigKeyError, match="bogus"):
-        load(StudyConfig, cfg.study)
+        to_schema(StudyConfig, cfg.study)
     # ranges are checked when the typed object is built
     with pytest.raises(DesignError, match=r"study.noise must lie in \[0, 1\]"):
-        load(StudyConfig, compose_config("tasks", ["study.noise=2"]).study)
+        to_schema(StudyConfig, compose_config("tasks", ["study.noise=2"]).study)
     with pytest.raises(SimulationError, match=r"needs \['simulation.noise.low'"):
-        load(SimulationConfig, {"noise": {"distribution": "uniform", "high": 0.3}})
+        to_schema(SimulationConfig, {"noise": {"distribution": "uniform", "high": 0.3}})
     with pytest.raises(DesignError, match="study: 'nobody' is not a valid Population"):
         StudyConfig(population="nobody")  # type: ignore[arg-type]
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from saleval import tables
 from saleval.crowd.answers import IDK
-from saleval.crowd.config import StudyConfig, load
+from saleval.crowd.config import StudyConfig
 from saleval.crowd.design import (
     DesignError,
     assign_bundles,
@@ -29,6 +29,7 @@ from saleval.crowd.design import (
 from saleval.crowd.exports import bundles_wide
 from saleval.crowd.sampling import SamplingError, select_samples
 from saleval.provenance import ProvenanceError
+from saleval.schema import to_schema
 from tests.conftest import compose_config
 
 AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -521,7 +522,7 @@ def test_study_options_compose_for_the_tasks_stage() -> None:
     assert fwd.study.target == "prediction" and fwd.study.balance_by == "outcome"
     for name in ("main", "misclassified", "forward", "smoke"):
         cfg = compose_config("tasks", [f"study={name}"])
-        study = load(StudyConfig, cfg.study)
+        study = to_schema(StudyConfig, cfg.study)
         assert study.seed == 42 and study.name == name
 
 

@@ -17,10 +17,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from saleval import paths
 from saleval.attribution import Attributor, explain_frame
 from saleval.config import register_configs
-from saleval.crowd.config import StudyConfig, load
+from saleval.crowd.config import StudyConfig
 from saleval.crowd.design import build_study
 from saleval.data import load_dataset
 from saleval.models import build_model, load_tokenizer
+from saleval.schema import to_schema
 from saleval.testing import explain_frames
 from saleval.words import Segmentation
 
@@ -106,7 +107,7 @@ def test_a_study_variant_in_a_users_config_dir(tmp_path: Path) -> None:
         "defaults:\n  - main\n  - _self_\nname: pilot\nn_samples: 8\nbundle_size: 8\nrepeats: 3\n"
     )
     cfg = _compose("tasks", tmp_path, ["inputs.explain=x", "study=pilot", "kgrid=smoke"])
-    study = load(StudyConfig, cfg.study)
+    study = to_schema(StudyConfig, cfg.study)
     assert (study.name, study.n_samples, study.repeats) == ("pilot", 8, 3)
     preds, attrs = explain_frames(20, ["neg", "pos"], methods=["random", "lime"])
     design = build_study(preds, attrs, ["neg", "pos"], study, list(cfg.kgrid.ks))

@@ -18,10 +18,11 @@ from omegaconf.errors import ConfigKeyError
 import saleval.stage  # noqa: F401  (registers the config resolvers)
 from saleval import tables
 from saleval.crowd.answers import IDK
-from saleval.crowd.config import SimulationConfig, load
+from saleval.crowd.config import SimulationConfig
 from saleval.crowd.errors import SimulationError
 from saleval.crowd.simulate import simulate_crowd
 from saleval.data import load_dataset
+from saleval.schema import to_schema
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config
 from tests.test_crowd_design import AG_LABELS, METHODS, synthetic_explain, write_explain_run
@@ -182,7 +183,7 @@ def test_simulated_crowd_is_seeded_complete_and_marked(
 def test_simulation_options_compose() -> None:
     for name in ("default", "ideal", "noisy"):
         cfg = compose_config("simulate", [f"simulation={name}"])
-        sim = load(SimulationConfig, cfg.simulation)
+        sim = to_schema(SimulationConfig, cfg.simulation)
         assert sim.seed == 42 and sim.bow.split == "train" and sim.name == name
     ideal = compose_config("simulate", ["simulation=ideal"])
     assert (
@@ -213,11 +214,11 @@ def test_reading_model_must_not_have_seen_the_study_texts() -> None:
     with pytest.raises(SimulationError, match="in the simulated workers' training split"):
         simulate_crowd(tasks, bundles, train, AG_LABELS, SimulationConfig())
     with pytest.raises(ConfigKeyError, match="nosie"):
-        load(SimulationConfig, {"nosie": 0.1})
+        to_schema(SimulationConfig, {"nosie": 0.1})
     with pytest.raises(ConfigKeyError, match="fractoin"):  # nested fields are checked too
-        load(SimulationConfig, {"spammers": {"fractoin": 0.1}})
+        to_schema(SimulationConfig, {"spammers": {"fractoin": 0.1}})
     with pytest.raises(SimulationError, match=r"spammers.fraction must lie in \[0, 1\]"):
-        load(SimulationConfig, {"spammers": {"fraction": 1.5}})
+        to_schema(SimulationConfig, {"spammers": {"fraction": 1.5}})
 
 
 @needs_data

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import II, DictConfig, OmegaConf
+from omegaconf import II, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from saleval.schema import to_schema
 from saleval.vocab import Removal
 
 ERASER_GRID: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -129,10 +130,7 @@ class MetricsConfig:
         A node of a composed config is resolved first (``ks: ${kgrid.ks}`` points into it).
         """
         try:
-            if isinstance(node, DictConfig):
-                node = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
-            merged = OmegaConf.merge(OmegaConf.structured(cls), node)
-            obj = OmegaConf.to_object(merged)
+            obj = to_schema(cls, node)
         except OmegaConfBaseException as err:
             key = getattr(err, "full_key", None) or ""
             raise ValueError(

@@ -14,11 +14,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
-
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
 
 from saleval.config.annotate import AnnotateAction, AnnotateConfig
 from saleval.config.common import KGridConfig, PathsConfig, TrackingConfig
@@ -36,6 +32,7 @@ from saleval.config.trainer import (
 )
 from saleval.crowd.config import register_schemas as crowd_schemas
 from saleval.metrics_config import store_schema as metrics_schema
+from saleval.schema import to_schema
 
 __all__ = [
     "AnnotateAction",
@@ -60,33 +57,6 @@ __all__ = [
     "register_configs",
     "to_schema",
 ]
-
-T = TypeVar("T")
-
-
-def to_schema(schema: type[T], cfg: T | Mapping[str, Any] | DictConfig) -> T:
-    """``cfg`` as an instance of the dataclass ``schema``: a composed node (resolved in its
-    own config, so ``${paths.data_root}`` works), or a plain mapping such as a run's
-    recorded ``config.yaml`` node. Unknown keys, wrong types and missing values raise
-    OmegaConf's errors, which name the key.
-
-    >>> to_schema(KGridConfig, {"name": "g", "ks": ["5", 10]}).ks
-    [5, 10]
-    >>> to_schema(KGridConfig, {"name": "g", "ks": [5], "k": 3})
-    Traceback (most recent call last):
-    ...
-    omegaconf.errors.ConfigKeyError: Key 'k' not in 'KGridConfig'
-        full_key: k
-        object_type=KGridConfig
-    """
-    if isinstance(cfg, schema):
-        return cfg
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
-    assert isinstance(obj, schema)
-    return obj
-
 
 _registered = False
 

@@ -19,9 +19,10 @@ key and the allowed range.
 files' defaults lists use (``study_schema``, ``simulation_schema``, ``answers_schema``,
 ``lu2024_schema``); importing this module registers them.
 
->>> load(StudyConfig, {"n_samples": 8}).bundle_size
+>>> from saleval.schema import to_schema
+>>> to_schema(StudyConfig, {"n_samples": 8}).bundle_size
 100
->>> load(StudyConfig, {"nsamples": 8})
+>>> to_schema(StudyConfig, {"nsamples": 8})
 Traceback (most recent call last):
 ...
 omegaconf.errors.ConfigKeyError: Key 'nsamples' not in 'StudyConfig'
@@ -33,10 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
 from saleval.crowd.answers import IDK_ALIASES
 from saleval.crowd.errors import DesignError, SimulationError
@@ -46,18 +46,6 @@ from saleval.crowd.sampling import BalanceBy
 from saleval.vocab import Population, Target
 
 T = TypeVar("T")
-
-
-def load(cls: type[T], node: Any) -> T:
-    """``node`` (a composed config group, a dict) as a typed ``cls``.
-
-    Defaults are filled from ``cls``; interpolations (``${seed}``) are resolved against
-    the node's root first; unknown keys and values of the wrong type fail.
-    """
-    if OmegaConf.is_config(node):
-        node = OmegaConf.to_container(node, resolve=True)
-    merged = OmegaConf.merge(OmegaConf.structured(cls), node)
-    return cast(T, OmegaConf.to_object(merged))
 
 
 # ---------------------------------------------------------------------------------

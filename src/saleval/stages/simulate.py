@@ -13,9 +13,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from saleval import tables
-from saleval.crowd.config import SimulationConfig, load
+from saleval.crowd.config import SimulationConfig
 from saleval.crowd.simulate import simulate_crowd
 from saleval.data import load_dataset
+from saleval.schema import to_schema
 from saleval.stage import Stage, hydra_main
 
 NOTICE = """# SIMULATED
@@ -35,7 +36,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         task_dir = st.inputs["tasks"]
         tasks = tables.TASKS.read(task_dir)
         bundles = tables.BUNDLES.read(task_dir)
-        sim = load(SimulationConfig, cfg.simulation)
+        sim = to_schema(SimulationConfig, cfg.simulation)
         data = load_dataset(cfg.dataset)
         labels = [str(n) for n in cfg.dataset.label_names]
         crowd = simulate_crowd(tasks, bundles, data[sim.bow.split], labels, sim)

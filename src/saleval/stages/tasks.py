@@ -13,9 +13,10 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
-from saleval.crowd.config import StudyConfig, load
+from saleval.crowd.config import StudyConfig
 from saleval.crowd.design import DesignError, build_study
 from saleval.crowd.exports import write_exports
+from saleval.schema import to_schema
 from saleval.stage import Stage, hydra_main
 
 
@@ -40,7 +41,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         attrs = tables.ATTRIBUTIONS.read(explain)
         prob_columns = [c for c in preds.columns if c.startswith("prob_")]
         labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
-        study = load(StudyConfig, cfg.study)
+        study = to_schema(StudyConfig, cfg.study)
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
         st.write(tables.TASKS, design.tasks)
         st.write(tables.BUNDLES, design.bundles)
