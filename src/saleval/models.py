@@ -174,23 +174,104 @@ def build_model(
 
 
 def load_trained(
-    run_dir_or_model_dir: str | Path, attn_implementation: str | None = "eager"
+    source: str | Path, attn_implementation: str | None = "eager"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Model + tokenizer saved by a train run, in eval mode.
+    """Model + tokenizer in eval mode, from a train run dir, a ``save_pretrained``
+    checkpoint directory (a user's own fine-tuned classifier), or a hub id.
 
     ``eager`` attention is the default because attention methods read
     ``output_attentions`` and the sdpa kernels return none.
     """
-    path = Path(run_dir_or_model_dir)
+    path = Path(source).expanduser()
     if (path / MODEL_DIR / "config.json").is_file():
         path = path / MODEL_DIR
-    if not (path / "config.json").is_file():
+    local = path.is_dir()
+    if local and not (path / "config.json").is_file():
         raise ModelError(f"{path}: no saved model (config.json missing)")
+    if not local and (Path(source).is_absolute() or str(source).startswith((".", "~"))):
+        raise ModelError(f"{source}: no such directory")
+    where = str(path) if local else str(source)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
-    tok = AutoTokenizer.from_pretrained(path, use_fast=True)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(where, **kwargs)
+        tok = AutoTokenizer.from_pretrained(where, use_fast=True)
+    except OSError as err:
+        if local:
+            raise ModelError(f"{where}: cannot load the checkpoint ({err})") from err
+        raise ModelError(
+            f"{where}: not a local directory, and loading it as a hub id failed; the hub "
+            "needs a network (HF_HUB_OFFLINE=1 here): download the checkpoint elsewhere "
+            f"and pass its directory ({str(err).splitlines()[0]})"
+        ) from err
+    if not getattr(tok, "is_fast", False):
+        raise ModelError(
+            f"{where}: its tokenizer is not a fast (Rust) tokenizer; saleval maps words to "
+            "tokens through the fast tokenizer's offsets: save one with the checkpoint"
+        )
     model.eval()
-    return model, cast(PreTrainedTokenizerFast, tok)  # train runs save fast tokenizers
+    return model, cast(PreTrainedTokenizerFast, tok)
+
+
+def checkpoint_name(source: str | Path) -> str:
+    """The model's name in provenance for a checkpoint that is not a train run: its
+    directory name (``…/sst2-finetuned`` → ``sst2-finetuned``) or the hub id."""
+    path = Path(source).expanduser()
+    if path.name == MODEL_DIR and path.parent.name:
+        path = path.parent
+    return path.name if path.is_dir() else str(source)
+
+
+def align_labels(model: PreTrainedModel, label_names: Sequence[str], where: str) -> None:
+    """Make the classifier's classes follow the dataset's label names, or fail naming both.
+
+    A checkpoint's ``id2label`` equal to the dataset's labels: nothing to do. The same
+    names in another order: the output layer's rows are permuted (and ``id2label``
+    rewritten) so class *i* is the dataset's label *i* for every later table. Names that
+    Transformers gives unnamed classes (``LABEL_0``, ``LABEL_1``, ...) are taken in the
+    dataset's order, with a warning. Anything else is an error naming both lists.
+    """
+    import logging
+
+    ours = [str(n) for n in label_names]
+    theirs = label_names_of(model)
+    if theirs == ours:
+        return
+    if theirs == [f"LABEL_{i}" for i in range(len(theirs))] and len(theirs) == len(ours):
+        logging.getLogger(__name__).warning(
+            "%s: the checkpoint names its classes %s; taking them as the dataset's %s in "
+            "that order", where, theirs, ours,
+        )  # fmt: skip
+    elif sorted(theirs) == sorted(ours):
+        head = _output_layer(model)
+        if head is None:
+            raise ModelError(
+                f"{where}: the checkpoint's labels {theirs} are the dataset's {ours} in another "
+                "order, and its output layer is not a plain Linear to permute: re-save it "
+                "with id2label in the dataset's order"
+            )
+        order = torch.tensor([theirs.index(n) for n in ours])
+        with torch.no_grad():
+            head.weight.copy_(head.weight[order])
+            if head.bias is not None:
+                head.bias.copy_(head.bias[order])
+    else:
+        raise ModelError(
+            f"{where}: the checkpoint's labels {theirs} differ from the dataset's {ours}; "
+            "pass the dataset this model was trained on (or fix its id2label)"
+        )
+    model.config.id2label = dict(enumerate(ours))
+    model.config.label2id = {n: i for i, n in enumerate(ours)}
+
+
+def _output_layer(model: PreTrainedModel) -> torch.nn.Linear | None:
+    """The Linear that produces the class logits (BERT: ``classifier``; RoBERTa-style
+    heads: ``classifier.out_proj``), or None when the head is something else."""
+    n = len(label_names_of(model))
+    head = getattr(model, "classifier", None)
+    for cand in (head, getattr(head, "out_proj", None)):
+        if isinstance(cand, torch.nn.Linear) and cand.out_features == n:
+            return cand
+    return None
 
 
 def label_names_of(model: PreTrainedModel) -> list[str]:

@@ -110,6 +110,21 @@ def resolve_input(name: str, spec: str | os.PathLike[str]) -> Path:
     return path.resolve()
 
 
+def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
+    """``inputs.model``: a saleval train run (``runs:/<id>`` or a dir with ``run.json``)
+    becomes a parent run; anything else (a ``save_pretrained`` directory, a hub id) is a
+    checkpoint to load, with no parent run and no provenance but its name.
+
+    >>> run_or_checkpoint("runs:/0123")
+    ('runs:/0123', None)
+    >>> run_or_checkpoint("bert-base-uncased")
+    (None, 'bert-base-uncased')
+    """
+    if spec.startswith("runs:/") or Path(spec, RUN_JSON).is_file():
+        return spec, None
+    return None, spec
+
+
 def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(Path(run_dir, RUN_JSON).read_text())
 
@@ -272,6 +287,9 @@ class Stage:
         self.provenance = dataclasses.replace(self.provenance, **fields)
         if fields.get("simulated"):
             self.set_tags({"simulated": "true"})
+        for key in ("dataset", "model"):
+            if fields.get(key) is not None:
+                self.set_tags({key: str(fields[key])})
         if self.is_main and self.run_id is not None:
             self._write_run_json(status="RUNNING")
 

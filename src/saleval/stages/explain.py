@@ -24,8 +24,8 @@ from saleval import tables, views
 from saleval.attribution import explain_frame
 from saleval.data import DataError, load_dataset
 from saleval.inference import predict_proba
-from saleval.models import label_names_of, load_trained
-from saleval.stage import Stage, hydra_main
+from saleval.models import align_labels, checkpoint_name, load_trained
+from saleval.stage import InputError, Stage, given_input, hydra_main, run_or_checkpoint
 from saleval.vocab import Population, Target
 
 
@@ -91,20 +91,27 @@ def _metrics(
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    # the dataset and the model's name come from the train run unless given (checked then)
+    spec = given_input(cfg, "model")
+    if spec is None:
+        raise InputError(
+            "inputs.model is required: a saleval train run, a save_pretrained checkpoint "
+            "directory, or a hub id"
+        )
+    run, checkpoint = run_or_checkpoint(spec)
+    # from a train run: the dataset and the model's name come from it unless given (checked
+    # then); a checkpoint of the user's own brings no provenance, so dataset= is required
+    inputs = {"model": run} if run else {}
+    tags = {"checkpoint": checkpoint} if checkpoint else {}
     inherits = ("dataset", "model")
-    with Stage(
-        cfg, "explain", {"model": cfg.inputs.model}, inherits=inherits, requires=["dataset"]
-    ) as st:
-        model, tokenizer = load_trained(st.inputs["model"])
+    with Stage(cfg, "explain", inputs, tags=tags, inherits=inherits, requires=["dataset"]) as st:
+        model, tokenizer = load_trained(st.inputs["model"] if run else str(checkpoint))
+        if checkpoint:
+            st.provide(model=checkpoint_name(checkpoint))
         data = load_dataset(cfg.dataset)
-        if list(data.label_names) != label_names_of(model):
-            raise DataError(
-                f"dataset {cfg.dataset.name} labels {data.label_names} != the model's "
-                f"{label_names_of(model)} (inputs.model={cfg.inputs.model})"
-            )
+        align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
-        max_length = int(cfg.max_length or st.parent_provenance["model"].max_length or 256)
+        trained = st.parent_provenance["model"].max_length if run else None
+        max_length = int(cfg.max_length or trained or 256)
         st.provide(max_length=max_length)
         pool = filter_population(
             model, tokenizer, data[cfg.data.split], cfg.data.population, max_length

@@ -27,8 +27,15 @@ from saleval.faithfulness import (
 )
 from saleval.inference import use_bf16
 from saleval.metrics_registry import import_plugins
-from saleval.models import load_trained
-from saleval.stage import Stage, hydra_main, read_run_info
+from saleval.models import align_labels, checkpoint_name, load_trained
+from saleval.stage import (
+    InputError,
+    Stage,
+    given_input,
+    hydra_main,
+    read_run_info,
+    run_or_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,28 +109,42 @@ def mlflow_names(summary: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-#: the dataset and max_length the explain run used, the model of the train run; a value
-#: given here is checked against them (saleval.provenance)
-INHERITS = {"dataset": ["explain"], "model": ["model"], "max_length": ["explain"]}
+#: the dataset and max_length the explain run used, the model of the train run (and of the
+#: explain run); a value given here is checked against them (saleval.provenance)
+INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length": ["explain"]}
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
     import_plugins(mcfg.plugins)  # a user's own metrics register themselves
-    inputs = {"model": cfg.inputs.model, "explain": cfg.inputs.explain}
-    with Stage(cfg, "metrics", inputs, inherits=INHERITS, requires=["dataset"]) as st:
-        explain_dir, model_dir = st.inputs["explain"], st.inputs["model"]
+    spec = given_input(cfg, "model")
+    if spec is None:
+        raise InputError("inputs.model is required: a train run, a checkpoint dir or a hub id")
+    run, checkpoint = run_or_checkpoint(spec)  # a user's own checkpoint: no parent run
+    inputs = {"explain": cfg.inputs.explain, **({"model": run} if run else {})}
+    tags = {"checkpoint": checkpoint} if checkpoint else {}
+    with Stage(cfg, "metrics", inputs, tags=tags, inherits=INHERITS, requires=["dataset"]) as st:
+        explain_dir = st.inputs["explain"]
+        model_dir = st.inputs["model"] if run else Path(str(checkpoint))
         explain_cfg = st.parent_configs["explain"]
-        _warn_on_other_model(explain_dir, model_dir)
+        if run:
+            _warn_on_other_model(explain_dir, model_dir)
+        elif checkpoint_name(str(checkpoint)) != st.provenance.model:
+            log.warning(
+                "inputs.model=%s is not the model the explain run %s explained (%s)",
+                checkpoint, explain_dir, st.provenance.model,
+            )  # fmt: skip
         # the explain run's segmentation length (runs written before it was recorded: the
         # train run's model.max_length, which the explain stage then used)
-        max_length = st.provenance.max_length or st.parent_provenance["model"].max_length
+        trained = st.parent_provenance["model"].max_length if run else None
+        max_length = st.provenance.max_length or trained
         if not max_length:
             raise ValueError(
                 f"neither {explain_dir} nor {model_dir} records a max_length: cannot "
                 "re-segment the texts as the explain run did"
             )
-        model, tok = load_trained(model_dir, attn_implementation=None)
+        model, tok = load_trained(str(model_dir), attn_implementation=None)
+        align_labels(model, list(cfg.dataset.label_names), where=f"inputs.model={spec}")
         preds = tables.PREDICTIONS.read(st.inputs["explain"])
         attrs = tables.ATTRIBUTIONS.read(st.inputs["explain"])
         if mcfg.max_samples is not None:
