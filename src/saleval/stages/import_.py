@@ -25,6 +25,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
+from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.long_format import ANSWER_FILE
 from saleval.crowd.reading import CrowdImport, sha256_file
@@ -47,6 +48,22 @@ def answers_source(spec: str) -> tuple[Path, str | None]:
         in_run = path.name == ANSWER_FILE and (path.parent / RUN_JSON).is_file()
         return path, str(path.parent) if in_run else None
     raise InputError(f"inputs.answers={spec}: no such file or directory")
+
+
+def nothing_left(path: Path, report: dict[str, Any]) -> str:
+    """Why an import kept no answer, counted by reason, and what to do about it."""
+    rejected = ", ".join(f"{k}: {v}" for k, v in (report.get("rejects_by_field") or {}).items())
+    filtered = ", ".join(
+        f"{f['name']}: {f['n_answers']} answers of {f['n_workers']} workers"
+        for f in report.get("filters", [])
+        if f.get("n_answers")
+    )
+    return (
+        f"{path}: no answer is left to score. {report.get('n_rows', '?')} rows read; "
+        f"rejected {report.get('n_rejected_rows', 0)} ({rejected or 'none'}); removed by "
+        f"filters: {filtered or 'none'}. See rejects.csv and filtered.csv in the run dir; fix "
+        "the file, or loosen crowd.filters.* (null disables a filter)"
+    )
 
 
 def study_record(st: Stage) -> dict[str, str]:
@@ -138,7 +155,10 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
             },
             study=study_record(st),
         )
-        return write_outputs(st, result, st.provenance.simulated)
+        out = write_outputs(st, result, st.provenance.simulated)
+        if not len(result.annotations):  # the outputs above stay, to see where answers went
+            raise CrowdImportError(nothing_left(answers_file, result.report))
+        return out
 
 
 def _run_published(cfg: DictConfig, source: PublishedSource) -> dict[str, Any]:

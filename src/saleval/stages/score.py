@@ -82,6 +82,11 @@ def score_outputs(
     st: Stage, cfg: DictConfig, aggregated: pd.DataFrame, info: dict[str, Any]
 ) -> dict[str, Any]:
     """Score A, write every table, report and plot into the run dir, log metrics."""
+    if "n_answers" in aggregated and int(aggregated["n_answers"].fillna(0).sum()) == 0:
+        raise InputError(
+            f"{st.inputs.get('crowd', 'the input')}: aggregated.csv holds no answer (every "
+            "task has n_answers = 0): there is nothing to score; see its import_report.json"
+        )
     sc = cfg.scoring
     simulated = st.tags.get("simulated") == "true"
     dataset = str(cfg.dataset.name)

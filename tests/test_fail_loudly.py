@@ -1,0 +1,38 @@
+"""An import that keeps no answer fails, with the counts by reason, and keeps its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from saleval import tables
+from saleval.crowd.errors import CrowdImportError
+from saleval.testing import make_task_run
+
+
+def test_an_import_that_keeps_no_answer_fails_naming_the_reasons(
+    tmp_path: Path, make_cfg, mlflow_uri: str
+) -> None:
+    from saleval.stages import import_, simulate
+
+    tasks = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=5)
+    sim = simulate.run(make_cfg("simulate", [f"inputs.tasks={tasks}"], name="sim"))
+    # every simulated bundle takes minutes, not a day: the speed filter drops every worker
+    cfg = make_cfg(
+        "import",
+        [
+            f"inputs.tasks={tasks}",
+            f"inputs.answers={sim['run_dir']}",
+            "crowd.filters.min_bundle_seconds=86400",
+        ],
+        name="imp",
+    )
+    with pytest.raises(CrowdImportError, match=r"no answer is left to score.*rows read") as err:
+        import_.run(cfg)
+    assert "min_bundle_seconds:" in str(err.value) and "loosen crowd.filters" in str(err.value)
+    run_dir = tmp_path / "imp"
+    filtered = (run_dir / "filtered.csv").read_text().splitlines()
+    assert len(filtered) - 1 == len(tables.ANSWERS.read(sim["run_dir"]))  # every answer, kept
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "FAILED"
