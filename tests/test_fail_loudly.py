@@ -36,3 +36,47 @@ def test_an_import_that_keeps_no_answer_fails_naming_the_reasons(
     filtered = (run_dir / "filtered.csv").read_text().splitlines()
     assert len(filtered) - 1 == len(tables.ANSWERS.read(sim["run_dir"]))  # every answer, kept
     assert json.loads((run_dir / "run.json").read_text())["status"] == "FAILED"
+
+
+def test_a_stage_prints_where_it_went_and_what_follows_and_latest_chains(
+    tmp_path: Path, make_cfg, mlflow_uri: str, capsys
+) -> None:
+    from saleval.stages import import_, simulate
+
+    out = tmp_path / "out"
+    tasks = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=5)
+    sim = simulate.run(
+        make_cfg(
+            "simulate",
+            [f"inputs.tasks={tasks}", f"paths.output_root={out}"],
+            name="out/simulate/r1",
+        )
+    )
+    printed = capsys.readouterr().out
+    assert f"[saleval-simulate] finished: {sim['run_dir']}" in printed
+    assert f"MLflow run {sim['run_id']}" in printed
+    assert (
+        f"next: saleval-import inputs.tasks={tasks.resolve()} inputs.answers={sim['run_dir']}"
+        in printed
+    )
+    assert (out / "simulate" / "latest").resolve() == Path(sim["run_dir"]).resolve()
+    imp = import_.run(
+        make_cfg(
+            "import",
+            [
+                f"inputs.tasks={tasks}",
+                "inputs.answers=latest",
+                f"paths.output_root={out}",
+                "crowd.filters.min_bundle_seconds=null",
+            ],
+            name="imp",
+        )
+    )
+    info = json.loads((Path(imp["run_dir"]) / "run.json").read_text())
+    assert Path(info["parent_dirs"]["answers"]).resolve() == Path(sim["run_dir"]).resolve()
+    # a run dir outside <output root>/<stage> leaves "latest" alone
+    assert not (out / "import").exists()
+    with pytest.raises(Exception, match="inputs.crowd=latest:.*does not exist"):
+        from saleval.stage import resolve_input
+
+        resolve_input("crowd", "latest", out)

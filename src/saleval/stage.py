@@ -83,11 +83,40 @@ class InputError(ValueError):
     """An ``inputs.<name>`` value does not point at a usable run."""
 
 
-def resolve_input(name: str, spec: str | os.PathLike[str]) -> Path:
-    """A run dir or ``runs:/<run id>`` → a local run dir holding that run's files."""
+#: the stage whose runs an input names (``inputs.<name>=latest`` looks there)
+PRODUCERS = {
+    "model": "train",
+    "explain": "explain",
+    "tasks": "tasks",
+    "answers": "simulate",
+    "crowd": "import",
+    "score": "score",
+    "metrics": "metrics",
+}
+LATEST = "latest"
+
+
+def latest_link(output_root: str | Path, stage: str) -> Path:
+    """``<output root>/<stage>/latest``: a link to the stage's last finished run."""
+    return Path(output_root, stage, LATEST)
+
+
+def resolve_input(
+    name: str, spec: str | os.PathLike[str], output_root: str | Path | None = None
+) -> Path:
+    """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files."""
     spec = str(spec)
     if spec in ("???", "", "None"):
         raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
+    if spec == LATEST:
+        stage = PRODUCERS.get(name, name)
+        link = latest_link(output_root or paths.project_root() / "outputs", stage)
+        if not link.exists():
+            raise InputError(
+                f"inputs.{name}=latest: {link} does not exist; no saleval-{stage} run has "
+                "finished there yet: pass a run dir"
+            )
+        spec = str(link.resolve())
     if spec.startswith("runs:/"):
         run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
         try:
@@ -120,7 +149,7 @@ def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
     >>> run_or_checkpoint("bert-base-uncased")
     (None, 'bert-base-uncased')
     """
-    if spec.startswith("runs:/") or Path(spec, RUN_JSON).is_file():
+    if spec.startswith("runs:/") or spec == LATEST or Path(spec, RUN_JSON).is_file():
         return spec, None
     return None, spec
 
@@ -192,6 +221,23 @@ def _run_dir_of(cfg: DictConfig) -> Path:
     raise ValueError("no run dir: set run_dir=<path> when calling a stage outside Hydra")
 
 
+#: what usually follows a stage, printed when it finishes ({run}: its run dir; {model},
+#: {tasks}: its inputs of that name; an unknown one becomes ``latest``)
+NEXT: dict[str, list[str]] = {
+    "train": ["saleval-explain inputs.model={run} data.n_samples=40 method.lime.num_samples=300"],
+    "explain": [
+        "saleval-tasks inputs.explain={run}",
+        "saleval-metrics inputs.model={model} inputs.explain={run}",
+    ],
+    "tasks": ["saleval-simulate inputs.tasks={run}", "saleval-annotate inputs.tasks={run}"],
+    "simulate": ["saleval-import inputs.tasks={tasks} inputs.answers={run}"],
+    "annotate": ["saleval-import inputs.tasks={tasks} inputs.answers={run}"],
+    "import": ["saleval-score inputs.crowd={run}"],
+    "score": ["saleval-compare inputs.score={run} inputs.metrics=latest"],
+    "metrics": ["saleval-compare inputs.score=latest inputs.metrics={run}"],
+}
+
+
 class Stage:
     """Context of one stage run: inputs, run dir, MLflow run, table writing."""
 
@@ -210,8 +256,9 @@ class Stage:
         self.cfg = cfg
         self.stage = stage
         self.run_dir = _run_dir_of(cfg).resolve()
+        root = OmegaConf.select(cfg, "paths.output_root", default=None)
         self.inputs: dict[str, Path] = {
-            k: resolve_input(k, v) for k, v in (inputs or {}).items() if v is not None
+            k: resolve_input(k, v, root) for k, v in (inputs or {}).items() if v is not None
         }
         #: each parent's run.json and config.yaml, read once
         self.parents: dict[str, dict[str, Any]] = {
@@ -252,6 +299,7 @@ class Stage:
         self.is_main = is_main_process()
         self._t0 = 0.0
         self._started_here = False
+        self._nested = False
 
     def _adopt_dataset(self) -> None:
         """A dataset adopted from a parent comes with its whole config node (files, label
@@ -324,6 +372,7 @@ class Stage:
         if self.provenance.simulated:
             tags["simulated"] = "true"
         nested = mlflow.active_run() is not None
+        self._nested = nested
         run = mlflow.start_run(
             run_name=str(
                 OmegaConf.select(self.cfg, "tracking.run_name", default=None) or self.stage
@@ -354,6 +403,38 @@ class Stage:
         finally:
             if self._started_here:
                 mlflow.end_run(status=status)
+        if not exc_type and not self._nested:  # saleval-run prints its own summary
+            self._link_latest()
+            print(self.summary(), flush=True)
+
+    def _link_latest(self) -> None:
+        """Point ``<output root>/<stage>/latest`` at this run, when it lies there."""
+        root = OmegaConf.select(self.cfg, "paths.output_root", default=None)
+        if root is None:
+            return
+        link = latest_link(root, self.stage)
+        if link.parent.resolve() not in self.run_dir.parents:
+            return  # a run dir elsewhere (tests, run_dir=...) is not "the latest" of outputs/
+        tmp = link.with_name(f".{LATEST}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self.run_dir, target_is_directory=True)
+        os.replace(tmp, link)  # atomic: a reader never sees no link
+
+    def summary(self) -> str:
+        """Where the run went and the command(s) that take it further, paths filled in."""
+        known = {"run": str(self.run_dir), **{k: str(p) for k, p in self.inputs.items()}}
+        if "checkpoint" in self.extra_tags:
+            known.setdefault("model", self.extra_tags["checkpoint"])
+        lines = [
+            f"[saleval-{self.stage}] finished: {self.run_dir}",
+            f"  MLflow run {self.run_id} in {mlflow.get_tracking_uri()}",
+        ]
+        for template in NEXT.get(self.stage, []):
+            command = template
+            for key in ("run", "model", "tasks"):
+                command = command.replace("{" + key + "}", known.get(key, LATEST))
+            lines.append(f"  next: {command}")
+        return "\n".join(lines)
 
     def _write_run_json(self, **extra: Any) -> None:
         info = {

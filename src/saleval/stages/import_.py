@@ -29,17 +29,25 @@ from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.long_format import ANSWER_FILE
 from saleval.crowd.reading import CrowdImport, sha256_file
-from saleval.stage import RUN_JSON, InputError, Stage, given_input, hydra_main, resolve_input
+from saleval.stage import (
+    LATEST,
+    RUN_JSON,
+    InputError,
+    Stage,
+    given_input,
+    hydra_main,
+    resolve_input,
+)
 from saleval.vocab import Population, Target
 
 REPORT_FILE = tables.IMPORT_REPORT
 FILTERED_FILE = "filtered.csv"
 
 
-def answers_source(spec: str) -> tuple[Path, str | None]:
+def answers_source(spec: str, output_root: str | None = None) -> tuple[Path, str | None]:
     """``inputs.answers`` → (the answers file, a run dir to record as parent or None)."""
-    if spec.startswith("runs:/"):
-        run_dir = resolve_input("answers", spec)
+    if spec.startswith("runs:/") or spec == LATEST:
+        run_dir = resolve_input("answers", spec, output_root)
         return run_dir / ANSWER_FILE, str(run_dir)
     path = Path(spec).expanduser().resolve()
     if path.is_dir():
@@ -129,7 +137,8 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
             "saleval-import needs inputs.tasks=<tasks run> and inputs.answers=<answers.csv or "
             "run dir> (or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
         )
-    answers_file, answers_run = answers_source(answers_spec)
+    output_root = OmegaConf.select(cfg, "paths.output_root", default=None)
+    answers_file, answers_run = answers_source(answers_spec, output_root)
     digest = sha256_file(answers_file) if answers_file.is_file() else ""
     inputs = {"tasks": tasks_spec, **({"answers": answers_run} if answers_run else {})}
     tags = {"answers_path": str(answers_file), "answers_sha256": digest}
