@@ -59,9 +59,12 @@ def write_run(
     return run_dir
 
 
-def fake_train_run(run_dir: Path, tok) -> Path:
-    """A train run dir holding a random tiny BERT (no training: the metrics need only a model)."""
-    model = build_model(TINY_CFG, ["World", "Sports", "Business", "Sci/Tech"], seed=0)
+def fake_train_run(
+    run_dir: Path, tok, label_names: tuple[str, ...] = ("World", "Sports", "Business", "Sci/Tech")
+) -> Path:
+    """A train run dir holding a random tiny BERT (no training: the metrics need only a model
+    whose classes are the dataset's labels, which the metrics stage checks)."""
+    model = build_model(TINY_CFG, list(label_names), seed=0)
     model.save_pretrained(run_dir / "model")
     tok.save_pretrained(run_dir / "model")
     return write_run(run_dir, "train", {"model": {"name": "tiny", "max_length": 64}})

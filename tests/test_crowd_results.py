@@ -383,8 +383,14 @@ def test_strict_policy_fails_and_writes_no_tables(
     assert not any(
         (run / f).exists() for f in ("annotations.parquet", "aggregated.csv", "rejects.csv")
     )
-    # report mode: the good rows go on, the rejects are written
-    out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={path}"], name="report")
+    # report mode: the good rows go on, the rejects are written (their bundles are too short
+    # for the speed filter, which would leave no answer: an error of its own)
+    overrides = [
+        f"inputs.tasks={task_run}",
+        f"inputs.answers={path}",
+        "crowd.filters.min_bundle_seconds=null",
+    ]
+    out = _import(make_cfg, overrides, name="report")
     rejects = tables.REJECTS.read(Path(out["run_dir"]))
     assert rejects["row"].nunique() == 8 and out["n_accepted"] == 2
 

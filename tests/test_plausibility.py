@@ -24,7 +24,8 @@ def tok():
 
 @pytest.fixture(scope="module")
 def train_run(tmp_path_factory, tok) -> Path:
-    return fake_train_run(tmp_path_factory.mktemp("train") / "run", tok)
+    # the eraser_movies classes: the metrics stage checks the model's labels against them
+    return fake_train_run(tmp_path_factory.mktemp("train") / "run", tok, ("negative", "positive"))
 
 
 TEXT = "the acting was superb but the plot dragged"
