@@ -224,7 +224,10 @@ def _run_dir_of(cfg: DictConfig) -> Path:
 #: what usually follows a stage, printed when it finishes ({run}: its run dir; {model},
 #: {tasks}: its inputs of that name; an unknown one becomes ``latest``)
 NEXT: dict[str, list[str]] = {
-    "train": ["saleval-explain inputs.model={run} data.n_samples=40 method.lime.num_samples=300"],
+    "train": [
+        "saleval-explain inputs.model={run} data.n_samples=40 data.population=correct "
+        "method.lime.num_samples=300"
+    ],
     "explain": [
         "saleval-tasks inputs.explain={run}",
         "saleval-metrics inputs.model={model} inputs.explain={run}",
