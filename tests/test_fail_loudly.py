@@ -80,3 +80,19 @@ def test_a_stage_prints_where_it_went_and_what_follows_and_latest_chains(
         from saleval.stage import resolve_input
 
         resolve_input("crowd", "latest", out)
+
+
+def test_a_k_longer_than_every_text_warns(caplog) -> None:
+    from saleval.crowd.config import StudyConfig
+    from saleval.crowd.design import build_study
+    from saleval.testing import explain_frames
+
+    preds, attrs = explain_frames(20, ["neg", "pos"], methods=["random", "lime"])
+    study = StudyConfig(n_samples=8, bundle_size=8, repeats=1, population="correct")
+    with caplog.at_level("WARNING"):
+        build_study(preds, attrs, ["neg", "pos"], study, [2, 1000])
+    assert "kgrid [1000]: every study text has at most" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        build_study(preds, attrs, ["neg", "pos"], study, [2, 3])
+    assert "kgrid" not in caplog.text

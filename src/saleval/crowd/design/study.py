@@ -54,6 +54,21 @@ def choose_methods(available: Sequence[str], study: StudyConfig, where: str) -> 
     return methods
 
 
+def warn_whole_texts(tasks: pd.DataFrame, ks: Sequence[int]) -> list[int]:
+    """The ks at least as long as every study text: their tasks show each whole text, so
+    they cannot tell methods apart. Warned (and returned), not refused: a grid shared by
+    datasets of different lengths may reach past the shorter ones on purpose."""
+    longest = int(tasks["n_words"].max()) if "n_words" in tasks and len(tasks) else 0
+    whole = [int(k) for k in ks if k >= longest]
+    if whole:
+        log.warning(
+            "kgrid %s: every study text has at most %d words, so the tasks of these k show "
+            "whole texts and cannot tell the methods apart; choose smaller ks (kgrid.ks)",
+            whole, longest,
+        )  # fmt: skip
+    return whole
+
+
 def build_study(
     predictions: pd.DataFrame,
     attributions: pd.DataFrame,
@@ -101,6 +116,7 @@ def build_study(
         int(study.seed),
         f"{where}: attributions",
     )
+    warn_whole_texts(tasks, ks)
 
     gold_per_bundle = round(float(study.gold_rate) * bundle_size)
     if study.gold_rate > 0 and gold_per_bundle == 0:
