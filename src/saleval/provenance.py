@@ -100,14 +100,18 @@ class Provenance:
         )
 
     @classmethod
-    def of_run(cls, run_dir: str | Path, info: Mapping[str, Any]) -> Provenance:
+    def of_run(
+        cls, run_dir: str | Path, info: Mapping[str, Any], cfg: DictConfig | None = None
+    ) -> Provenance:
         """A parent's record: its ``run.json`` field, or (runs written before the field
-        existed) what its ``config.yaml`` and ``run.json`` say."""
+        existed) what its ``config.yaml`` (``cfg`` when already read) and ``run.json`` say."""
         if isinstance(info.get("provenance"), Mapping):
             return cls.from_json(info["provenance"])
-        path = Path(run_dir, "config.yaml")
-        cfg = OmegaConf.load(path) if path.is_file() else None
-        own = cls.from_config(cfg if isinstance(cfg, DictConfig) else None)
+        if cfg is None:
+            path = Path(run_dir, "config.yaml")
+            loaded = OmegaConf.load(path) if path.is_file() else None
+            cfg = loaded if isinstance(loaded, DictConfig) else None
+        own = cls.from_config(cfg)
         explain_len = None if cfg is None else OmegaConf.select(cfg, "max_length", default=None)
         return dataclasses.replace(
             own,

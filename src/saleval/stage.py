@@ -190,24 +190,34 @@ def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
 _VOLATILE = ("run_dir", "paths", "tracking", "hydra", "inputs", "progress")
 
 
-def stage_fingerprint(cfg: DictConfig, stage: str, input_dirs: Mapping[str, Path]) -> str:
+def stage_fingerprint(
+    cfg: DictConfig,
+    stage: str,
+    input_dirs: Mapping[str, Path],
+    parents: Mapping[str, Mapping[str, Any]] | None = None,
+    resolved: dict[str, Any] | None = None,
+) -> str:
     """What a run of ``stage`` with ``cfg`` on these parent run dirs would compute.
 
     Two runs with the same fingerprint produce the same outputs (up to hardware
     nondeterminism); ``saleval-run`` reuses a finished one instead of recomputing.
+    ``parents`` (their ``run.json``) and ``resolved`` (``cfg`` resolved) spare reading
+    and resolving them again when the caller has them.
     """
-    container = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(container, dict)
-    resolved = cast(dict[str, Any], container)  # a stage config's keys are str
+    if resolved is None:
+        container = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(container, dict)
+        resolved = cast(dict[str, Any], container)  # a stage config's keys are str
     stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
     if isinstance(stable.get("dataset"), dict):  # where the files sit is not what they are
         stable["dataset"] = {k: v for k, v in stable["dataset"].items() if k != "data_root"}
-    parents = {k: str(read_run_info(p).get("fingerprint", "")) for k, p in input_dirs.items()}
+    infos = parents or {k: read_run_info(p) for k, p in input_dirs.items()}
+    prints = {k: str(infos[k].get("fingerprint", "")) for k in input_dirs}
     # inputs given as plain files (a platform's answers.csv) count by their content
     for k, v in (resolved.get("inputs") or {}).items():
-        if k not in parents and isinstance(v, str) and Path(v).is_file():
-            parents[k] = "sha256:" + hashlib.sha256(Path(v).read_bytes()).hexdigest()
-    return fingerprint({"stage": stage, **stable}, parents)
+        if k not in prints and isinstance(v, str) and Path(v).is_file():
+            prints[k] = "sha256:" + hashlib.sha256(Path(v).read_bytes()).hexdigest()
+    return fingerprint({"stage": stage, **stable}, prints)
 
 
 def _run_dir_of(cfg: DictConfig) -> Path:
@@ -272,7 +282,8 @@ class Stage:
         }
         #: each parent's provenance record (saleval.provenance)
         self.parent_provenance: dict[str, Provenance] = {
-            k: Provenance.of_run(p, self.parents[k]) for k, p in self.inputs.items()
+            k: Provenance.of_run(p, self.parents[k], self.parent_configs[k])
+            for k, p in self.inputs.items()
         }
         self.provenance: Provenance = resolve(
             Provenance.from_config(cfg),
@@ -294,7 +305,7 @@ class Stage:
         assert isinstance(resolved, dict)
         # a stage config's keys are str
         self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)
-        self.fingerprint = stage_fingerprint(cfg, stage, self.inputs)
+        self.fingerprint = stage_fingerprint(cfg, stage, self.inputs, self.parents, self.resolved)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None
         self.tags: dict[str, str] = {}

@@ -29,7 +29,7 @@ class TrackingConfig:
 
 @dataclass
 class KGridConfig:
-    """``conf/kgrid``: the crowd study's k-grid (SPEC §4), shared by tasks and metrics."""
+    """``conf/kgrid``: the crowd study's k-grid (Lu et al. 2024: k = 5, 10, 20, 30, 40), shared by tasks and metrics."""
 
     name: str = MISSING
     ks: list[int] = MISSING

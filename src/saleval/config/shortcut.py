@@ -1,5 +1,5 @@
 """Schemas of ``conf/shortcut`` (the planted rule) and of the shortcut stage's
-``explain`` node (SPEC §8)."""
+``explain`` node (Bastings et al. 2022, "Will you find these shortcuts?")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from saleval.vocab import Target
 
 
 class ShortcutKind(StrEnum):
-    """``st``: single token; ``tic``: token in context; ``op``: ordered pair (SPEC §8)."""
+    """``st``: single token; ``tic``: token in context; ``op``: ordered pair (Bastings et al. 2022)."""
 
     st = "st"
     tic = "tic"

@@ -67,7 +67,7 @@ class ExplainData:
 class ExplainView:
     samples: Any = 3  # HTML highlight pages for this many samples, or a list of sample ids
     top_k: int = 10  # words highlighted per method
-    overlap_k: int = 40  # K of the method-overlap table (SPEC §6)
+    overlap_k: int = 40  # K of the method-overlap table (Lu et al. 2024)
 
 
 @dataclass
