@@ -190,6 +190,50 @@ def test_ig_completeness(baseline, output, model, tok, segs) -> None:
     assert torch.all(attr[batch.keep_own & batch.attention_mask.bool()] == 0)
 
 
+@pytest.mark.parametrize("kind", ["integrated_gradients", "deeplift"])
+def test_zero_all_baseline_is_captums_default_on_one_unpadded_text(kind, model, tok, segs) -> None:
+    """``zero_all`` = Captum called on the embeddings with no baseline, one text at a time.
+
+    That is what the original crowd study's code did (Lu et al. 2024): zero at every
+    position, [CLS] and [SEP] included. Our batched run (padding) must give the same
+    token scores, and unlike ``zero`` the special tokens get attribution.
+    """
+    from captum.attr import DeepLift, IntegratedGradients
+
+    from saleval.attribution.gradient import DeepLiftMethod
+
+    settings = {"n_steps": 16} if kind == "integrated_gradients" else {}
+    cls = IntegratedGradientsMethod if kind == "integrated_gradients" else DeepLiftMethod
+    batch = Batch.from_segs(segs[:4], tok.pad_token_id, torch.device("cpu"))
+    targets = torch.tensor([0, 1, 2, 3])
+    ours = cls(baseline="zero_all", **settings)
+    with torch.enable_grad():
+        attr = ours.token_scores(model, tok, batch, targets).detach()
+    fwd = EmbeddingForward(model, "embeddings", "logits")
+    for i in range(4):
+        n = int(batch.attention_mask[i].sum())
+        args = tuple(
+            t[i : i + 1, :n] for t in (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        )
+        with torch.no_grad():
+            x = model.bert.embeddings(input_ids=args[0], token_type_ids=args[2])
+        x.requires_grad_()
+        if kind == "integrated_gradients":
+            ref = IntegratedGradients(fwd).attribute(
+                x,
+                additional_forward_args=args,
+                target=int(targets[i]),
+                n_steps=16,
+                method="gausslegendre",
+            )
+        else:
+            ref = DeepLift(fwd).attribute(x, additional_forward_args=args, target=int(targets[i]))
+        ref_tok = ref.detach().sum(-1)[0]
+        np.testing.assert_allclose(attr[i, :n].numpy(), ref_tok.numpy(), rtol=1e-4, atol=1e-6)
+        assert float(attr[i, 0].abs()) > 0, "[CLS] is zeroed in the baseline: it gets a score"
+    assert torch.all(attr[batch.attention_mask == 0] == 0)
+
+
 @pytest.mark.parametrize("layer", ["embeddings", "word_embeddings"])
 def test_input_x_gradient_is_one_step_ig_from_zero(layer, model, tok, segs) -> None:
     targets = _targets(len(segs))
@@ -343,6 +387,8 @@ def test_method_configs_build_and_presets_compose() -> None:
         assert build_method(m, key).name == key
     lu = compose_config("explain", ["method=preset/lu2024"]).method
     assert lu.integrated_gradients.n_steps == 100 and lu.captum_lime.n_samples == 40
+    # the study's code gave Captum no baseline: zero at [CLS]/[SEP] too
+    assert lu.integrated_gradients.baseline == lu.deeplift.baseline == "zero_all"
     assert lu.all_attention.aggregate == "sum" and "occlusion" not in lu
     grid = compose_config("explain", ["method=preset/bastings2022"]).method
     assert len(grid) == 30 and {build_method(m, k).name for k, m in grid.items()} == set(grid)

@@ -14,7 +14,12 @@ zero-embedding baseline.
 Baselines (IG, DeepLIFT): ``zero`` (the zero vector), ``pad``/``mask``/``unk`` (the
 embedding layer's output for ids where every word token is replaced by that token).
 Special tokens and padding keep their own embedding in every baseline, so their
-attribution is exactly zero and padding cannot move any score.
+attribution is exactly zero and padding cannot move any score — except ``zero_all``: the
+zero vector at every real position, ``[CLS]`` and ``[SEP]`` included, which is what
+Captum's IG and DeepLIFT do when called on the embeddings with no baseline, as the
+original crowd study's code did (Lu et al. 2024). Padding keeps its own embedding there
+too (it is masked out of attention, and the original code explained one unpadded text at
+a time), so batched and single-text runs agree.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from saleval.attribution.base import AttributionError, Batch, TokenAttributor, r
 
 LAYERS = ("embeddings", "word_embeddings")
 OUTPUTS = ("logits", "probs")
-BASELINES = ("zero", "pad", "mask", "unk")
+BASELINES = ("zero", "zero_all", "pad", "mask", "unk")
 REDUCTIONS = ("l1", "l2", "mean", "sum")
 # Captum's IG quadrature rules (captum.attr._utils.approximation_methods).
 ONE_STEP_ALPHA = {
@@ -120,6 +125,9 @@ def make_baseline(
     keep = batch.keep_own.unsqueeze(-1)
     if kind == "zero":
         return torch.where(keep, embeds, torch.zeros_like(embeds))
+    if kind == "zero_all":
+        padding = (batch.attention_mask == 0).unsqueeze(-1)
+        return torch.where(padding, embeds, torch.zeros_like(embeds))
     token = {
         "pad": tokenizer.pad_token_id,
         "mask": tokenizer.mask_token_id,
