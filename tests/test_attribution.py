@@ -1,4 +1,4 @@
-"""Attribution engine (SPEC §3): invariants of every method on a tiny random BERT.
+"""Attribution engine (docs/methods.md): invariants of every method on a tiny random BERT.
 
 IG completeness, input×gradient = one-step IG, padding never moves a score, seeded
 methods reproduce, attention is averaged over the right axes (read by hand), LIME and
@@ -466,7 +466,7 @@ def test_overlap_matrix_by_hand() -> None:
     # a: {0,1} ∩ {2,1} = 1 of 2 → 50 %; b: 100 %; mean 75 %
     assert mat.loc["m1", "m2"] == pytest.approx(75.0)
     assert mat.loc["m1", "m1"] == pytest.approx(100.0)
-    # K larger than the texts: the denominator stays K (SPEC §6)
+    # K larger than the texts: the denominator stays K (docs/scores.md#overlap)
     assert overlap_matrix(df, k=4).loc["m1", "m1"] == pytest.approx(75.0)
 
 

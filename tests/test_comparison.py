@@ -1,4 +1,5 @@
-"""Human vs automated comparison (SPEC §7) on hand-made rankings and synthetic crowd results."""
+"""Human vs automated comparison (docs/metrics.md#comparison) on hand-made rankings and
+synthetic crowd results."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Crowd study design (SPEC §4): sampling, rendering, nested top-k, bundles, exports."""
+"""Study design (docs/study-design.md): sampling, rendering, nested top-k, bundles, exports."""
 
 from __future__ import annotations
 

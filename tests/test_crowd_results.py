@@ -331,7 +331,7 @@ def test_round_trip_answers_import_score(
     assert (
         flips.loc["vanilla_gradient", "flips"] == 0 and flips.loc["vanilla_gradient", "aids"] == 0
     )
-    assert flips.loc["random", "aids"] == 4  # never recognised: counted as aids (SPEC formula)
+    assert flips.loc["random", "aids"] == 4  # never recognised: counted as aids (docs/scores.md)
     assert "SIMULATED" not in (srun / "scores.md").read_text()
     client = MlflowClient()
     srun_info = client.get_run(sc["run_id"])

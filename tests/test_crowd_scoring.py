@@ -1,4 +1,5 @@
-"""Hand-worked checks of SPEC §5 aggregation and SPEC §6 scores, flips and reports."""
+"""Hand-worked checks of the aggregation (docs/aggregation.md) and of the scores, flips and
+reports (docs/scores.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from saleval.crowd.config import FiltersConfig
 from saleval.crowd.importer import crowd_source
 from tests.conftest import compose_config
 
-# --- strict majority (SPEC §5) ------------------------------------------------------
+# --- strict majority (docs/aggregation.md#strict-majority) ---------------------------
 
 # Answer codes: 0 = "I don't know", 1 = label 0, 2 = label 1. The target is label 0 (code 1).
 STRICT_CASES = [
@@ -204,7 +205,7 @@ def test_quality_filters_remove_fast_idk_and_gold_failing_workers() -> None:
     assert len(kept2) == len(ann) and removed2.empty and log2 == []
 
 
-# --- SPEC §6 formulas ----------------------------------------------------------------
+# --- formulas of docs/scores.md -----------------------------------------------------
 
 
 def test_weight_formula_hand_worked() -> None:
@@ -251,8 +252,8 @@ def test_flips_and_aids_on_a_constructed_A() -> None:
     cube = scoring.Cube.from_aggregated(_aggregated(A, [5, 10, 20]))
     assert cube.methods == ["lime", "random"] and cube.ks == [5, 10, 20]
     fl = scoring.flip_analysis(cube.A)
-    # lime: s2 (1,0,1) and s4 (0,1,0) flip; s0 always; s3 never (counted in aids by SPEC's
-    # formula); s1 (0,1,1) is aided
+    # lime: s2 (1,0,1) and s4 (0,1,0) flip; s0 always; s3 never (counted in aids by the
+    # formula of docs/scores.md#flips); s1 (0,1,1) is aided
     assert fl["flips"].tolist() == [2, 5]
     assert fl["always"].tolist() == [1, 0]
     assert fl["never"].tolist() == [1, 0]

@@ -1,4 +1,4 @@
-"""Faithfulness metrics (SPEC §7) on a hand-built model whose output depends on known words.
+"""Faithfulness metrics (docs/metrics.md) on a hand-built model whose output depends on known words.
 
 The model's logits count token ids: every ``good`` adds 1 to class 1, every ``bad``
 adds 1.5 to class 0, and ``[CLS]`` adds a bias of 0.25 to class 1. So with g goods

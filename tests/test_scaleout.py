@@ -1,4 +1,4 @@
-"""Scale-out (SPEC §9 "Scale"): launcher configs, parallel joblib multiruns, an MLflow server.
+"""Scale-out (docs/scale-out.md): launcher configs, parallel joblib multiruns, an MLflow server.
 
 The two end-to-end tests run the console scripts as subprocesses, the way a user or a
 cluster node does, with every output, store and artifact in ``tmp_path``. The only network

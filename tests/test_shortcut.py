@@ -1,4 +1,4 @@
-"""The shortcut protocol (SPEC §8): generator rules, metrics, verification, the stage."""
+"""The shortcut protocol (docs/shortcut.md): generator rules, metrics, verification, the stage."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def _planted(text: str, tok) -> tuple[list[str], list[int]]:
 
 
 def _oracle(kind: str, found: list[str]) -> int | None:
-    """The rules of SPEC §8, written out independently of ShortcutRule.label_of."""
+    """The rules of docs/shortcut.md, written out independently of ShortcutRule.label_of."""
     labels = [t for t in found if t in ("#0", "#1")]
     if kind == "st":
         return int(found[0][1]) if found in (["#0"], ["#1"]) else None

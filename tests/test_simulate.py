@@ -1,4 +1,4 @@
-"""The simulated crowd (SPEC §4): seeded, reproducible, labelled SIMULATED, and it
+"""The simulated crowd (docs/study-design.md): seeded, reproducible, labelled SIMULATED, and it
 behaves like a crowd should: more shown words, more correct answers."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def real_ag_news_explain(run_dir: Path, n_per_class: int = 10) -> Path:
 
 
 def _strict_majority(answers: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
-    """A[i,j,k] of SPEC §5 (true label strictly more often than every other answer)."""
+    """A[i,j,k] of docs/aggregation.md (true label strictly more often than every other answer)."""
     a = answers.merge(tasks[["task_id", "label", "method", "k", "is_gold"]], on="task_id")
     a = a[~a["is_gold"]]
     a["truth"] = a["label"].map(lambda c: AG_LABELS[int(c)])

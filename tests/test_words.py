@@ -1,4 +1,4 @@
-"""Tokens → words on tricky text (SPEC §3.1) and batched inference."""
+"""Tokens → words on tricky text (docs/methods.md#words) and batched inference."""
 
 from __future__ import annotations
 

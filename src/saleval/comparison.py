@@ -1,7 +1,7 @@
-"""Human scores next to automated metrics (SPEC §7, "Comparison").
+"""Human scores next to automated metrics (docs/metrics.md#comparison).
 
 Method level: one row per method with the human score s_j and every automated
-metric, each with its rank (1 = best, ties share the best rank, as in SPEC §6),
+metric, each with its rank (1 = best, ties share the best rank, as in docs/scores.md#ranks),
 and the Spearman and Kendall correlation of every metric's method ranking with the
 human ranking, with bootstrap CIs over samples. Instance level: per explanation
 (sample × method), the crowd accuracy (mean over k of A_ijk) against each metric —
@@ -551,7 +551,7 @@ def compare(
     level: float = 0.95,
     seed: int = 0,
 ) -> ComparisonResult:
-    """The side-by-side table and every correlation of SPEC §7 for one dataset.
+    """The side-by-side table and every correlation of docs/metrics.md#comparison for one dataset.
 
     ``human`` is s_j by method (scores.csv). With A[i, j, k] (``human_A`` over
     ``human_samples`` × ``human_methods`` × k, and ``human_score_fn``) the

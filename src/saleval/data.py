@@ -1,4 +1,4 @@
-"""Datasets of SPEC §1: one loader per source, all returning :class:`DatasetSplits`.
+"""Datasets (docs/data-and-models.md): one loader per source, all returning :class:`DatasetSplits`.
 
 Every split is a DataFrame with ``sample_id`` (stable across runs and machines),
 ``text`` (cleaned, what the model and the crowd see) and ``label`` (int index into
@@ -276,7 +276,7 @@ def read_sst2(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     tr, va = train_test_split(
         frame(train, "train"), test_size=frac, random_state=dc.seed, stratify=train["label"]
     )
-    # GLUE's test labels are hidden: the dev set is our test set (SPEC §1).
+    # GLUE's test labels are hidden: the dev set is our test set (docs/data-and-models.md#datasets).
     return {
         "train": tr.reset_index(drop=True),
         "validation": va.reset_index(drop=True),

@@ -1,4 +1,4 @@
-"""Models of SPEC §2: where a BERT classifier and its tokenizer come from.
+"""Models (docs/data-and-models.md#models): where a BERT classifier and its tokenizer come from.
 
 ``conf/model/*.yaml`` picks a source class with ``_target_``:
 

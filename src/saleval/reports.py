@@ -1,4 +1,4 @@
-"""Tables and plots of crowd scores in the paper's layout (SPEC §6, §9).
+"""Tables and plots of crowd scores in the paper's layout (docs/scores.md#outputs).
 
 The main table has one row per method, one column per k holding "accuracy (rank)"
 and a final "score (rank)" column; in every column the best value is bold and the

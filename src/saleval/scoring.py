@@ -1,4 +1,4 @@
-r"""Scores and analyses of crowd results (SPEC §6), from A[i, j, k] alone.
+r"""Scores and analyses of crowd results (docs/scores.md), from A[i, j, k] alone.
 
 Every formula lives in one function here, whatever produced A (our importer,
 another aggregator, or the published lu2024 file):
@@ -88,12 +88,12 @@ class Cube:
 
 
 # ---------------------------------------------------------------------------------
-# SPEC §6 formulas (each in exactly one function; batch dimensions lead)
+# The formulas of docs/scores.md (each in exactly one function; batch dimensions lead)
 # ---------------------------------------------------------------------------------
 
 
 def accuracy(A: np.ndarray) -> np.ndarray:
-    r"""Accuracy :math:`p_{jk} = \frac{1}{N}\sum_i A_{ijk}` (SPEC §6), as a fraction.
+    r"""Accuracy :math:`p_{jk} = \frac{1}{N}\sum_i A_{ijk}` (docs/scores.md), as a fraction.
 
     ``A`` is (..., N, J, K); missing cells (NaN) are left out of N. Returns (..., J, K).
 
@@ -105,7 +105,8 @@ def accuracy(A: np.ndarray) -> np.ndarray:
 
 
 def k_weights(p: np.ndarray) -> np.ndarray:
-    r"""Difficulty weights :math:`w_k = \frac{\sum_j\sum_k p_{jk}}{K^2 \sum_j p_{jk}}` (SPEC §6).
+    r"""Difficulty weights :math:`w_k = \frac{\sum_j\sum_k p_{jk}}{K^2 \sum_j p_{jk}}`
+    (docs/scores.md#method-score).
 
     A k whose mean accuracy over methods is low (small k: few words shown) weighs
     more. With equal column sums every w_k = 1/K, so s_j is the plain mean over k.
@@ -124,7 +125,8 @@ def k_weights(p: np.ndarray) -> np.ndarray:
 
 
 def method_scores(p: np.ndarray) -> np.ndarray:
-    r"""Method score :math:`s_j = \sum_k w_k p_{jk}` (SPEC §6), a fraction; (..., J, K) → (..., J)."""
+    r"""Method score :math:`s_j = \sum_k w_k p_{jk}` (docs/scores.md#method-score), a fraction;
+    (..., J, K) → (..., J)."""
     return (k_weights(p)[..., None, :] * p).sum(axis=-1)
 
 
@@ -205,12 +207,12 @@ def paired_test(A: np.ndarray, baseline: int, n_resamples: int = 9999, seed: int
 
 
 def flip_analysis(A: np.ndarray) -> dict[str, np.ndarray]:
-    """Flips and aids (SPEC §6) per sample and method; k ascending along the last axis.
+    """Flips and aids (docs/scores.md#flips) per sample and method; k ascending along the last axis.
 
     Sample i *flips* under method j when some k1 < k2 has A_ij,k1 = 1 and A_ij,k2 = 0
     (more words shown, but no longer recognised). Per method: ``flips`` = number of
     flipped samples, ``always`` = recognised at every k, ``aids`` = N − flips − always
-    (SPEC's formula: non-flipped samples not recognised at every k — this includes
+    (the formula of docs/scores.md: non-flipped samples not recognised at every k — this includes
     ``never``, the samples recognised at no k, reported separately). Samples with a
     missing k for a method are left out of that method's N.
     """
@@ -273,7 +275,7 @@ def prediction_outcome(gold: pd.Series, pred: pd.Series, positive: int, n_labels
 def outcome_breakdown(
     aggregated: pd.DataFrame, positive: int = 1, n_labels: int = 2
 ) -> pd.DataFrame:
-    """Forward prediction (SPEC §6): accuracy (percent) per method, k and model outcome.
+    """Forward prediction (docs/scores.md): accuracy (percent) per method, k and model outcome.
 
     Needs ``gold_label`` and ``pred`` in the aggregated table; rows with
     ``k = "all"`` pool the k-grid.

@@ -1,4 +1,4 @@
-"""The stage contract of SPEC §9.1 in one place.
+"""The stage contract (docs/architecture.md) in one place.
 
 Every stage module defines ``run(cfg) -> dict`` (tests call it) and
 ``main = hydra_main("<config name>", run)`` (the console script). Inside ``run``::

@@ -141,7 +141,7 @@ def _first_bad_row(s: pd.Series, dtype: str) -> int | None:
 
 
 # ---------------------------------------------------------------------------------
-# The tables of SPEC §9.1. Keep this list the single place where columns are named.
+# The tables of docs/architecture.md. Keep this list the single place where columns are named.
 # ---------------------------------------------------------------------------------
 
 PREDICTIONS = TableSpec(
@@ -174,7 +174,7 @@ ATTRIBUTIONS = TableSpec(
     key=("sample_id", "method", "word_index"),
     optional={"target": "int64"},
     doc=(
-        "Word-level saliency (SPEC §3.3): one row per kept word (no punctuation-only "
+        "Word-level saliency (docs/methods.md): one row per kept word (no punctuation-only "
         "words, no special tokens, nothing lost to truncation). word_index counts kept "
         "words in text order from 0; char spans index the sample's text. 'method' is "
         "the method configuration's unique name (variants carry their settings)."
@@ -204,7 +204,7 @@ TASKS = TableSpec(
         "shown_words": "string",
     },
     doc=(
-        "One crowd task t_ijk (SPEC §4). 'label' is the answer that counts as correct: "
+        "One crowd task t_ijk (docs/study-design.md#tasks). 'label' is the correct answer: "
         "the gold label, or the model's prediction in a forward-prediction study. Gold "
         "(attention-check) items have is_gold=true and method 'gold'. shown_words lists "
         "the shown word positions (word_index of the attributions), space-separated."
@@ -232,7 +232,7 @@ ANSWERS = TableSpec(
         "simulated": "bool",
     },
     doc=(
-        "The import format (SPEC §5): one answer per row. answer is a label name, a "
+        "The import format (docs/aggregation.md): one answer per row. answer is a label name, a "
         'label index or "I don\'t know"; times are ISO 8601 or duration_s is given.'
     ),
 )
@@ -251,7 +251,7 @@ ANNOTATIONS = TableSpec(
     },
     key=("worker_id", "task_id"),
     optional={"bundle_id": "string", "duration_s": "float64", "is_gold": "bool"},
-    doc="Accepted answers encoded as in SPEC §5: 0 = I don't know, c in 1..C = label c-1.",
+    doc="Accepted answers (docs/aggregation.md): 0 = I don't know, c in 1..C = label c-1.",
 )
 
 AGGREGATED = TableSpec(
@@ -266,7 +266,7 @@ AGGREGATED = TableSpec(
         "gold_label": "Int64",
         "frac_correct": "float64",
     },
-    doc="A[i, j, k] of SPEC §5: 1 when the crowd recognised the target label.",
+    doc="A[i, j, k] of docs/aggregation.md: 1 when the crowd recognised the target label.",
 )
 
 REJECTS = TableSpec(
@@ -282,7 +282,7 @@ ACCURACY = TableSpec(
     columns={"method": "string", "k": "int64", "accuracy": "float64"},
     key=("method", "k"),
     optional={"ci_low": "float64", "ci_high": "float64", "rank": "int64", "n": "int64"},
-    doc="p_jk of SPEC §6 in percent, with bootstrap CIs.",
+    doc="p_jk of docs/scores.md#accuracy in percent, with bootstrap CIs.",
 )
 
 SCORES = TableSpec(
@@ -296,7 +296,7 @@ SCORES = TableSpec(
         "p_vs_random": "float64",
         "p_vs_random_holm": "float64",
     },
-    doc="s_j of SPEC §6 in percent; ties share the best rank.",
+    doc="s_j of docs/scores.md#method-score in percent; ties share the best rank.",
 )
 
 FLIPS = TableSpec(
@@ -305,7 +305,7 @@ FLIPS = TableSpec(
     columns={"method": "string", "flips": "int64", "aids": "int64"},
     key=("method",),
     optional={"always": "int64", "never": "int64"},
-    doc="Flip analysis of SPEC §6 per method.",
+    doc="Flip analysis of docs/scores.md#flips per method.",
 )
 
 METRICS = TableSpec(
@@ -315,7 +315,7 @@ METRICS = TableSpec(
     key=("method", "metric", "k"),
     optional={"n": "int64", "std": "float64"},
     doc=(
-        "Automated metrics of SPEC §7, averaged over examples. k is the number of words "
+        "Automated metrics of docs/metrics.md, averaged over examples. k is the number of words "
         "(e.g. '5'), a fraction ('0.2'), or empty for metrics averaged over a grid."
     ),
 )
@@ -376,7 +376,7 @@ SHORTCUT_RESULTS = TableSpec(
     key=("dataset", "shortcut", "method", "config"),
     optional={"k": "int64", "seconds": "float64"},
     doc=(
-        "Precision@k and mean rank of the planted shortcut tokens (SPEC §8). 'method' is "
+        "Precision@k and mean rank of the planted shortcut tokens (docs/shortcut.md). 'method' is "
         "the method family, 'config' the configuration's unique name; k = number of "
         "shortcut tokens; seconds = attribution wall time over the n examples."
     ),

@@ -1,4 +1,4 @@
-"""Fine-tuning with PyTorch Lightning (SPEC §2): data module, module, trainer.
+"""Fine-tuning with PyTorch Lightning (docs/data-and-models.md): data module, module, trainer.
 
 Lightning owns the loop, devices, precision and early stopping so that the same
 code trains on this laptop CPU and on several GPUs (``trainer.devices``,

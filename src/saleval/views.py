@@ -3,7 +3,7 @@
 * :func:`highlight_html` — for chosen samples, every method's top-k words highlighted
   in the original text (like a figure in a paper), darker = higher rank. All text is
   HTML-escaped.
-* :func:`overlap_matrix` — the method-overlap table of SPEC §6, with
+* :func:`overlap_matrix` — the method-overlap table of docs/scores.md#overlap, with
   :func:`overlap_heatmap` drawing it.
 """
 
@@ -30,7 +30,7 @@ def _ranked(attributions: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
 
 
 def overlap_matrix(attributions: pd.DataFrame, k: int = 40) -> pd.DataFrame:
-    r"""Overlap of methods (SPEC §6): for methods j, j',
+    r"""Overlap of methods (docs/scores.md#overlap): for methods j, j',
 
     .. math:: O_{jj'} = \frac{100}{N} \sum_i \frac{|\mathrm{top}_K(j, i) \cap \mathrm{top}_K(j', i)|}{K}
 

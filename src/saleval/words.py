@@ -1,4 +1,4 @@
-"""From tokens to words (SPEC §3.1) — the one place where words are defined.
+"""From tokens to words (docs/methods.md#words) — the one place where words are defined.
 
 A *word* is a whitespace-delimited chunk of the original text with punctuation
 stripped from its edges (``"(AP)"`` → ``AP``, ``"pension,"`` → ``pension``);

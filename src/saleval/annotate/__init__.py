@@ -1,4 +1,4 @@
-"""The web annotation app (SPEC §4): serve a task run's bundles to people, lose no answer.
+"""The web annotation app (docs/study-design.md#exports): serve bundles to people, lose no answer.
 
 * :mod:`saleval.annotate.study` reads a ``saleval-tasks`` run dir (tasks, bundles,
   instructions, label names) into a :class:`Study`.

@@ -1,4 +1,4 @@
-"""Answers out of the store in the import format (``tables.ANSWERS``, SPEC §5).
+"""Answers out of the store in the import format (``tables.ANSWERS``, docs/aggregation.md#import).
 
 Columns: ``worker_id, task_id, answer, started_at, submitted_at`` (ISO 8601 UTC), then
 ``bundle_id, position, duration_s``. ``answer`` is a label name or "I don't know" —

@@ -1,4 +1,4 @@
-"""Word-level saliency (SPEC §3): every method, batched, on any device.
+"""Word-level saliency (docs/methods.md): every method, batched, on any device.
 
 Two entry points for the other stages:
 
@@ -17,7 +17,7 @@ Two entry points for the other stages:
 
 Every method produces *token* scores over a padded batch; one shared step
 (:func:`saleval.words.token_to_word_scores`) turns them into word scores, so no method
-post-processes on its own (SPEC §3.1).
+post-processes on its own (docs/methods.md#words).
 """
 
 from __future__ import annotations

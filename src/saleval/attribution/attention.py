@@ -1,4 +1,4 @@
-"""Attention as an explanation (SPEC §3.2): one eager forward pass per batch.
+"""Attention as an explanation (docs/methods.md#attention): one eager forward pass per batch.
 
 Attention weights have shape (layers, heads, query, key) per example. A token's
 score is the attention its *key* position receives, averaged over heads and over the
@@ -48,7 +48,7 @@ def attention_token_scores(
     query: str = "all",
     aggregate: str = "mean",
 ) -> torch.Tensor:
-    """Token scores ``(B, K)`` from attention weights ``(B, L, H, Q, K)`` (SPEC §3.2).
+    """Token scores ``(B, K)`` from attention weights ``(B, L, H, Q, K)`` (docs/methods.md).
 
     Heads and (real) query positions, then layers, are averaged (``aggregate: mean``)
     or summed (``sum``); ``query: cls`` keeps only query position 0.

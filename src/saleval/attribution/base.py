@@ -1,6 +1,6 @@
 """The ``attribute`` protocol, the method registry and the one entry point other stages call.
 
-Shape of the protocol (Captum's, SPEC §3): an :class:`Attributor` is built from a
+Shape of the protocol (Captum's; docs/methods.md): an :class:`Attributor` is built from a
 method config — its *structural* settings (baseline, n_steps, removal, word
 reducer, batch size) go to the constructor — and is then called per batch with the
 model, tokenizer, segmented texts and target classes. Token-level methods

@@ -398,7 +398,7 @@ def _long_table(
     scores: Sequence[np.ndarray],
     targets: Sequence[int],
 ) -> pd.DataFrame:
-    """One row per kept word: the layout of ``tables.ATTRIBUTIONS`` (SPEC §3.3)."""
+    """One row per kept word: the layout of ``tables.ATTRIBUTIONS`` (docs/methods.md#batching)."""
     n = [s.n_words for s in segs]
     return pd.DataFrame(
         {

@@ -1,4 +1,4 @@
-"""Gradient-family methods on the embedding layer (SPEC §3): Captum, whole padded batches.
+"""Gradient-family methods on the embedding layer (docs/methods.md): Captum, whole padded batches.
 
 All four attribute to the output of one embedding layer — by default the model's
 embeddings module (word + position + token-type embeddings after LayerNorm, as in
@@ -121,7 +121,7 @@ def make_baseline(
     embeds: torch.Tensor,
     kind: str,
 ) -> torch.Tensor:
-    """Baseline embeddings; special tokens and padding keep their own (SPEC §3)."""
+    """Baseline embeddings; special tokens and padding keep their own (docs/methods.md)."""
     keep = batch.keep_own.unsqueeze(-1)
     if kind == "zero":
         return torch.where(keep, embeds, torch.zeros_like(embeds))
@@ -323,7 +323,7 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
 class DeepLiftMethod(_EmbeddingMethod):
     """Captum DeepLIFT (rescale rule) from a baseline to the embeddings, summed over hidden.
 
-    What Captum does on BERT (SPEC §3, measured with Captum 0.9): its rescale rule is
+    What Captum does on BERT (docs/methods.md, measured with Captum 0.9): its rescale rule is
     attached by forward hooks only to ``nn.Module`` non-linearities in its list (ReLU,
     ELU, Sigmoid, Tanh, Softmax, ...). In a Hugging Face BERT that is just the pooler's
     ``nn.Tanh``; the GELU of every feed-forward block is a ``GELUActivation`` module

@@ -1,11 +1,11 @@
-"""Perturbation methods (SPEC §3): LIME over word presence, leave-one-word-out occlusion,
+"""Perturbation methods (docs/methods.md): LIME over word presence, leave-one-word-out occlusion,
 and the original crowd study's Captum-LIME over embedding values.
 
 Word-level perturbation always acts on token ids (:func:`saleval.words.perturb_ids`),
 never on decoded strings, so a word is removed exactly as segmented. The perturbed
 inputs of a whole batch of examples go through :func:`saleval.inference.predict_proba`
 at once, sorted by length under a token budget — ``removal: delete`` shortens inputs,
-and sorting before batching is what makes that pay off (SPEC §3 facts). ``removal``
+and sorting before batching is what makes that pay off (docs/methods.md#batching). ``removal``
 (:class:`saleval.vocab.Removal`) is the word the faithfulness metrics use too.
 """
 
@@ -234,7 +234,7 @@ def _torch_seed(rng: np.random.Generator) -> Iterator[None]:
 
 @register("captum_lime")
 class CaptumLime(TokenAttributor):
-    """The original crowd study's LIME (SPEC §3 preset ``lu2024``): Captum ``Lime`` over
+    """The original crowd study's LIME (preset ``lu2024``, docs/methods.md): Captum ``Lime`` over
     every single embedding value.
 
     No feature mask (each of the T×H embedding values is its own feature), the zero

@@ -1,4 +1,4 @@
-"""The random baseline (SPEC §3): i.i.d. uniform word scores, reproducible per sample."""
+"""The random baseline (docs/methods.md): i.i.d. uniform word scores, reproducible per sample."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""From individual answers to A[i, j, k] (SPEC §5), agreement, and the expert check.
+"""From individual answers to A[i, j, k] (docs/aggregation.md), agreement, and the expert check.
 
 Aggregators follow crowd-kit's contract: ``fit(data) -> self`` and
 ``fit_predict(data) -> Series`` over one long frame with columns ``task, worker,
@@ -33,7 +33,7 @@ class Aggregator(Protocol):
 
 
 class StrictMajority:
-    r"""The study's aggregation rule (SPEC §5).
+    r"""The study's aggregation rule (docs/aggregation.md#strict-majority).
 
     .. math:: A_{ijk} = 1 \iff \#\{m : L_{ijkm} = y_i\} > \#\{m : L_{ijkm} = a\}
               \quad \forall a \ne y_i,\ a \in \{0, 1, \dots, C\}
@@ -108,7 +108,7 @@ def aggregate(
 def label_tensor(
     annotations: pd.DataFrame,
 ) -> tuple[np.ndarray, dict[str, list[Any]]]:
-    """L[i, j, k, m] of SPEC §5: −1 = worker m did not do the task, 0 = "I don't know",
+    """L[i, j, k, m] of docs/aggregation.md: −1 = worker m did not do the task, 0 = "I don't know",
     c in 1..C = label c (0-based label c − 1). Non-gold answers only.
 
     Returns the int8 array and its axes (``sample_id``, ``method``, ``k``, ``worker_id``).
@@ -126,7 +126,7 @@ def label_tensor(
 def answer_matrix(annotations: pd.DataFrame, idk: str = "category") -> pd.DataFrame:
     """Workers × tasks matrix of answer codes (NaN = not answered), non-gold tasks only.
 
-    The L[i, j, k, m] encoding of SPEC §5 with (i, j, k) flattened to the task:
+    The L[i, j, k, m] encoding of docs/aggregation.md with (i, j, k) flattened to the task:
     ``idk="missing"`` turns "I don't know" into NaN instead of category 0.
     """
     a = annotations
@@ -152,7 +152,7 @@ def krippendorff_alpha(annotations: pd.DataFrame, idk: str = "category") -> floa
 
 
 def agreement(annotations: pd.DataFrame, idk: str = "category") -> dict[str, Any]:
-    """Inter-annotator agreement for the dataset and per method (SPEC §5)."""
+    """Inter-annotator agreement for the dataset and per method (docs/aggregation.md#agreement)."""
     if annotations.empty:
         return {"krippendorff_alpha": None, "idk": idk}
     per_method = {
@@ -172,7 +172,7 @@ def _none_if_nan(x: float) -> float | None:
 
 
 def draw_expert_subset(tasks: pd.DataFrame, n: int = 100, seed: int = 0) -> pd.DataFrame:
-    """A seeded random subset of non-gold tasks for experts to answer (SPEC §5)."""
+    """A seeded random subset of non-gold tasks for experts to answer (docs/aggregation.md)."""
     pool = tasks[~tasks["is_gold"].astype(bool)] if "is_gold" in tasks else tasks
     return pool.sample(n=min(n, len(pool)), random_state=seed).reset_index(drop=True)
 
@@ -185,7 +185,7 @@ def expert_check(
 ) -> dict[str, Any]:
     """Agreement rate between experts and the crowd on the tasks experts answered.
 
-    SPEC §5: the fraction of those tasks where "expert correct" equals "crowd
+    docs/aggregation.md: the fraction of those tasks where "expert correct" equals "crowd
     (aggregated) correct". Several experts per task are combined by the strict
     majority. ``expert`` has ``task_id, answer`` (optionally ``expert_id``).
     """

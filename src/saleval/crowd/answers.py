@@ -1,6 +1,7 @@
-"""The answer vocabulary of a crowd task (SPEC §4, §5) and the one parser of raw answers.
+"""The answer vocabulary of a crowd task (docs/study-design.md#display) and the one parser of
+raw answers.
 
-A worker answers a label name or "I don't know". Answers are coded as in SPEC §5:
+A worker answers a label name or "I don't know". Answers are coded as in docs/aggregation.md:
 0 = "I don't know", c + 1 = label c (0-based). Everything that shows, writes or reads
 an answer (the exports, the simulated crowd, the annotation app, the importer, the
 ``crowd.idk`` default of ``conf/crowd/answers.yaml``) takes these words from here.
@@ -20,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from saleval.crowd.errors import CrowdImportError
 
 IDK = "I don't know"
-"""The answer option for "I cannot tell from the shown words" (SPEC §4)."""
+"""The answer option for "I cannot tell from the shown words" (docs/study-design.md#display)."""
 
 IDK_CODE = 0
-"""Answer code of "I don't know" (SPEC §5: L = 0); label c (0-based) is coded c + 1."""
+"""Answer code of "I don't know" (docs/aggregation.md: L = 0); label c (0-based) is coded c + 1."""
 
 IDK_ALIASES: tuple[str, ...] = (IDK, "I do not know", "don't know", "idk", "unknown", "?")
 """Raw answers read as "I don't know" (compared case-, space- and apostrophe-insensitively,

@@ -55,7 +55,7 @@ T = TypeVar("T")
 
 @dataclass
 class StudyConfig:
-    """The crowd study's design (SPEC §4): ``study=main|misclassified|forward|smoke``.
+    """The crowd study's design (docs/study-design.md): ``study=main|misclassified|forward|smoke``.
 
     The defaults are the main study: 100 correctly classified samples balanced over
     classes, every method × every k, bundles of 100 tasks, each task answered 5 times.
@@ -199,7 +199,7 @@ class BowConfig:
 
 @dataclass
 class SimulationConfig:
-    """The simulated crowd (SPEC §4): ``simulation=default|ideal|noisy``.
+    """The simulated crowd (docs/study-design.md): ``simulation=default|ideal|noisy``.
 
     A worker lapses (a random label) with its own rate drawn from ``noise``; otherwise it
     answers "I don't know" when the reading model's normalised confidence
@@ -251,7 +251,8 @@ class IdkAs(StrEnum):
 
 @dataclass
 class FiltersConfig:
-    """Quality filters (SPEC §5), run in this order; each is logged with what it removed."""
+    """Quality filters (docs/aggregation.md#quality-filters), run in this order; each is logged
+    with what it removed."""
 
     min_bundle_seconds: float | None = 120.0  # a bundle finished faster is spam; null disables
     all_idk: bool = True  # drop workers who answered "I don't know" to every task
@@ -260,14 +261,14 @@ class FiltersConfig:
 
 @dataclass
 class AgreementConfig:
-    """Inter-annotator agreement (Krippendorff's alpha, SPEC §5)."""
+    """Inter-annotator agreement (Krippendorff's alpha, docs/aggregation.md#agreement)."""
 
     idk: IdkAs = IdkAs.category
 
 
 @dataclass
 class ExpertConfig:
-    """Expert answers to check the crowd against (SPEC §5)."""
+    """Expert answers to check the crowd against (docs/aggregation.md#expert-check)."""
 
     path: str | None = None  # CSV `task_id, answer` (optionally expert_id) of expert answers
 
@@ -277,7 +278,7 @@ STRICT_MAJORITY = "saleval.crowd.aggregation.StrictMajority"
 
 @dataclass
 class AnswersCrowdConfig:
-    """``crowd=answers``: long answer files joined with a task run (SPEC §5)."""
+    """``crowd=answers``: long answer files joined with a task run (docs/aggregation.md#import)."""
 
     _target_: str = "saleval.crowd.importer.AnswersSource"
     name: str = "answers"

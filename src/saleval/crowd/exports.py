@@ -1,4 +1,4 @@
-"""What goes to workers and platforms (SPEC §4 "Exports").
+"""What goes to workers and platforms (docs/study-design.md#exports).
 
 * ``bundles_long.csv``: the generic long export, one row per (bundle, position) with
   the task id, the display text and the answer options.

@@ -1,4 +1,5 @@
-"""Import crowd answers (SPEC §5): one source class per ``crowd`` config, built by Hydra.
+"""Import crowd answers (docs/aggregation.md#import): one source class per ``crowd`` config,
+built by Hydra.
 
 Two sources reach the same tables (:class:`~saleval.crowd.reading.CrowdImport`):
 

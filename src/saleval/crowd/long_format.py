@@ -1,4 +1,4 @@
-"""The long answer format (SPEC §5): one answer per row.
+"""The long answer format (docs/aggregation.md#import): one answer per row.
 
 ``worker_id, task_id`` (or ``bundle_id + position``), ``answer``, and
 ``started_at/submitted_at`` (ISO 8601) or ``duration_s``, as written by the simulated
@@ -45,7 +45,7 @@ def read_answers(
     worker, unknown task (or bundle/position), task not in the named bundle,
     unknown label, malformed or inverted times, negative durations, a duplicate
     answer of one worker to one task, a worker answering the same sample twice, and a
-    worker taking more than one bundle (SPEC §4: one bundle per worker and dataset).
+    worker taking more than one bundle (docs/study-design.md: one bundle per worker and dataset).
     """
     path = Path(path)
     header, rows = read_rows(path)

@@ -1,4 +1,4 @@
-"""Quality filters on accepted crowd answers (SPEC §5).
+"""Quality filters on accepted crowd answers (docs/aggregation.md#quality-filters).
 
 Each filter names whole workers to drop (a spammer's answers are all suspect),
 and each is logged with the workers and the number of answers it removed.

@@ -1,4 +1,4 @@
-"""What every crowd input format shares (SPEC §5): reading delimited files, the rejects
+"""What every crowd input format shares (docs/aggregation.md): reading delimited files, the rejects
 list, the ``strict``/``report`` policy, file hashes, and the result of an import.
 
 Nothing is dropped silently: every data row is either accepted or listed in the

@@ -1,4 +1,4 @@
-"""Which test samples enter a crowd study (SPEC §4 "Samples", §6 forward prediction).
+"""Which test samples enter a crowd study (docs/study-design.md#samples).
 
 N samples, balanced over classes and drawn with a seed, from the samples the model
 classified correctly (main study), incorrectly (misclassified study) or from all of

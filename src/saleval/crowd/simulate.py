@@ -1,4 +1,4 @@
-"""A simulated crowd (SPEC §4): answers for every bundle so that every later stage runs
+"""A simulated crowd (docs/study-design.md): answers for every bundle so that every later stage runs
 and is tested without people. Everything it produces is SIMULATED and says so.
 
 A simulated worker reads only a task's ``display_text``. Its "understanding" is a
@@ -16,7 +16,7 @@ explained classifier nor the study texts. Per task a worker
 
 A configured fraction of workers are spammers who answer fast and ignore the text:
 uniformly random labels, "I don't know" throughout, or one constant label. The
-quality filters of SPEC §5 (bundle under 2 minutes, all "I don't know", gold
+quality filters of docs/aggregation.md (bundle under 2 minutes, all "I don't know", gold
 accuracy) have them to find; ``workers.csv`` says who they are.
 """
 

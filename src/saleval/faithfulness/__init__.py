@@ -1,4 +1,4 @@
-"""Automated faithfulness metrics of SPEC §7: word deletion on token ids.
+"""Automated faithfulness metrics (docs/metrics.md): word deletion on token ids.
 
 Every metric compares the model's probability of its own prediction ŷ (argmax on
 the full text) before and after removing words in the order a saliency method

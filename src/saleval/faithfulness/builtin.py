@@ -1,4 +1,4 @@
-"""The built-in faithfulness metrics, registered in run order (SPEC §7).
+"""The built-in faithfulness metrics, registered in run order (docs/metrics.md).
 
 Each removes words in the order the method ranks them (:attr:`Explanation.order`) and
 compares the model's probability of its own prediction ŷ before and after. The order

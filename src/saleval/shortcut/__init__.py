@@ -1,4 +1,4 @@
-"""The shortcut protocol (SPEC §8): planted tokens as ground truth for saliency.
+"""The shortcut protocol (docs/shortcut.md): planted tokens as ground truth for saliency.
 
 * :mod:`~saleval.shortcut.generate` — shortcut rules (``st``, ``tic``, ``op``), the new
   vocabulary, mixed training data and the fully synthetic test set, with ground truth;

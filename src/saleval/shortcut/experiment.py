@@ -1,4 +1,4 @@
-"""The shortcut experiment, step by step (SPEC §8): data → two models → verification
+"""The shortcut experiment, step by step (docs/shortcut.md): data → two models → verification
 → saliency sweep. The ``saleval-shortcut`` stage strings these together; each step is
 a plain function so tests can run or replace one at a time.
 """

@@ -1,4 +1,4 @@
-"""Planted shortcuts (SPEC §8; Bastings et al. 2022, "Will you find these shortcuts?").
+"""Planted shortcuts (docs/shortcut.md; Bastings et al. 2022, "Will you find these shortcuts?").
 
 New tokens are added to the tokenizer's vocabulary (``#0``, ``#1`` and a context
 token, ``#2`` by default) and inserted as whitespace-separated words into source

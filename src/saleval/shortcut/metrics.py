@@ -1,4 +1,4 @@
-"""Does a saliency method find the planted shortcut? (SPEC §8; Bastings et al. 2022, §4).
+"""Does a saliency method find the planted shortcut? (docs/shortcut.md; Bastings et al. 2022, §4).
 
 A *ranking* is a sequence of word indices, most important first: here
 :func:`saleval.words.rank_words` with ``ties="against", against=<ground truth>``, so a
@@ -32,7 +32,7 @@ def _check(ranking: Ranking, truth: Sequence[int], i: int) -> tuple[list[int], s
 def precision_at_k(
     rankings: Sequence[Ranking], ground_truth: Sequence[Sequence[int]], k: int | None = None
 ) -> float:
-    r"""Mean precision@k of the shortcut (SPEC §8; Bastings et al. 2022, eq. 1):
+    r"""Mean precision@k of the shortcut (docs/shortcut.md; Bastings et al. 2022, eq. 1):
 
     .. math:: P@k = \frac{1}{N} \sum_{i=1}^{N} \frac{|\mathrm{top}_k(r_i) \cap G_i|}{k}
 
@@ -57,7 +57,7 @@ def precision_at_k(
 
 
 def mean_rank(rankings: Sequence[Ranking], ground_truth: Sequence[Sequence[int]]) -> float:
-    r"""Mean rank of the shortcut (SPEC §8; Bastings et al. 2022): per example the
+    r"""Mean rank of the shortcut (docs/shortcut.md; Bastings et al. 2022): per example the
     smallest :math:`r` such that the top-:math:`r` words contain every ground-truth word,
 
     .. math:: \mathrm{MR} = \frac{1}{N} \sum_{i=1}^{N} \min\{r : G_i \subseteq \mathrm{top}_r(r_i)\}

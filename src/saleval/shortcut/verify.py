@@ -1,4 +1,4 @@
-"""Verification that the mixed model uses the shortcut (SPEC §8).
+"""Verification that the mixed model uses the shortcut (docs/shortcut.md#models-and-verification).
 
 Precision@k against a planted ground truth only measures faithfulness if the
 explained model really relies on the shortcut. So before any saliency is computed:

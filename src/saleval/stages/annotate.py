@@ -1,6 +1,7 @@
 """``saleval-annotate``: serve a task run's bundles to people, or export the answers.
 
-SPEC §4 and §9.1. ``saleval-annotate inputs.tasks=<tasks run dir>`` (``action=serve``)
+See docs/study-design.md#exports and docs/architecture.md.
+``saleval-annotate inputs.tasks=<tasks run dir>`` (``action=serve``)
 serves the bundles on ``annotate.host:annotate.port`` until stopped, then logs how many
 answers came in. ``action=export`` writes ``answers.csv`` (``tables.ANSWERS``, the import
 format) and ``completions.csv`` into its run dir and logs both. Serve and export share

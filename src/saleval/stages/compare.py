@@ -1,4 +1,4 @@
-"""``saleval-compare``: human scores next to automated metrics, for one dataset (SPEC §7).
+"""``saleval-compare``: human scores next to automated metrics, for one dataset (docs/metrics.md).
 
 Reads a score run (``scores.csv`` and the ``aggregated.csv`` it scored, found in
 the run dir or its import parent) and a metrics run (``metrics.csv``,

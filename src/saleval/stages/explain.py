@@ -1,4 +1,4 @@
-"""``saleval-explain``: word-level saliency of a trained model (SPEC §3, §9.1).
+"""``saleval-explain``: word saliency of a trained model (docs/methods.md, docs/architecture.md).
 
 Reads ``inputs.model`` (a train run), explains ``data.split`` of ``dataset`` (all of
 it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``; from
@@ -65,7 +65,7 @@ def draw_samples(
 def filter_population(
     model: Any, tokenizer: Any, df: pd.DataFrame, population: Population, max_length: int
 ) -> pd.DataFrame:
-    """Keep the samples the model classifies correctly / wrongly (SPEC §4 study pools)."""
+    """Keep the samples the model classifies correctly / wrongly (docs/study-design.md#samples)."""
     population = Population(population)
     if population == Population.all:
         return df

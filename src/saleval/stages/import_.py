@@ -1,4 +1,4 @@
-"""``saleval-import``: crowd answers → A[i, j, k] (SPEC §5, §9.1).
+"""``saleval-import``: crowd answers → A[i, j, k] (docs/aggregation.md, docs/architecture.md).
 
 Long answers::
 

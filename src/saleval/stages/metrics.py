@@ -1,4 +1,4 @@
-"""``saleval-metrics``: faithfulness and plausibility of every method's word scores (SPEC §7).
+"""``saleval-metrics``: faithfulness and plausibility of every method's scores (docs/metrics.md).
 
 Reads the explain run (``attributions.parquet``, ``predictions.parquet``, its
 ``max_length`` and dataset) and the train run's model; writes ``metrics.csv``

@@ -1,4 +1,5 @@
-"""``saleval-score``: accuracy, scores, ranks, CIs, flips, tables and plots (SPEC §6, §9.1).
+"""``saleval-score``: accuracy, scores, ranks, CIs, flips, tables and plots (docs/scores.md,
+docs/architecture.md).
 
 From an import run::
 

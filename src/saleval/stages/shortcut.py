@@ -1,4 +1,5 @@
-"""``saleval-shortcut``: saliency faithfulness against a planted shortcut (SPEC §8, §9.1).
+"""``saleval-shortcut``: saliency faithfulness against a planted shortcut (docs/shortcut.md,
+docs/architecture.md).
 
 data (source + planted tokens) → two models (original, mixed) → verification (fails
 loudly, before any saliency) → every method configuration of ``method`` on the

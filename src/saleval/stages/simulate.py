@@ -1,4 +1,5 @@
-"""``saleval-simulate``: a SIMULATED crowd answers a task run's bundles (SPEC §4, §9.1).
+"""``saleval-simulate``: a SIMULATED crowd answers a task run's bundles
+(docs/study-design.md#simulated-crowd, docs/architecture.md).
 
 Reads ``tasks.csv`` and ``bundles.csv`` of ``inputs.tasks``; writes ``answers.csv``
 (the import format, ``simulated=true`` on every row), ``workers.csv`` (who was a

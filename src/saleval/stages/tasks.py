@@ -1,4 +1,5 @@
-"""``saleval-tasks``: crowd tasks and bundles from an explain run (SPEC §4, §9.1).
+"""``saleval-tasks``: crowd tasks and bundles from an explain run (docs/study-design.md,
+docs/architecture.md).
 
 Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain``;
 writes ``tasks.csv``, ``bundles.csv``, ``bundles_wide.csv`` (platform upload),

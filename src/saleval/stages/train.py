@@ -1,4 +1,5 @@
-"""``saleval-train``: fine-tune a BERT classifier on a dataset (SPEC §2, §9.1).
+"""``saleval-train``: fine-tune a BERT classifier on a dataset (docs/data-and-models.md#training,
+docs/architecture.md).
 
 Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
 (``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir. Under

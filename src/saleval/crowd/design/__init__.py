@@ -1,4 +1,4 @@
-"""The crowd study's design (SPEC §4): tasks t_ijk, what a worker sees, and bundles.
+"""The crowd study's design (docs/study-design.md): tasks t_ijk, what a worker sees, and bundles.
 
 One module per concept, in layers (each imports only those before it):
 

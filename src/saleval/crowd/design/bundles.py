@@ -1,4 +1,4 @@
-"""Bundles (SPEC §4): each worker answers one bundle; every task is answered R times,
+"""Bundles (docs/study-design.md): each worker answers one bundle; every task is answered R times,
 no bundle holds two tasks of one sample, and every bundle mixes methods and k evenly."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def assign_bundles(
     gold_ids: Sequence[str] = (),
     gold_per_bundle: int = 0,
 ) -> pd.DataFrame:
-    """Bundles in which every task appears ``repeats`` times (SPEC §4).
+    """Bundles in which every task appears ``repeats`` times (docs/study-design.md#bundles).
 
     Construction. Think of the study as ``P·R`` *laps*, each a pass over the N samples
     in a fixed order; lap ``c`` (``c1 = c mod M``, ``c2 = c div M``) gives the sample

@@ -1,5 +1,5 @@
-"""Verification of a built design (SPEC §4): every constraint, every violation reported,
-so a broken design never reaches workers."""
+"""Verification of a built design (docs/study-design.md#bundles): every constraint, every
+violation reported, so a broken design never reaches workers."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def check_design(
     balance_tolerance: int = 0,
     nested: bool = True,
 ) -> list[Violation]:
-    """Every constraint of SPEC §4 on a design; returns all violations (empty = valid).
+    """Every constraint of docs/study-design.md on a design; returns all violations (empty = valid).
 
     * ``duplicate_task`` / ``unknown_task`` / ``gold_flag``: task ids are unique,
       bundles name only known tasks, flagged as the tasks are; gold tasks have

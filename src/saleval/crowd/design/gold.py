@@ -1,4 +1,4 @@
-"""Gold questions (attention checks, SPEC §5): short full texts outside the study whose
+"""Gold questions (attention checks, docs/study-design.md): short full texts outside the study whose
 label is not in doubt, mixed into bundles to find workers who do not read."""
 
 from __future__ import annotations

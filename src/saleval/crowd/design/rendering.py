@@ -1,4 +1,4 @@
-"""What a worker sees of a sample (SPEC §4): the shown words in order, each hidden word
+"""What a worker sees of a sample (docs/study-design.md): the shown words in order, each hidden word
 as one ".".
 
 >>> render(["the", "match", "was", "won"], [1, 3])
@@ -15,8 +15,8 @@ from saleval.crowd.errors import DesignError
 
 
 def render(words: Sequence[str], shown: Sequence[int] | set[int] | np.ndarray) -> str:
-    """SPEC §4's rendering rule: a hidden word becomes ".", a shown word becomes the
-    word followed by one space (``..jason .....creative writing just .....crush ``).
+    """The rendering rule (docs/study-design.md#display): a hidden word becomes ".", a shown word
+    becomes the word followed by one space (``..jason .....creative writing just .....crush ``).
 
     ``words`` are a sample's kept words in text order (punctuation-only words and
     special tokens were dropped upstream and are never shown); ``shown`` holds

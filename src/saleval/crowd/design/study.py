@@ -1,4 +1,4 @@
-"""The whole study (SPEC §4): samples → tasks → gold questions → bundles → verified design."""
+"""The whole study (docs/study-design.md): samples → tasks → gold → bundles → verified design."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def build_study(
     ks: Sequence[int],
     where: str = "explain run",
 ) -> StudyDesign:
-    """Samples → tasks → bundles → verified design (SPEC §4)."""
+    """Samples → tasks → bundles → verified design (docs/study-design.md)."""
     methods = choose_methods(attributions["method"].unique(), study, where)
     ks = sorted({int(k) for k in ks})
     # A sample is eligible when every study method explained it with at least one word.

@@ -1,11 +1,11 @@
-"""The tasks t_ijk of a study (SPEC §4): per sample i, method j and k of the k-grid,
+"""The tasks t_ijk of a study (docs/study-design.md): per sample i, method j and k of the k-grid,
 the sample's words with the top-k words of method j shown.
 
 Rankings come from :func:`saleval.words.rank_words` (ties go to the earlier word), and
 one ranking serves every k, so top-k sets are nested across k. A text with fewer than k
 words is shown whole and flagged (``all_shown``). The answer that counts is the gold
 label (``target: gold``) or the model's prediction (``target: prediction``, the
-forward-prediction variant of SPEC §6). The noise ablation swaps a fraction of the
+forward-prediction variant of docs/study-design.md). The noise ablation swaps a fraction of the
 shown words for other words of the same text (:func:`noisy_shown`).
 """
 
@@ -33,9 +33,10 @@ def task_id(sample_id: str, method: str, k: int) -> str:
 def noisy_shown(
     ranking: np.ndarray, k: int, fraction: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """Noise ablation (SPEC §6): the top-k set with round(fraction·|top-k|) of its words
-    swapped for random words of the same text outside the top-k (fewer when the text
-    has too few other words). Nesting across k is not kept under noise."""
+    """Noise ablation (docs/study-design.md#study-variants): the top-k set with
+    round(fraction·|top-k|) of its words swapped for random words of the same text
+    outside the top-k (fewer when the text has too few other words). Nesting across k
+    is not kept under noise."""
     top = ranking[:k]
     rest = ranking[k:]
     m = min(round(fraction * len(top)), len(rest))
@@ -101,7 +102,7 @@ def build_tasks(
     seed: int = 0,
     where: str = "attributions",
 ) -> pd.DataFrame:
-    """Every task t_ijk of the study (SPEC §4), one row per (sample, method, k).
+    """Every task t_ijk of the study (docs/study-design.md#tasks), one row per (sample, method, k).
 
     ``samples`` has ``sample_id, label, pred``. Columns follow ``tables.TASKS``;
     ``shown_words`` lists the shown word positions so that nesting, overlap and the
