@@ -174,7 +174,7 @@ def prepare_source(
         if len(names) != 2:
             raise ShortcutError(
                 f"dataset {data.name} has {len(names)} classes {names}; shortcuts need two. "
-                f"Map them, e.g. shortcut_data.label_map=[0,0,1,1]"
+                f"Map them, e.g. label_map=[0,0,1,1]"
             )
         mapping = [0, 1]
         new_names = names
@@ -182,7 +182,7 @@ def prepare_source(
         mapping = [int(v) for v in label_map]
         if len(mapping) != len(names) or set(mapping) - {-1} != {0, 1}:
             raise ShortcutError(
-                f"shortcut_data.label_map={mapping} must give each of the {len(names)} classes "
+                f"label_map={mapping} must give each of the {len(names)} classes "
                 f"{names} a new label 0 or 1 (or -1 to drop it), using both 0 and 1"
             )
         new_names = ["+".join(n for n, m in zip(names, mapping) if m == c) for c in (0, 1)]
