@@ -21,8 +21,8 @@ mean nothing):
 >>> import saleval
 >>> clf = saleval.load_model("tiny", label_names=["neg", "pos"])
 >>> words = saleval.explain(["A quiet, lovely film."], clf, methods=["random"])
->>> words[["sample_id", "method", "word_index", "word"]].to_string(index=False)
-'sample_id method  word_index   word\\n        0 random           0      A\\n        0 random           1  quiet\\n        0 random           2 lovely\\n        0 random           3   film'
+>>> words[["sample_id", "method", "word"]].drop_duplicates().shape, words["word"].tolist()
+((4, 3), ['A', 'quiet', 'lovely', 'film'])
 >>> "<mark" in saleval.highlight(words, k=2)
 True
 """
@@ -98,20 +98,30 @@ def load_model(
     ``saleval-explain inputs.model=...`` takes), a ``(model, tokenizer)`` pair, or the name
     of a ``conf/model`` file: ``tiny`` or ``minilm`` (offline) build a *fresh* classifier
     whose head is untrained — handy for trying the API, meaningless as explanations; they
-    need ``label_names``. ``device``: where to put a model loaded here (None: the GPU when
-    there is one); a model you pass in stays where it is unless ``device`` is given.
+    need ``label_names``. ``label_names`` given with any other source are checked against
+    the model's classes (the same names in another order are put in yours, as
+    :func:`saleval.models.align_labels` does for the stages). ``device``: where to put a
+    model loaded here (None: the GPU when there is one); a model you pass in stays where
+    it is unless ``device`` is given.
     """
     import torch
 
-    from saleval.models import build_model, checkpoint_name, load_tokenizer, load_trained
+    from saleval.models import (
+        align_labels,
+        build_model,
+        checkpoint_name,
+        load_tokenizer,
+        load_trained,
+    )
     from saleval.provenance import Provenance
     from saleval.stage import read_run_info, resolve_input, run_or_checkpoint
 
+    conf = None if isinstance(source, tuple) else _conf_model(str(source))
     if isinstance(source, Classifier):
         clf = source
     elif isinstance(source, tuple):
         clf = Classifier(source[0], source[1])
-    elif (conf := _conf_model(str(source))) is not None:
+    elif conf is not None:
         from saleval.stages.run import compose_stage
 
         if not label_names:
@@ -132,13 +142,11 @@ def load_model(
         else:
             model, tok = load_trained(str(checkpoint))
             clf = Classifier(model, tok, None, checkpoint_name(str(checkpoint)))
-    if label_names is not None and not isinstance(source, str | os.PathLike):
-        from saleval.models import align_labels
-
-        align_labels(clf.model, list(label_names), where="load_model")
+    if label_names is not None and conf is None:  # your class order; checked, or permuted
+        align_labels(clf.model, list(label_names), where=f"load_model({source!r})")
     loaded_here = isinstance(source, str | os.PathLike)
     if device is not None or loaded_here:
-        clf.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        clf.model.to(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
     return clf
 
 
@@ -148,7 +156,7 @@ def _method_configs(
     """Method key → config, each ``conf/method`` name composed as ``saleval-explain`` does.
 
     A mapping's value for a ``conf/method`` name is merged onto that file's settings
-    (``{"lime": {"num_samples": 100}}``); other keys pass through as
+    (``{"lime": {"num_samples": 100}}``; ``None``: the file as it is); other keys pass through as
     :func:`saleval.attribution.explain_frame` takes them (a config with ``_target_`` or
     ``kind``, a registry name, an :class:`~saleval.attribution.Attributor`).
     """
@@ -175,11 +183,14 @@ def _method_configs(
     overrides = [] if names is None else [f"method=[{','.join(names)}]"]
     overrides += [] if seed is None else [f"seed={int(seed)}"]
     cfg = compose_stage("explain", overrides)
+    names_of_files = set(names or [])
     composed = OmegaConf.to_container(cfg.method, resolve=True) if cfg.method else {}
     assert isinstance(composed, dict)
     out: dict[str, Any] = {str(k): v for k, v in composed.items()}
     for key, value in given.items():
-        if key in out and isinstance(value, Mapping):
+        if key in names_of_files and value is None:
+            continue  # the file's settings as they are
+        if key in names_of_files and isinstance(value, Mapping):
             out[key] = {**out[key], **dict(value)}
         else:
             out[key] = value
@@ -270,12 +281,12 @@ def explain(
     ids) or a DataFrame with ``text`` (and optionally ``sample_id``, ``label``).
     ``model``: anything :func:`load_model` takes. ``methods``: ``conf/method`` names
     (``"lime"``, ``"preset/lu2024"``) with their settings there; a mapping
-    ``{name: overrides}`` changes some (``{"lime": {"num_samples": 200}}``); None: the
-    methods ``saleval-explain`` runs by default. ``target``: explain the model's
-    ``prediction`` (no labels needed) or the ``gold`` label (``labels`` required: class
-    indices or names). ``max_length``: None takes the train run's, else 256, as the
-    explain stage does. ``seed``: None takes the explain stage's default, so seeded
-    methods (random, LIME) give the stage's numbers.
+    ``{name: overrides}`` changes some (``{"lime": {"num_samples": 200}, "random": None}``,
+    None keeping the file's); None: the methods ``saleval-explain`` runs by default.
+    ``target``: explain the model's ``prediction`` (no labels needed) or the ``gold``
+    label (``labels`` required: class indices or names). ``max_length``: None takes the
+    train run's, else 256, as the explain stage does. ``seed``: None takes the explain
+    stage's default, so seeded methods (random, LIME) give the stage's numbers.
 
     Columns: ``sample_id, method, word_index, word, char_start, char_end, score, target``
     (the class explained), then per text ``label`` (when given), ``pred``,
@@ -320,7 +331,8 @@ def read_explanations(run: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def _metrics_config(metrics: str | Mapping[str, Any] | MetricsConfig, kgrid: str) -> MetricsConfig:
-    """A ``conf/metrics`` name (or overrides of ``default``) composed as ``saleval-metrics`` does."""
+    """A ``conf/metrics`` name (or overrides of ``default``), composed as ``saleval-metrics``
+    composes it."""
     from omegaconf import OmegaConf
 
     from saleval.metrics_config import MetricsConfig
