@@ -146,7 +146,8 @@ def load_model(
         align_labels(clf.model, list(label_names), where=f"load_model({source!r})")
     loaded_here = isinstance(source, str | os.PathLike)
     if device is not None or loaded_here:
-        clf.model.to(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+        where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch.nn.Module.to(clf.model, where)  # Module.to: transformers' wrapper confuses mypy
     return clf
 
 
