@@ -218,6 +218,14 @@ def test_method_settings_come_from_conf_method(clf: api.Classifier) -> None:
     assert set(api._method_configs("preset/lu2024", None)) >= {"captum_lime", "deeplift"}
 
 
+def test_metrics_settings_come_from_conf_metrics() -> None:
+    assert api._metrics_config("quick", "smoke").eraser_grid == [0.05, 0.2]
+    mine = api._metrics_config({"aopc_k": 5, "removal": "mask"}, "paper")
+    assert (mine.aopc_k, str(mine.removal), mine.ks) == (5, "mask", [5, 10, 20, 30, 40])
+    with pytest.raises(ValueError, match="aopc_kk"):
+        api._metrics_config({"aopc_kk": 5}, "paper")
+
+
 def test_view_k_is_the_highlight_key() -> None:
     cfg = compose_config("explain", ["inputs.model=x", "view.k=3"])
     assert cfg.view.k == 3
