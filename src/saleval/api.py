@@ -157,9 +157,9 @@ def _method_configs(
     """Method key → config, each ``conf/method`` name composed as ``saleval-explain`` does.
 
     A mapping's value for a ``conf/method`` name is merged onto that file's settings
-    (``{"lime": {"num_samples": 100}}``; ``None``: the file as it is); other keys pass through as
-    :func:`saleval.attribution.explain_frame` takes them (a config with ``_target_`` or
-    ``kind``, a registry name, an :class:`~saleval.attribution.Attributor`).
+    (``{"lime": {"num_samples": 100}}``; ``None``: the file as it is); other keys pass
+    through as :func:`saleval.attribution.explain_frame` takes them (a config with
+    ``_target_`` or ``kind``, a registry name, an :class:`~saleval.attribution.Attributor`).
     """
     from omegaconf import OmegaConf
 
