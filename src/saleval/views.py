@@ -142,9 +142,12 @@ def highlight_html(
         def name(c: int) -> str:
             return str(label_names[c]) if label_names is not None else str(c)
 
+        # texts explained without a gold label (target=prediction) show only the prediction
+        gold = row.get("label")
+        known = "" if gold is None or pd.isna(gold) else f"gold: {html.escape(name(int(gold)))} · "
         body.append(
-            f"<h2>{html.escape(sid)}</h2><p class='meta'>gold: {html.escape(name(int(row['label'])))}"
-            f" · predicted: {html.escape(name(int(row['pred'])))} · top {k} words per method</p>"
+            f"<h2>{html.escape(sid)}</h2><p class='meta'>{known}"
+            f"predicted: {html.escape(name(int(row['pred'])))} · top {k} words per method</p>"
         )
         body.append("<table>")
         words = spans[spans["sample_id"] == sid]
@@ -170,16 +173,17 @@ def write_views(
     predictions: pd.DataFrame,
     attributions: pd.DataFrame,
     samples: int | Sequence[str] = 3,
-    top_k_words: int = 10,
+    k: int = 10,
     overlap_k: int = 40,
     label_names: Sequence[str] | None = None,
 ) -> list[Path]:
-    """Write ``highlights.html``, ``overlap.csv`` and ``overlap.png`` into ``run_dir``."""
+    """Write ``highlights.html`` (each method's top ``k`` words marked), ``overlap.csv`` and
+    ``overlap.png`` into ``run_dir``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     page = run_dir / "highlights.html"
     page.write_text(
-        highlight_html(predictions, attributions, samples, top_k_words, label_names),
+        highlight_html(predictions, attributions, samples, k, label_names),
         encoding="utf-8",
     )
     matrix = overlap_matrix(attributions, overlap_k)

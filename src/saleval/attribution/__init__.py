@@ -10,10 +10,11 @@ Two entry points for the other stages:
     registry name, plus its settings), or an already-built :class:`Attributor`.
 
 ``explain_frame(model, tokenizer, df, methods, target="prediction", max_length=256, ...)``
-    For a table with ``sample_id, text, label``: predictions and word attributions of
-    every configured method, as frames matching ``tables.PREDICTIONS`` and
-    ``tables.ATTRIBUTIONS`` (``method`` = the method's unique name: its key in
-    ``methods`` or an explicit ``name:`` in its config).
+    For a table with ``sample_id, text`` (and ``label``, needed for ``target="gold"``):
+    predictions and word attributions of every configured method, as frames matching
+    ``tables.PREDICTIONS`` and ``tables.ATTRIBUTIONS`` (``method`` = the method's unique
+    name: its key in ``methods`` or an explicit ``name:`` in its config).
+    :mod:`saleval.api` wraps it for notebooks (``docs/api.md``).
 
 Every method produces *token* scores over a padded batch; one shared step
 (:func:`saleval.words.token_to_word_scores`) turns them into word scores, so no method

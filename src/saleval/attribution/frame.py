@@ -62,6 +62,9 @@ from saleval.models import label_names_of
 from saleval.vocab import Target
 from saleval.words import Segmentation, segment
 
+#: the token limit when neither the caller nor the model's train run gives one
+DEFAULT_MAX_LENGTH = 256
+
 #: one phase's per-batch function: example indices -> (one output per example, diagnostics)
 _BatchFn = Callable[[list[int]], tuple[list[Any], dict[str, list[float]]]]
 
@@ -285,10 +288,19 @@ def _run_on(trainer: L.Trainer, model: PreTrainedModel, job: _Job) -> dict[str, 
             return pickle.load(f)
 
 
-def _check_frame(df: pd.DataFrame) -> None:
-    missing = [c for c in ("sample_id", "text", "label") if c not in df.columns]
+def _check_frame(df: pd.DataFrame, target: Target) -> None:
+    """The columns ``explain_frame`` needs: ``label`` only when the gold class is explained."""
+    need = ["sample_id", "text"] + (["label"] if target is Target.gold else [])
+    missing = [c for c in need if c not in df.columns]
     if missing:
-        raise AttributionError(f"explain_frame: input lacks column(s) {missing}")
+        why = " (target=gold explains each text's gold label)" if "label" in missing else ""
+        raise AttributionError(f"explain_frame: input lacks column(s) {missing}{why}")
+    if target is Target.gold and df["label"].isna().any():
+        row = int(np.flatnonzero(df["label"].isna().to_numpy())[0])
+        raise AttributionError(
+            f"explain_frame: row {row} (sample_id {df['sample_id'].iloc[row]!r}) has no label; "
+            "target=gold needs every text's gold label (or use target=prediction)"
+        )
     dup = df["sample_id"].astype(str).duplicated()
     if dup.any():
         raise AttributionError(
@@ -303,14 +315,17 @@ def explain_frame(
     df: pd.DataFrame,
     methods: Mapping[str, Attributor | str | Mapping[str, Any] | None],
     target: Target | str = Target.prediction,
-    max_length: int = 256,
+    max_length: int = DEFAULT_MAX_LENGTH,
     batch_size: int = 64,
     trainer: Mapping[str, Any] | L.Trainer | None = None,
     progress: bool = False,
     timings: dict[str, dict[str, float]] | None = None,
     diagnostics: dict[str, dict[str, list[float]]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Predictions and word attributions of every method for ``df(sample_id, text, label)``.
+    """Predictions and word attributions of every method for ``df(sample_id, text[, label])``.
+
+    ``label`` (the gold class index) is needed only for ``target=gold``; without it the
+    predictions table has no ``label`` column.
 
     ``methods``: name → method config (``conf/method`` entry, registry name or built
     attributor; ``None`` disables that entry). ``target``
@@ -332,10 +347,15 @@ def explain_frame(
         raise AttributionError(
             f"target must be one of {[t.value for t in Target]}, got {target!r}"
         ) from None
-    _check_frame(df)
+    _check_frame(df, target)
     sample_ids = df["sample_id"].astype(str).tolist()
     texts = df["text"].astype(str).tolist()
-    labels = df["label"].astype(int).tolist()
+    # gold labels: every one for target=gold (checked); any (missing ones <NA>) otherwise
+    gold = df["label"].astype("Int64") if "label" in df.columns else None
+    labels = [] if gold is None or gold.isna().any() else gold.astype(int).tolist()
+    label_column: dict[str, Any] = {}
+    if gold is not None:
+        label_column["label"] = gold.array if gold.isna().any() else np.asarray(labels, np.int64)
     label_names = label_names_of(model)
     segs: list[Segmentation] = [
         segment(t, tokenizer, max_length)
@@ -367,7 +387,7 @@ def explain_frame(
         {
             "sample_id": sample_ids,
             "text": texts,
-            "label": labels,
+            **label_column,
             "pred": probs.argmax(1).astype(np.int64),
             **{f"prob_{name}": probs[:, c] for c, name in enumerate(label_names)},
             "n_words": [s.n_words for s in segs],

@@ -66,7 +66,7 @@ class ExplainData:
 @dataclass
 class ExplainView:
     samples: Any = 3  # HTML highlight pages for this many samples, or a list of sample ids
-    top_k: int = 10  # words highlighted per method
+    k: int = 10  # each method's top-k words highlighted (k as in the crowd study's kgrid)
     overlap_k: int = 40  # K of the method-overlap table (Lu et al. 2024)
 
 

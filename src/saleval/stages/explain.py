@@ -140,7 +140,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_metrics(metrics)
         samples = cfg.view.samples if isinstance(cfg.view.samples, int) else list(cfg.view.samples)
         for path in views.write_views(
-            st.path("views"), predictions, attributions, samples, int(cfg.view.top_k),
+            st.path("views"), predictions, attributions, samples, int(cfg.view.k),
             int(cfg.view.overlap_k), data.label_names,
         ):  # fmt: skip
             st.log_file(path, "views")
