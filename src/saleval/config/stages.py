@@ -90,7 +90,8 @@ class ExplainStageConfig(StageConfig):
 
 @dataclass
 class TasksInputs:
-    explain: str = MISSING
+    # an explain run, a list of them or a sweep dir (disjoint methods; docs/sweeps.md)
+    explain: Any = MISSING
 
 
 @dataclass
@@ -172,7 +173,7 @@ class ScoreStageConfig(StageConfig):
 @dataclass
 class MetricsInputs:
     model: str = MISSING  # a saleval-train run (its model/ dir)
-    explain: str = MISSING  # a saleval-explain run
+    explain: Any = MISSING  # a saleval-explain run, a list of them or a sweep dir
 
 
 @dataclass
@@ -187,8 +188,9 @@ class MetricsStageConfig(StageConfig):
 
 @dataclass
 class CompareInputs:
-    score: str = MISSING  # a saleval-score run
-    metrics: str = MISSING  # a saleval-metrics run
+    # a run, a list of runs or a sweep dir each (disjoint methods; docs/sweeps.md)
+    score: Any = MISSING  # a saleval-score run
+    metrics: Any = MISSING  # a saleval-metrics run
 
 
 @dataclass
