@@ -208,6 +208,42 @@ class CompareStageConfig(StageConfig):
     compare: CompareConfig = field(default_factory=CompareConfig)
 
 
+# -- report --------------------------------------------------------------------------
+
+
+@dataclass
+class ReportInputs:
+    # run dirs, runs:/<id>, -m sweep dirs, saleval-run dirs: one or a list
+    runs: Any = None
+
+
+@dataclass
+class ReportSearch:
+    """Runs found in MLflow (``MlflowClient.search_runs``), besides ``inputs.runs``."""
+
+    experiments: list[str] = field(default_factory=list)  # experiment names; empty: no search
+    filter: str = (
+        ""  # an MLflow filter, e.g. "tags.sweep = '<sweep dir>'" or "tags.dataset = 'imdb'"
+    )
+    max_results: int = 1000
+
+
+@dataclass
+class ReportOptions:
+    # summary (grid averages + single-k metrics) | all | a list of metric columns
+    columns: Any = "summary"
+    # ranks and correlations within each group of these (dataset first; add variant to
+    # rank a variant's methods only among themselves)
+    rank_within: list[str] = field(default_factory=lambda: ["dataset", "model"])
+
+
+@dataclass
+class ReportStageConfig(StageConfig):
+    inputs: ReportInputs = field(default_factory=ReportInputs)
+    search: ReportSearch = field(default_factory=ReportSearch)
+    report: ReportOptions = field(default_factory=ReportOptions)
+
+
 # -- shortcut, run -------------------------------------------------------------------
 
 
@@ -251,5 +287,6 @@ ROOTS: dict[str, type] = {
     "metrics_schema": MetricsStageConfig,
     "compare_schema": CompareStageConfig,
     "shortcut_schema": ShortcutStageConfig,
+    "report_schema": ReportStageConfig,
     "run_schema": RunStageConfig,
 }

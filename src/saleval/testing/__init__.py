@@ -8,6 +8,11 @@
 Tests and benchmarks both import from here, so neither depends on the other.
 """
 
-from saleval.testing.runs import explain_frames, make_explain_run, make_task_run
+from saleval.testing.runs import (
+    explain_frames,
+    make_explain_run,
+    make_result_run,
+    make_task_run,
+)
 
-__all__ = ["explain_frames", "make_explain_run", "make_task_run"]
+__all__ = ["explain_frames", "make_explain_run", "make_result_run", "make_task_run"]

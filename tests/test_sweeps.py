@@ -1,0 +1,186 @@
+"""Sweeps that compose (docs/sweeps.md): several runs as one input, and saleval-report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import DictConfig
+
+from saleval import comparison, tables
+from saleval.merge import MergeError
+from saleval.provenance import ProvenanceError
+from saleval.stages import report
+from saleval.stages import tasks as tasks_stage
+from saleval.testing import explain_frames, make_explain_run, make_result_run
+
+LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # conf/dataset/ag_news.yaml
+
+
+def fake_sweep(root: Path, jobs: Sequence[Callable[[Path], Path]]) -> Path:
+    """A dir laid out as a Hydra ``-m`` run: ``multirun.yaml`` and one dir per job."""
+    root.mkdir(parents=True)
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    for i, make in enumerate(jobs):
+        make(root / str(i))
+    return root
+
+
+def explain_job(methods: Sequence[str], n: int = 6, dataset: str = "ag_news", seed: int = 0):
+    def make(run_dir: Path) -> Path:
+        labels = LABELS if dataset == "ag_news" else ["negative", "positive"]
+        preds, attrs = explain_frames(n, labels, seed=seed)  # the same texts for every seed
+        attrs = attrs[attrs["method"].isin(list(methods))]
+        return make_explain_run(run_dir, preds, attrs, dataset)
+
+    return make
+
+
+def tasks_cfg(make_cfg: Callable[..., DictConfig], explain: str, name: str) -> DictConfig:
+    return make_cfg(
+        "tasks",
+        [
+            f"inputs.explain={explain}",
+            "study.n_samples=4",
+            "study.population=correct",
+            "study.balance_by=none",
+            "study.methods=[random,lime]",
+            "study.bundle_size=4",
+            "study.repeats=1",
+            "kgrid.ks=[5]",
+        ],
+        name=name,
+    )
+
+
+def test_tasks_take_a_sweep_dir_or_a_list_of_explain_runs(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    sweep = fake_sweep(tmp_path / "sweep", [explain_job(["random"]), explain_job(["lime"])])
+    tasks_stage.run(tasks_cfg(make_cfg, str(sweep), "from_sweep"))
+    listed = f"[{sweep / '0'},{sweep / '1'}]"
+    tasks_stage.run(tasks_cfg(make_cfg, listed, "from_list"))
+    a = tables.TASKS.read(tmp_path / "from_sweep")
+    b = tables.TASKS.read(tmp_path / "from_list")
+    assert set(a["method"]) - {"gold"} == {"random", "lime"}
+    pd.testing.assert_frame_equal(a, b)
+    # every parent run is recorded, by input name and number
+    info = pd.read_json(tmp_path / "from_sweep" / "run.json", typ="series")
+    assert info["parent_dirs"] == {
+        "explain.0": str((sweep / "0").resolve()),
+        "explain.1": str((sweep / "1").resolve()),
+    }
+
+
+def test_a_method_in_two_runs_is_an_error_naming_both(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    sweep = fake_sweep(tmp_path / "sweep", [explain_job(["random", "lime"]), explain_job(["lime"])])
+    with pytest.raises(MergeError, match="method 'lime'") as err:
+        tasks_stage.run(tasks_cfg(make_cfg, str(sweep), "tasks"))
+    assert str(sweep / "0") in str(err.value) and str(sweep / "1") in str(err.value)
+
+
+def test_runs_on_other_samples_or_datasets_fail_naming_the_difference(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    fewer = fake_sweep(tmp_path / "fewer", [explain_job(["random"]), explain_job(["lime"], n=5)])
+    with pytest.raises(MergeError, match=r"different samples \(1 only in .*s005"):
+        tasks_stage.run(tasks_cfg(make_cfg, str(fewer), "tasks1"))
+    mixed = fake_sweep(
+        tmp_path / "mixed", [explain_job(["random"]), explain_job(["lime"], dataset="imdb")]
+    )
+    with pytest.raises(ProvenanceError, match="disagree on dataset.*explain.1.*imdb"):
+        tasks_stage.run(tasks_cfg(make_cfg, str(mixed), "tasks2"))
+
+
+# -- saleval-report -----------------------------------------------------------------------
+
+HUMAN = {"a": 50.0, "b": 40.0, "c": 30.0, "random": 20.0}
+
+
+def metrics_frame(order: Sequence[str]) -> pd.DataFrame:
+    """Comprehensiveness (↑) and sufficiency (↓) that rank methods in ``order``, best first."""
+    rows = []
+    for i, m in enumerate(order):
+        rows.append({"method": m, "metric": "comprehensiveness", "k": "", "value": 0.5 - 0.1 * i})
+        rows.append({"method": m, "metric": "sufficiency", "k": "", "value": 0.1 + 0.1 * i})
+    return pd.DataFrame(rows)
+
+
+def scores_frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {"method": list(HUMAN), "score": list(HUMAN.values()), "rank": [1, 2, 3, 4]}
+    )
+
+
+def test_report_gathers_datasets_ranks_and_correlates(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    # ag_news: both metrics agree with the crowd; sst2: both rank the methods backwards
+    runs = [
+        make_result_run(tmp_path / "s_ag", "score", scores_frame(), "ag_news"),
+        make_result_run(tmp_path / "m_ag", "metrics", metrics_frame(list(HUMAN)), "ag_news"),
+        make_result_run(tmp_path / "s_sst", "score", scores_frame(), "sst2"),
+        make_result_run(tmp_path / "m_sst", "metrics", metrics_frame(list(HUMAN)[::-1]), "sst2"),
+    ]
+    cfg = make_cfg("report", [f"inputs.runs=[{','.join(str(r) for r in runs)}]"], name="report")
+    out = report.run(cfg)
+    table = tables.REPORT.read(out["run_dir"])
+    assert len(table) == 8 and set(table["dataset"]) == {"ag_news", "sst2"}
+    ag = table[table["dataset"] == "ag_news"].set_index("method")
+    sst = table[table["dataset"] == "sst2"].set_index("method")
+    assert ag["human_rank"].to_dict() == {"a": 1, "b": 2, "c": 3, "random": 4}
+    assert ag["sufficiency_rank"].to_dict() == {"a": 1, "b": 2, "c": 3, "random": 4}
+    assert sst["comprehensiveness_rank"].to_dict() == {"a": 4, "b": 3, "c": 2, "random": 1}
+    assert sst.loc["b", "sufficiency"] == pytest.approx(0.3)
+    corr = tables.REPORT_CORRELATIONS.read(out["run_dir"])
+    rho = corr[corr["statistic"] == "spearman"].set_index(["dataset", "metric"])["value"]
+    assert rho[("ag_news", "comprehensiveness")] == pytest.approx(1.0)
+    assert rho[("sst2", "sufficiency")] == pytest.approx(-1.0)
+    # the same numbers as the comparison's own function on that dataset's rows
+    direct = comparison.rank_agreement(sst["human_score"], sst["comprehensiveness"], True)
+    assert direct["kendall"] == pytest.approx(
+        corr.set_index(["dataset", "metric", "statistic"])["value"][
+            ("sst2", "comprehensiveness", "kendall")
+        ]
+    )
+    for name in ("report.md", "rank_heatmap.png", "correlation_heatmap.png"):
+        assert (Path(out["run_dir"]) / name).stat().st_size > 0
+    assert "## sst2 / tiny" in (Path(out["run_dir"]) / "report.md").read_text()
+    assert len(tables.REPORT_RUNS.read(out["run_dir"])) == 4
+
+
+def test_report_refuses_one_cell_from_two_runs(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    a = make_result_run(tmp_path / "s1", "score", scores_frame())
+    b = make_result_run(tmp_path / "s2", "score", scores_frame())
+    cfg = make_cfg("report", [f"inputs.runs=[{a},{b}]"], name="report")
+    with pytest.raises(report.ReportError, match=f"human_score of method .* both {a}.* and {b}"):
+        report.run(cfg)
+
+
+def test_report_needs_runs(make_cfg: Callable[..., DictConfig]) -> None:
+    with pytest.raises(ValueError, match="needs runs: inputs.runs="):
+        report.run(make_cfg("report", []))
+
+
+def test_variant_is_what_sets_a_sweep_job_apart() -> None:
+    def src(overrides: list[str], name: str) -> report.Source:
+        return report.Source(
+            Path(name), "compare", "", "ag_news", "tiny", False, tuple(overrides), ()
+        )
+
+    labels = report.variants(
+        [
+            src(["profile=smoke", "profile.dataset=ag_news", "method.lime.num_samples=64"], "a"),
+            src(["profile=smoke", "profile.dataset=sst2", "method.lime.num_samples=300"], "b"),
+        ]
+    )
+    assert labels == {
+        Path("a"): "method.lime.num_samples=64",
+        Path("b"): "method.lime.num_samples=300",
+    }
