@@ -184,3 +184,70 @@ def test_variant_is_what_sets_a_sweep_job_apart() -> None:
         Path("a"): "method.lime.num_samples=64",
         Path("b"): "method.lime.num_samples=300",
     }
+
+
+def test_report_finds_runs_through_an_mlflow_search(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig], mlflow_uri: str
+) -> None:
+    make_result_run(tmp_path / "s_ag", "score", scores_frame(), "ag_news")
+    make_result_run(tmp_path / "m_ag", "metrics", metrics_frame(list(HUMAN)), "ag_news")
+    make_result_run(tmp_path / "m_sst", "metrics", metrics_frame(list(HUMAN)), "sst2")
+    here = f"tags.run_dir LIKE '{tmp_path}/%'"  # this test's runs, not the session's others
+    cfg = make_cfg(
+        "report",
+        ["search.experiments=[saleval/ag_news,saleval/sst2]", f'search.filter="{here}"'],
+        name="report",
+    )
+    out = report.run(cfg)
+    found = tables.REPORT_RUNS.read(out["run_dir"])
+    assert sorted(Path(d).name for d in found["run_dir"]) == ["m_ag", "m_sst", "s_ag"]
+    table = tables.REPORT.read(out["run_dir"])
+    # sst2 has metrics only: no human score, no human rank, metrics still ranked
+    sst = table[table["dataset"] == "sst2"]
+    assert sst["human_score"].isna().all() and sst["human_rank"].isna().all()
+    assert sorted(sst["comprehensiveness_rank"]) == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="no MLflow experiment 'saleval/nope'"):
+        report.run(make_cfg("report", ["search.experiments=[saleval/nope]"], name="r2"))
+
+
+@pytest.mark.slow
+def test_explain_sweep_feeds_one_metrics_run_and_the_report(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig], tiny_train_run: Path
+) -> None:
+    """Real tiny runs: two explain jobs of one sweep (one method each), one metrics run on
+    the sweep dir, and the report of it next to a crowd's scores."""
+    from saleval.stages import explain, metrics
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    for i, method in enumerate(["vanilla_gradient", "occlusion"]):
+        cfg = make_cfg(
+            "explain",
+            [f"inputs.model={tiny_train_run}", f"method=[{method}]", "data.n_samples=6",
+             "progress=false"],
+            name=f"sweep/{i}",
+        )  # fmt: skip
+        explain.run(cfg)
+    out = metrics.run(
+        make_cfg(
+            "metrics",
+            [
+                f"inputs.model={tiny_train_run}",
+                f"inputs.explain={sweep}",
+                "kgrid=smoke",
+                "progress=false",
+            ],
+            name="metrics",
+        )  # fmt: skip
+    )
+    table = tables.METRICS.read(out["run_dir"])
+    assert set(table["method"]) == {"vanilla_gradient", "occlusion"}
+    assert set(table["n"]) == {6}
+    human = pd.DataFrame({"method": ["occlusion", "vanilla_gradient"], "score": [60.0, 40.0],
+                          "rank": [1, 2]})  # fmt: skip
+    scores = make_result_run(tmp_path / "score", "score", human, "ag_news", "tiny")
+    rep = report.run(make_cfg("report", [f"inputs.runs=[{scores},{out['run_dir']}]"], name="rep"))
+    rows = tables.REPORT.read(rep["run_dir"]).set_index("method")
+    assert rows.loc["occlusion", "human_rank"] == 1
+    assert rows["comprehensiveness"].notna().all()
