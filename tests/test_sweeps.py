@@ -221,31 +221,18 @@ def test_explain_sweep_feeds_one_metrics_run_and_the_report(
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    model = f"inputs.model={tiny_train_run}"
     for i, method in enumerate(["vanilla_gradient", "occlusion"]):
-        cfg = make_cfg(
-            "explain",
-            [f"inputs.model={tiny_train_run}", f"method=[{method}]", "data.n_samples=6",
-             "progress=false"],
-            name=f"sweep/{i}",
-        )  # fmt: skip
-        explain.run(cfg)
-    out = metrics.run(
-        make_cfg(
-            "metrics",
-            [
-                f"inputs.model={tiny_train_run}",
-                f"inputs.explain={sweep}",
-                "kgrid=smoke",
-                "progress=false",
-            ],
-            name="metrics",
-        )  # fmt: skip
-    )
+        overrides = [model, f"method=[{method}]", "data.n_samples=6", "progress=false"]
+        explain.run(make_cfg("explain", overrides, name=f"sweep/{i}"))
+    overrides = [model, f"inputs.explain={sweep}", "kgrid=smoke", "progress=false"]
+    out = metrics.run(make_cfg("metrics", overrides, name="metrics"))
     table = tables.METRICS.read(out["run_dir"])
     assert set(table["method"]) == {"vanilla_gradient", "occlusion"}
     assert set(table["n"]) == {6}
-    human = pd.DataFrame({"method": ["occlusion", "vanilla_gradient"], "score": [60.0, 40.0],
-                          "rank": [1, 2]})  # fmt: skip
+    human = pd.DataFrame(
+        {"method": ["occlusion", "vanilla_gradient"], "score": [60.0, 40.0], "rank": [1, 2]}
+    )
     scores = make_result_run(tmp_path / "score", "score", human, "ag_news", "tiny")
     rep = report.run(make_cfg("report", [f"inputs.runs=[{scores},{out['run_dir']}]"], name="rep"))
     rows = tables.REPORT.read(rep["run_dir"]).set_index("method")
