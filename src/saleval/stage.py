@@ -479,6 +479,10 @@ class Stage:
             for key in ("run", "model", "tasks"):
                 command = command.replace("{" + key + "}", known.get(key, LATEST))
             lines.append(f"  next: {command}")
+        sweep = self.tags.get("sweep")
+        names = [n for n, s in PRODUCERS.items() if s == self.stage]
+        if sweep and names:  # a -m job: the whole sweep can be the next stage's input
+            lines.append(f"  sweep: all its jobs as one input: inputs.{names[0]}={sweep}")
         return "\n".join(lines)
 
     def _write_run_json(self, **extra: Any) -> None:
