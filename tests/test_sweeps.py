@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from saleval import comparison, tables
 from saleval.merge import MergeError
 from saleval.provenance import ProvenanceError
+from saleval.stage import InputError, resolve_inputs
 from saleval.stages import report
 from saleval.stages import tasks as tasks_stage
 from saleval.testing import explain_frames, make_explain_run, make_result_run
@@ -238,3 +239,44 @@ def test_explain_sweep_feeds_one_metrics_run_and_the_report(
     rows = tables.REPORT.read(rep["run_dir"]).set_index("method")
     assert rows.loc["occlusion", "human_rank"] == 1
     assert rows["comprehensiveness"].notna().all()
+
+
+def test_saleval_run_dirs_are_inputs_too(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    """A saleval-run dir stands for its run of the stage an input needs; a sweep of them
+    (as `saleval-run -m` writes) for each job's."""
+    import json
+
+    def pipeline(job: Path, dataset: str, stages: Sequence[str]) -> Path:
+        made = {}
+        for stage in stages:
+            if stage == "explain":
+                made[stage] = explain_job(["random", "lime"])(job / stage)
+            elif stage == "score":
+                made[stage] = make_result_run(job / stage, "score", scores_frame(), dataset)
+            else:
+                frame = metrics_frame(list(HUMAN))
+                made[stage] = make_result_run(job / stage, "metrics", frame, dataset)
+        runs = {s: {"run_dir": str(d), "seconds": 0.0, "reused": False} for s, d in made.items()}
+        (job / "pipeline.json").write_text(json.dumps({"stages": runs}))
+        return job
+
+    sweep = fake_sweep(
+        tmp_path / "run_sweep",
+        [
+            lambda j: pipeline(j, "ag_news", ["explain", "score", "metrics"]),
+            lambda j: pipeline(j, "sst2", ["score", "metrics"]),
+        ],
+    )
+    tasks_stage.run(tasks_cfg(make_cfg, str(sweep / "0"), "tasks"))
+    info = pd.read_json(tmp_path / "tasks" / "run.json", typ="series")
+    assert info["parent_dirs"] == {"explain": str((sweep / "0" / "explain").resolve())}
+    out = report.run(make_cfg("report", [f"inputs.runs={sweep}"], name="report"))
+    table = tables.REPORT.read(out["run_dir"])
+    assert sorted(set(table["dataset"])) == ["ag_news", "sst2"]
+    assert table["human_score"].notna().all() and table["sufficiency"].notna().all()
+    with pytest.raises(
+        InputError, match=r"no explain run in this pipeline \(it ran score, metrics\)"
+    ):
+        resolve_inputs("explain", str(sweep / "1"))

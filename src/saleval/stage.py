@@ -8,8 +8,9 @@ Every stage module defines ``run(cfg) -> dict`` (tests call it) and
         st.write(tables.SCORES, scores)        # writes into the run dir and logs it
         st.log_metrics({...})
 
-``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``), loads each parent's
-``config.yaml`` and ``run.json`` once, applies the one provenance rule
+``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``; or several runs, a
+list or a ``-m`` sweep dir, whose tables ``st.read`` merges: :mod:`saleval.merge`), loads
+each parent's ``config.yaml`` and ``run.json`` once, applies the one provenance rule
 (:mod:`saleval.provenance`: adopt the parents' dataset, model, max_length, study target and
 population when the config gives none, check them when it does), writes the resolved
 config and ``run.json`` (run id, fingerprint, parents, provenance) into the run dir,

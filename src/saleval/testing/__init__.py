@@ -1,7 +1,8 @@
 """Test support that writes and drives what the pipeline does, shipped with the package.
 
 * :mod:`saleval.testing.runs`: run dirs (a synthetic explain run, a ``saleval-tasks``
-  run) written by the stages' own writers, never by a hand-made copy of their format.
+  run, score and metrics runs holding given tables) written by the stages' own writers,
+  never by a hand-made copy of their format.
 * :mod:`saleval.testing.annotate_load`: the annotation app's load driver — servers on
   loopback and simulated workers over HTTP (needs ``httpx``, in the ``dev`` extra).
 
