@@ -280,3 +280,11 @@ def test_saleval_run_dirs_are_inputs_too(
         InputError, match=r"no explain run in this pipeline \(it ran score, metrics\)"
     ):
         resolve_inputs("explain", str(sweep / "1"))
+
+
+def test_a_failed_sweep_job_and_an_empty_list_are_named(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sweep", [lambda j: j.mkdir() or j])  # a job without run.json
+    with pytest.raises(InputError, match=r"sweep job .*/0 has no run.json: did it fail\?"):
+        resolve_inputs("explain", str(sweep))
+    with pytest.raises(InputError, match="an empty list names no run"):
+        resolve_inputs("explain", [])

@@ -85,7 +85,7 @@ def as_specs(value: Any) -> list[str]:
 
 
 def expand(
-    name: str, value: Any, resolve_one: Callable[[str, str], Path], stage: str | None
+    name: str, value: Any, resolve_one: Callable[[str, str], Path], stage: str
 ) -> list[Path]:
     """Every run dir an ``inputs.<name>`` value names, in order, each resolved once.
 
@@ -96,13 +96,11 @@ def expand(
     out: list[Path] = []
     for spec in as_specs(value):
         path = Path(spec).expanduser()
-        jobs = sweep_jobs(path) if path.is_dir() and is_sweep_dir(path) else [path]
-        for job in jobs:
+        swept = path.is_dir() and is_sweep_dir(path)
+        for job in sweep_jobs(path) if swept else [path]:
             if job.is_dir() and not (job / RUN_JSON).is_file() and (job / PIPELINE_JSON).is_file():
-                if stage is None:
-                    raise MergeError(f"inputs.{name}={job}: a saleval-run dir; name a stage run")
                 job = pipeline_stage_dir(job, stage)
-            if job.is_dir() and not (job / RUN_JSON).is_file() and job.name.isdigit():
+            elif swept and not (job / RUN_JSON).is_file():
                 raise MergeError(
                     f"inputs.{name}: sweep job {job} has no {RUN_JSON}: did it fail? Re-run "
                     "it or list the jobs that finished"
