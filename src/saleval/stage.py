@@ -8,8 +8,9 @@ Every stage module defines ``run(cfg) -> dict`` (tests call it) and
         st.write(tables.SCORES, scores)        # writes into the run dir and logs it
         st.log_metrics({...})
 
-``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``), loads each parent's
-``config.yaml`` and ``run.json`` once, applies the one provenance rule
+``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``; or several runs, a
+list or a ``-m`` sweep dir, whose tables ``st.read`` merges: :mod:`saleval.merge`), loads
+each parent's ``config.yaml`` and ``run.json`` once, applies the one provenance rule
 (:mod:`saleval.provenance`: adopt the parents' dataset, model, max_length, study target and
 population when the config gives none, check them when it does), writes the resolved
 config and ``run.json`` (run id, fingerprint, parents, provenance) into the run dir,
@@ -37,7 +38,7 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import paths, tracking
+from saleval import merge, paths, tracking
 from saleval.config import DatasetConfig, register_configs
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
@@ -137,6 +138,20 @@ def resolve_input(
     if not (path / RUN_JSON).is_file():
         raise InputError(f"inputs.{name}={spec}: {RUN_JSON} missing; is this a saleval run dir?")
     return path.resolve()
+
+
+def resolve_inputs(name: str, value: Any, output_root: str | Path | None = None) -> list[Path]:
+    """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
+    list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
+    stage producing ``<name>``); see :mod:`saleval.merge`."""
+    if value is None or (isinstance(value, str) and value in ("???", "", "None")):
+        return [resolve_input(name, "" if value is None else value, output_root)]
+    try:
+        return merge.expand(
+            name, value, lambda n, s: resolve_input(n, s, output_root), PRODUCERS.get(name, name)
+        )
+    except merge.MergeError as err:
+        raise InputError(str(err)) from err
 
 
 def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
@@ -270,25 +285,42 @@ class Stage:
         self.stage = stage
         self.run_dir = _run_dir_of(cfg).resolve()
         root = OmegaConf.select(cfg, "paths.output_root", default=None)
-        self.inputs: dict[str, Path] = {
-            k: resolve_input(k, v, root) for k, v in (inputs or {}).items() if v is not None
+        #: every run behind each input (several for a list or a sweep dir: saleval.merge)
+        self.input_runs: dict[str, list[Path]] = {
+            k: resolve_inputs(k, v, root) for k, v in (inputs or {}).items() if v is not None
         }
-        #: each parent's run.json and config.yaml, read once
-        self.parents: dict[str, dict[str, Any]] = {
-            k: read_run_info(p) for k, p in self.inputs.items()
+        #: each run by its label (the input's name; ``<name>.<i>`` when it has several)
+        self._runs: dict[str, Path] = {
+            merge.label(k, i, len(ps)): p
+            for k, ps in self.input_runs.items()
+            for i, p in enumerate(ps)
         }
-        self.parent_configs: dict[str, DictConfig] = {
-            k: read_run_config(p) for k, p in self.inputs.items()
+        #: each parent run's run.json and config.yaml, read once
+        self._infos = {k: read_run_info(p) for k, p in self._runs.items()}
+        self._configs = {k: read_run_config(p) for k, p in self._runs.items()}
+        self._provenance = {
+            k: Provenance.of_run(p, self._infos[k], self._configs[k]) for k, p in self._runs.items()
         }
+        first = {k: merge.label(k, 0, len(ps)) for k, ps in self.input_runs.items()}
+        #: per input, its (first) run: the runs of one input agree on what is inherited
+        self.inputs: dict[str, Path] = {k: self._runs[f] for k, f in first.items()}
+        self.parents: dict[str, dict[str, Any]] = {k: self._infos[f] for k, f in first.items()}
+        self.parent_configs: dict[str, DictConfig] = {k: self._configs[f] for k, f in first.items()}
         #: each parent's provenance record (saleval.provenance)
         self.parent_provenance: dict[str, Provenance] = {
-            k: Provenance.of_run(p, self.parents[k], self.parent_configs[k])
-            for k, p in self.inputs.items()
+            k: self._provenance[f] for k, f in first.items()
         }
+        if isinstance(inherits, Mapping):  # an input's name stands for each of its runs
+            inherits = {
+                f: [merge.label(n, i, len(self.input_runs[n]))
+                    for n in names if n in self.input_runs
+                    for i in range(len(self.input_runs[n]))]
+                for f, names in inherits.items()
+            }  # fmt: skip
         self.provenance: Provenance = resolve(
             Provenance.from_config(cfg),
-            self.parent_provenance,
-            {k: str(p) for k, p in self.inputs.items()},
+            self._provenance,
+            {k: str(p) for k, p in self._runs.items()},
             inherits,
         )
         if (tags or {}).get("simulated") == "true":
@@ -305,7 +337,7 @@ class Stage:
         assert isinstance(resolved, dict)
         # a stage config's keys are str
         self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)
-        self.fingerprint = stage_fingerprint(cfg, stage, self.inputs, self.parents, self.resolved)
+        self.fingerprint = stage_fingerprint(cfg, stage, self._runs, self._infos, self.resolved)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None
         self.tags: dict[str, str] = {}
@@ -378,8 +410,8 @@ class Stage:
             "run_dir": str(self.run_dir),
             "fingerprint": self.fingerprint,
             "host": socket.gethostname(),
-            **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self.parents.items()},
-            **{f"parent_dir.{k}": str(p) for k, p in self.inputs.items()},
+            **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self._infos.items()},
+            **{f"parent_dir.{k}": str(p) for k, p in self._runs.items()},
             **self.extra_tags,
         }
         tags.update(_sweep_tags())
@@ -448,6 +480,10 @@ class Stage:
             for key in ("run", "model", "tasks"):
                 command = command.replace("{" + key + "}", known.get(key, LATEST))
             lines.append(f"  next: {command}")
+        sweep = self.tags.get("sweep")
+        names = [n for n, s in PRODUCERS.items() if s == self.stage]
+        if sweep and names:  # a -m job: the whole sweep can be the next stage's input
+            lines.append(f"  sweep: all its jobs as one input: inputs.{names[0]}={sweep}")
         return "\n".join(lines)
 
     def _write_run_json(self, **extra: Any) -> None:
@@ -456,8 +492,8 @@ class Stage:
             "run_id": self.run_id,
             "tracking_uri": mlflow.get_tracking_uri(),
             "fingerprint": self.fingerprint,
-            "parents": {k: v.get("run_id") for k, v in self.parents.items()},
-            "parent_dirs": {k: str(p) for k, p in self.inputs.items()},
+            "parents": {k: v.get("run_id") for k, v in self._infos.items()},
+            "parent_dirs": {k: str(p) for k, p in self._runs.items()},
             "simulated": "true" if self.provenance.simulated else "false",
             "provenance": self.provenance.to_json(),
             # which machine and process ran it: jobs of a parallel multirun or a cluster differ
@@ -466,6 +502,20 @@ class Stage:
             **extra,
         }
         (self.run_dir / RUN_JSON).write_text(json.dumps(info, indent=2))
+
+    # -- inputs -------------------------------------------------------------------
+    def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
+        """``spec``'s table of ``inputs.<name>``: of its run, or merged over its runs when it
+        names several (a list, a sweep dir; :func:`saleval.merge.read_merged`)."""
+        return merge.read_merged(spec, self.input_runs[name], f"inputs.{name}")
+
+    def runs_of(self, name: str) -> list[tuple[Path, dict[str, Any], DictConfig]]:
+        """Every run behind ``inputs.<name>``: (run dir, run.json, config.yaml)."""
+        n = len(self.input_runs[name])
+        return [
+            (p, self._infos[merge.label(name, i, n)], self._configs[merge.label(name, i, n)])
+            for i, p in enumerate(self.input_runs[name])
+        ]
 
     # -- outputs ------------------------------------------------------------------
     def path(self, name: str) -> Path:

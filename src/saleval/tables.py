@@ -382,6 +382,67 @@ SHORTCUT_RESULTS = TableSpec(
     ),
 )
 
+REPORT = TableSpec(
+    name="report",
+    filename="report.csv",
+    columns={
+        "dataset": "string",
+        "model": "string",
+        "variant": "string",
+        "method": "string",
+        "human_score": "float64",
+        "human_rank": "Int64",
+    },
+    key=("dataset", "model", "variant", "method"),
+    optional={"simulated": "bool", "runs": "string"},
+    doc=(
+        "saleval-report: one row per dataset × model × variant × method gathered from score, "
+        "metrics and compare runs; '<metric>' value and '<metric>_rank' columns (ranks within "
+        "each dataset and model, 1 = best) follow the declared ones. variant: the sweep "
+        "overrides that set the run apart ('' when none); runs: the run dirs of the row."
+    ),
+)
+
+REPORT_CORRELATIONS = TableSpec(
+    name="report_correlations",
+    filename="report_correlations.csv",
+    columns={
+        "dataset": "string",
+        "model": "string",
+        "variant": "string",
+        "metric": "string",
+        "statistic": "string",
+        "value": "float64",
+    },
+    optional={
+        "p_value": "float64",
+        "n": "int64",
+        "higher_is_better": "bool",
+        "simulated": "bool",
+    },
+    doc=(
+        "saleval-report: Spearman/Kendall agreement of each metric's method ranking with the "
+        "human ranking, per group of the report's rank_within (model/variant '' when the "
+        "group spans them)."
+    ),
+)
+
+REPORT_RUNS = TableSpec(
+    name="report_runs",
+    filename="report_runs.csv",
+    columns={
+        "run_dir": "string",
+        "stage": "string",
+        "run_id": "string",
+        "dataset": "string",
+        "model": "string",
+        "variant": "string",
+    },
+    key=("run_dir",),
+    optional={"simulated": "bool"},
+    doc="saleval-report: every run it gathered, with what it is about.",
+)
+
 ALL: dict[str, TableSpec] = {
     t.name: t
     for t in (
@@ -401,6 +462,9 @@ ALL: dict[str, TableSpec] = {
         COMPARISON,
         CORRELATIONS,
         SHORTCUT_RESULTS,
+        REPORT,
+        REPORT_CORRELATIONS,
+        REPORT_RUNS,
     )
 }
 

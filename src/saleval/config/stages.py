@@ -90,7 +90,8 @@ class ExplainStageConfig(StageConfig):
 
 @dataclass
 class TasksInputs:
-    explain: str = MISSING
+    # an explain run, a list of them or a sweep dir (disjoint methods; docs/sweeps.md)
+    explain: Any = MISSING
 
 
 @dataclass
@@ -172,7 +173,7 @@ class ScoreStageConfig(StageConfig):
 @dataclass
 class MetricsInputs:
     model: str = MISSING  # a saleval-train run (its model/ dir)
-    explain: str = MISSING  # a saleval-explain run
+    explain: Any = MISSING  # a saleval-explain run, a list of them or a sweep dir
 
 
 @dataclass
@@ -187,8 +188,9 @@ class MetricsStageConfig(StageConfig):
 
 @dataclass
 class CompareInputs:
-    score: str = MISSING  # a saleval-score run
-    metrics: str = MISSING  # a saleval-metrics run
+    # a run, a list of runs or a sweep dir each (disjoint methods; docs/sweeps.md)
+    score: Any = MISSING  # a saleval-score run
+    metrics: Any = MISSING  # a saleval-metrics run
 
 
 @dataclass
@@ -204,6 +206,42 @@ class CompareStageConfig(StageConfig):
     model: ModelConfig | None = None  # unused; accepted so pipeline-wide overrides compose
     inputs: CompareInputs = field(default_factory=CompareInputs)
     compare: CompareConfig = field(default_factory=CompareConfig)
+
+
+# -- report --------------------------------------------------------------------------
+
+
+@dataclass
+class ReportInputs:
+    # run dirs, runs:/<id>, -m sweep dirs, saleval-run dirs: one or a list
+    runs: Any = None
+
+
+@dataclass
+class ReportSearch:
+    """Runs found in MLflow (``MlflowClient.search_runs``), besides ``inputs.runs``."""
+
+    experiments: list[str] = field(default_factory=list)  # experiment names; empty: no search
+    filter: str = (
+        ""  # an MLflow filter, e.g. "tags.sweep = '<sweep dir>'" or "tags.dataset = 'imdb'"
+    )
+    max_results: int = 1000
+
+
+@dataclass
+class ReportOptions:
+    # summary (grid averages + single-k metrics) | all | a list of metric columns
+    columns: Any = "summary"
+    # ranks and correlations within each group of these (dataset first; add variant to
+    # rank a variant's methods only among themselves)
+    rank_within: list[str] = field(default_factory=lambda: ["dataset", "model"])
+
+
+@dataclass
+class ReportStageConfig(StageConfig):
+    inputs: ReportInputs = field(default_factory=ReportInputs)
+    search: ReportSearch = field(default_factory=ReportSearch)
+    report: ReportOptions = field(default_factory=ReportOptions)
 
 
 # -- shortcut, run -------------------------------------------------------------------
@@ -249,5 +287,6 @@ ROOTS: dict[str, type] = {
     "metrics_schema": MetricsStageConfig,
     "compare_schema": CompareStageConfig,
     "shortcut_schema": ShortcutStageConfig,
+    "report_schema": ReportStageConfig,
     "run_schema": RunStageConfig,
 }

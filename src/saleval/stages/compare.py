@@ -3,7 +3,8 @@
 Reads a score run (``scores.csv`` and the ``aggregated.csv`` it scored, found in
 the run dir or its import parent) and a metrics run (``metrics.csv``,
 ``metrics_per_example.parquet``, and through its explain parent the classifier's
-predictions). Writes ``comparison.csv``, ``correlations.csv``, ``comparison.md``,
+predictions); either input may be several runs of disjoint methods (a list or a sweep
+dir, merged: ``docs/sweeps.md``). Writes ``comparison.csv``, ``correlations.csv``, ``comparison.md``,
 ``rank_vs_rank.png``, ``ols.txt`` and ``instance_level.parquet``, in one MLflow
 run tagged with every run of both chains (``link.<stage>``). A simulated crowd
 anywhere upstream is said in the title, a ``simulated`` column and the run's tag.
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, scoring, tables
+from saleval import comparison, merge, scoring, tables
 from saleval.metrics_registry import import_plugins
 from saleval.stage import Stage, hydra_main, read_run_info
 
@@ -76,40 +77,46 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inputs = {"score": cfg.inputs.score, "metrics": cfg.inputs.metrics}
     inherits = ("dataset", "model", "target", "population")
     with Stage(cfg, "compare", inputs, inherits=inherits, requires=["dataset"]) as st:
-        score_dir, metrics_dir = st.inputs["score"], st.inputs["metrics"]
-        # the metrics run's own metrics modules, so their directions are known here too
-        plugins = OmegaConf.select(st.parent_configs["metrics"], "metrics.plugins", default=None)
-        import_plugins(list(plugins or []))
-        human_runs, auto_runs = ancestry(score_dir), ancestry(metrics_dir)
+        score_dirs, metrics_dirs = st.input_runs["score"], st.input_runs["metrics"]
+        # the metrics runs' own metrics modules, so their directions are known here too
+        for _, _, mcfg in st.runs_of("metrics"):
+            plugins = OmegaConf.select(mcfg, "metrics.plugins", default=None)
+            import_plugins(list(plugins or []))
+        human_chains = [ancestry(d) for d in score_dirs]
+        auto_chains = [ancestry(d) for d in metrics_dirs]
         dataset = str(st.provenance.dataset)
         simulated = st.provenance.simulated
-        links = {
-            f"link.{stage}": str(read_run_info(d).get("run_id", ""))
-            for stage, d in {**auto_runs, **human_runs}.items()
-        }
+        ids: dict[str, list[str]] = {}  # every run of both chains, by stage
+        for chain in human_chains + auto_chains:
+            for stage, d in chain.items():
+                ids.setdefault(stage, []).append(str(read_run_info(d).get("run_id", "")))
+        links = {f"link.{stage}": ",".join(dict.fromkeys(v)) for stage, v in ids.items()}
+        automated = [str(info.get("run_id", "")) for _, info, _ in st.runs_of("metrics")]
         st.set_tags(
             {
                 "human_run": links.get("link.score", ""),
-                "automated_run": str(st.parents["metrics"].get("run_id", "")),
+                "automated_run": ",".join(automated),
                 **links,
             }
         )
         ccfg = cfg.compare
-        scores = tables.SCORES.read(score_dir)
+        scores = st.read(tables.SCORES, "score")  # merged when several runs are given
         human = scores.set_index(scores["method"].astype(str))["score"].astype(float)
-        metrics = tables.METRICS.read(metrics_dir)
-        per_example = tables.METRICS_PER_EXAMPLE.read(metrics_dir)
-        agg_dir = find_table(tables.AGGREGATED, human_runs)
+        metrics = st.read(tables.METRICS, "metrics")
+        per_example = st.read(tables.METRICS_PER_EXAMPLE, "metrics")
+        agg_dirs = [find_table(tables.AGGREGATED, chain) for chain in human_chains]
         aggregated = cube = None
-        if agg_dir is not None:
-            aggregated = tables.AGGREGATED.read(agg_dir)
+        if all(d is not None for d in agg_dirs):
+            found = [d for d in agg_dirs if d is not None]
+            aggregated = merge.read_merged(tables.AGGREGATED, found, "inputs.score")
             cube = scoring.Cube.from_aggregated(aggregated)
         else:
-            log.warning("no aggregated.csv upstream of %s: no CIs, no instance level", score_dir)
-        explain_dir = auto_runs.get("explain")
+            log.warning("no aggregated.csv upstream of %s: no CIs, no instance level", score_dirs)
+        explain_dirs = list(dict.fromkeys(c["explain"] for c in auto_chains if "explain" in c))
         predictions = None
-        if explain_dir is not None and tables.PREDICTIONS.path(explain_dir).is_file():
-            predictions = classifier_outcomes(tables.PREDICTIONS.read(explain_dir))
+        if explain_dirs and all(tables.PREDICTIONS.path(d).is_file() for d in explain_dirs):
+            merged = merge.read_merged(tables.PREDICTIONS, explain_dirs, "inputs.metrics")
+            predictions = classifier_outcomes(merged)
         cols = ccfg.columns
         if not isinstance(cols, str):
             cols = [str(c) for c in cols]

@@ -1,7 +1,8 @@
 """``saleval-metrics``: faithfulness and plausibility of every method's scores (docs/metrics.md).
 
 Reads the explain run (``attributions.parquet``, ``predictions.parquet``, its
-``max_length`` and dataset) and the train run's model; writes ``metrics.csv``
+``max_length`` and dataset; or several explain runs of disjoint methods, a list or a sweep
+dir, merged: ``docs/sweeps.md``) and the train run's model; writes ``metrics.csv``
 (means per method, metric, k), ``metrics_per_example.parquet`` (what the
 instance-level comparison needs) and ``metric_timings.csv`` (wall time and
 forward passes per metric family), and logs every mean as ``<metric>/<method>``
@@ -33,7 +34,6 @@ from saleval.stage import (
     Stage,
     given_input,
     hydra_main,
-    read_run_info,
     run_or_checkpoint,
 )
 
@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 TIMINGS = "metric_timings.csv"
 
 
-def _warn_on_other_model(explain_dir: Path, model_dir: Path) -> None:
-    explained_with = (read_run_info(explain_dir).get("parent_dirs") or {}).get("model")
+def _warn_on_other_model(explain_dir: Path, info: dict[str, Any], model_dir: Path) -> None:
+    explained_with = (info.get("parent_dirs") or {}).get("model")
     if explained_with and Path(explained_with).resolve() != Path(model_dir).resolve():
         log.warning(
             "the explain run %s explained the model of %s, but inputs.model=%s: the metrics "
@@ -128,7 +128,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model_dir = st.inputs["model"] if run else Path(str(checkpoint))
         explain_cfg = st.parent_configs["explain"]
         if run:
-            _warn_on_other_model(explain_dir, model_dir)
+            for each, info, _ in st.runs_of("explain"):
+                _warn_on_other_model(each, info, model_dir)
         elif checkpoint_name(str(checkpoint)) != st.provenance.model:
             log.warning(
                 "inputs.model=%s is not the model the explain run %s explained (%s)",
@@ -145,8 +146,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
         model, tok = load_trained(str(model_dir), attn_implementation=None)
         align_labels(model, list(cfg.dataset.label_names), where=f"inputs.model={spec}")
-        preds = tables.PREDICTIONS.read(st.inputs["explain"])
-        attrs = tables.ATTRIBUTIONS.read(st.inputs["explain"])
+        preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
+        attrs = st.read(tables.ATTRIBUTIONS, "explain")
         if mcfg.max_samples is not None:
             keep = sorted(preds["sample_id"].astype(str))[: int(mcfg.max_samples)]
             attrs = attrs[attrs["sample_id"].isin(keep)]

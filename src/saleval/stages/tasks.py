@@ -1,7 +1,8 @@
 """``saleval-tasks``: crowd tasks and bundles from an explain run (docs/study-design.md,
 docs/architecture.md).
 
-Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain``;
+Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain`` (one run,
+or several with disjoint methods: a list or a sweep dir, ``docs/sweeps.md``);
 writes ``tasks.csv``, ``bundles.csv``, ``bundles_wide.csv`` (platform upload),
 ``bundles_long.csv`` and ``instructions.md`` into the run dir, all logged to MLflow.
 """
@@ -38,8 +39,8 @@ def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[s
 def run(cfg: DictConfig) -> dict[str, Any]:
     with Stage(cfg, "tasks", {"explain": cfg.inputs.explain}, requires=["dataset"]) as st:
         explain = st.inputs["explain"]
-        preds = tables.PREDICTIONS.read(explain)
-        attrs = tables.ATTRIBUTIONS.read(explain)
+        preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
+        attrs = st.read(tables.ATTRIBUTIONS, "explain")
         prob_columns = [c for c in preds.columns if c.startswith("prob_")]
         labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
         study = to_schema(StudyConfig, cfg.study)

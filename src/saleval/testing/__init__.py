@@ -1,13 +1,19 @@
 """Test support that writes and drives what the pipeline does, shipped with the package.
 
 * :mod:`saleval.testing.runs`: run dirs (a synthetic explain run, a ``saleval-tasks``
-  run) written by the stages' own writers, never by a hand-made copy of their format.
+  run, score and metrics runs holding given tables) written by the stages' own writers,
+  never by a hand-made copy of their format.
 * :mod:`saleval.testing.annotate_load`: the annotation app's load driver — servers on
   loopback and simulated workers over HTTP (needs ``httpx``, in the ``dev`` extra).
 
 Tests and benchmarks both import from here, so neither depends on the other.
 """
 
-from saleval.testing.runs import explain_frames, make_explain_run, make_task_run
+from saleval.testing.runs import (
+    explain_frames,
+    make_explain_run,
+    make_result_run,
+    make_task_run,
+)
 
-__all__ = ["explain_frames", "make_explain_run", "make_task_run"]
+__all__ = ["explain_frames", "make_explain_run", "make_result_run", "make_task_run"]

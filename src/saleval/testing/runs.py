@@ -178,6 +178,27 @@ def make_explain_run(
     return run_dir
 
 
+def make_result_run(
+    run_dir: str | Path,
+    stage: str,
+    frame: pd.DataFrame,
+    dataset: str = "ag_news",
+    model: str = "tiny",
+) -> Path:
+    """A ``saleval-score`` (``scores.csv``) or ``saleval-metrics`` (``metrics.csv``) run
+    dir holding ``frame``, written through :class:`~saleval.stage.Stage` and the table's
+    writer, about ``dataset`` and ``model`` (its provenance), tagged ``synthetic=true``.
+    What ``saleval-report`` gathers, without a model or a crowd."""
+    spec = {"score": tables.SCORES, "metrics": tables.METRICS}[stage]
+    run_dir = Path(run_dir)
+    cfg = compose_stage(stage, [f"dataset={dataset}"])
+    _scratch_tracking(cfg, run_dir)
+    with Stage(cfg, stage, tags={"synthetic": "true"}) as st:
+        st.provide(model=model)
+        st.write(spec, frame)
+    return run_dir
+
+
 def study_grid(n_bundles: int) -> tuple[int, int, int]:
     """(methods M, ks K, repeats R) with M·K·R = ``n_bundles``, M and K as large as allowed.
 
