@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
 from saleval.config import DatasetConfig, register_configs
+from saleval.data import complete_label_names
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
@@ -280,6 +281,7 @@ class Stage:
         self.parent_configs: dict[str, DictConfig] = {
             k: read_run_config(p) for k, p in self.inputs.items()
         }
+        complete_label_names(cfg)  # a local dataset given without label names
         #: each parent's provenance record (saleval.provenance)
         self.parent_provenance: dict[str, Provenance] = {
             k: Provenance.of_run(p, self.parents[k], self.parent_configs[k])
