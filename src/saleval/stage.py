@@ -328,8 +328,13 @@ class Stage:
             if node is not None and str(node.get("name")) == name:
                 plain = OmegaConf.to_container(node, resolve=False)
                 assert isinstance(plain, dict)
-                if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None:
-                    plain["data_root"] = "${paths.data_root}"  # where the files sit here
+                # the shared data root is re-pointed to where it sits here; a data_root
+                # of the user's own (docs/own-data.md) is kept as recorded
+                shared = OmegaConf.select(parent, "paths.data_root", default=None)
+                if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None and (
+                    shared is None or str(plain.get("data_root")) == str(shared)
+                ):
+                    plain["data_root"] = "${paths.data_root}"
                 try:  # typed: a recorded node is checked against today's schema
                     typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
                 except Exception as err:
