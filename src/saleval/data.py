@@ -96,6 +96,11 @@ def clean_imdb(text: str) -> str:
 # ---------------------------------------------------------------------------------
 
 
+def _count(n: int) -> str:
+    """``1 row``, ``3 rows``."""
+    return f"{n} row{'' if n == 1 else 's'}"
+
+
 def _class_counts(df: pd.DataFrame, label_names: Sequence[str]) -> str:
     """``negative: 1, positive: 199``: rows per class, for split errors."""
     counts = df["label"].value_counts().sort_index()
@@ -201,7 +206,7 @@ def _labels_from_names(
         shown = ", ".join(f"{v!r} ×{c}" for v, c in seen.head(5).items())
         raise DataError(
             f"{where}: row {first + 1}, field {column}: {values.tolist()[first]!r} is not one "
-            f"of {list(label_names)} ({sum(bad)} rows in all: {shown}); fix those rows or "
+            f"of {list(label_names)} ({_count(sum(bad))} in all: {shown}); fix those rows or "
             "list every label in dataset.label_names"
         )
     return pd.Series(out, index=values.index, dtype="int64")
@@ -540,7 +545,7 @@ def label_names_in_data(dc: DatasetConfig) -> list[str]:
         blank = _blank(labels)
         if blank.any():
             raise DataError(
-                f"{path}: {int(blank.sum())} rows have no {dc.label_column} "
+                f"{path}: {_count(int(blank.sum()))} without a {dc.label_column} "
                 f"({_rows(blank)}); fill them in or remove them"
             )
         values.update(labels.astype(str).str.strip())
@@ -577,7 +582,7 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
         empty = _blank(raw[dc.text_column])
         if empty.any():
             raise DataError(
-                f"{path}: {int(empty.sum())} of {len(raw)} rows have an empty "
+                f"{path}: {int(empty.sum())} of {_count(len(raw))} with an empty "
                 f"{dc.text_column} ({_rows(empty)}); fill them in or remove them"
             )
         if dc.id_column:
@@ -586,7 +591,7 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
             if dup.any() or _blank(raw[dc.id_column]).any():
                 bad = dup | _blank(raw[dc.id_column])
                 raise DataError(
-                    f"{path}: {int(bad.sum())} rows have an empty or repeated "
+                    f"{path}: {_count(int(bad.sum()))} with an empty or repeated "
                     f"{dc.id_column} ({_rows(bad)}); sample ids must be unique"
                 )
         else:
