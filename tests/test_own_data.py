@@ -127,7 +127,7 @@ ERRORS: list[tuple[str, Callable[[], pd.DataFrame | None], str, list[str], str]]
     ("header only", lambda: reviews()[:0], "d.csv", [],
      r"no data rows — only a header \(id, review, sentiment\); add rows"),
     ("class of one row", lambda: reviews(41).assign(sentiment=["neg"] + ["pos"] * 40), "d.csv",
-     [], r"41 rows are too few to split off the test set \(20%\) stratified by label — The "
+     [], r"cannot split off the test set \(20%\) stratified by label: The "
      r"least populated classes? in y ha(s|ve) only 1 member.*rows per class: neg: 1, pos: 40\. Add rows"),
     ("no text column", lambda: reviews(), "d.csv", ["dataset.text_column=body"],
      r"no column 'body' \(dataset.text_column\); the file has columns \['id', 'review', "
@@ -139,13 +139,13 @@ ERRORS: list[tuple[str, Callable[[], pd.DataFrame | None], str, list[str], str]]
      r"row 3, field sentiment: 'maybe' is not one of \['neg', 'pos'\] \(10 rows in all: "
      r"'maybe' ×10\); fix those rows or list every label in dataset.label_names"),
     ("empty texts", lambda: reviews().assign(review=lambda d: d["review"].where(d.index % 7 != 1, " ")),
-     "d.csv", [], r"6 of 40 rows with an empty review \(rows 2, 9, 16, 23, 30, \.\.\.\); fill"),
+     "d.csv", [], r"6 of 40 rows have an empty review \(rows 2, 9, 16, 23, 30, \.\.\.\); fill"),
     ("null texts", lambda: reviews().assign(review=lambda d: d["review"].where(d.index != 3, None)),
-     "d.jsonl", [], r"1 of 40 rows with an empty review \(row 4\)"),
+     "d.jsonl", [], r"1 of 40 rows has an empty review \(row 4\)"),
     ("no labels", lambda: reviews().assign(sentiment=lambda d: d["sentiment"].where(d.index != 0, "")),
-     "d.csv", [], r"1 row without a sentiment \(row 1\); fill them in"),
+     "d.csv", [], r"1 row has no sentiment \(row 1\); fill them in"),
     ("repeated ids", lambda: reviews().assign(id=["a", "b"] * 20), "d.csv",
-     ["dataset.id_column=id"], r"40 rows with an empty or repeated id .*must be unique"),
+     ["dataset.id_column=id"], r"40 rows have an empty or repeated id .*must be unique"),
     ("unknown type", lambda: reviews(), "d.txt", [], r"unknown file type '.txt'; read_local reads"),
     ("too few to subsample", lambda: reviews(), "d.csv", ["dataset.max_test=1"],
      r"dataset.max_test=1: cannot draw 1 of 8 rows stratified by label"),

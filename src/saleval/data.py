@@ -96,9 +96,13 @@ def clean_imdb(text: str) -> str:
 # ---------------------------------------------------------------------------------
 
 
-def _count(n: int) -> str:
-    """``1 row``, ``3 rows``."""
-    return f"{n} row{'' if n == 1 else 's'}"
+def _count(n: int, has: str = "", verb_n: int | None = None) -> str:
+    """``1 row``, ``3 rows``; with ``has``: ``1 row has <has>``, ``3 rows have <has>``
+    (the verb agreeing with ``verb_n``, default ``n``: ``1 of 40 rows has ...``)."""
+    words = f"{n} row{'' if n == 1 else 's'}"
+    if has:
+        words += f" {'has' if (n if verb_n is None else verb_n) == 1 else 'have'} {has}"
+    return words
 
 
 def _class_counts(df: pd.DataFrame, label_names: Sequence[str]) -> str:
@@ -125,8 +129,8 @@ def _split_off(
         )
     except ValueError as err:
         raise DataError(
-            f"{where}: {len(df)} rows are too few to {what} ({fraction:.0%}) stratified by "
-            f"label — {str(err).split('. ')[0]}; rows per class: "
+            f"{where}: cannot {what} ({fraction:.0%}) stratified by label: "
+            f"{str(err).split('. ')[0]}; rows per class: "
             f"{_class_counts(df, label_names)}. Add rows to the small classes, or give "
             "dataset.files.train/validation/test"
         ) from err
@@ -545,7 +549,7 @@ def label_names_in_data(dc: DatasetConfig) -> list[str]:
         blank = _blank(labels)
         if blank.any():
             raise DataError(
-                f"{path}: {_count(int(blank.sum()))} without a {dc.label_column} "
+                f"{path}: {_count(int(blank.sum()), 'no')} {dc.label_column} "
                 f"({_rows(blank)}); fill them in or remove them"
             )
         values.update(labels.astype(str).str.strip())
@@ -582,7 +586,7 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
         empty = _blank(raw[dc.text_column])
         if empty.any():
             raise DataError(
-                f"{path}: {int(empty.sum())} of {_count(len(raw))} with an empty "
+                f"{path}: {int(empty.sum())} of {_count(len(raw), 'an empty', int(empty.sum()))} "
                 f"{dc.text_column} ({_rows(empty)}); fill them in or remove them"
             )
         if dc.id_column:
@@ -591,7 +595,7 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
             if dup.any() or _blank(raw[dc.id_column]).any():
                 bad = dup | _blank(raw[dc.id_column])
                 raise DataError(
-                    f"{path}: {_count(int(bad.sum()))} with an empty or repeated "
+                    f"{path}: {_count(int(bad.sum()), 'an empty or repeated')} "
                     f"{dc.id_column} ({_rows(bad)}); sample ids must be unique"
                 )
         else:
