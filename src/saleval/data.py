@@ -9,7 +9,9 @@ Sources are explicit: ``source: files`` reads the shared files under
 ``data_root`` with the reader the config's ``_target_`` names (``read_ag_news``,
 ``read_local``, ...); ``source: hub`` goes through Hugging Face ``datasets`` and fails
 offline with one message naming the ``files`` alternative. Nothing falls back
-silently from one to the other.
+silently from one to the other. ``read_local`` reads a user's own CSV/TSV/JSONL/Parquet
+files (``docs/own-data.md``); every problem with them fails in one :class:`DataError`
+line naming the file, the rows and the fix.
 """
 
 from __future__ import annotations
