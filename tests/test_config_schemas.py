@@ -152,10 +152,13 @@ def test_implementations_are_picked_by_target() -> None:
         load_dataset(cfg.dataset)
 
 
-def test_zero_batch_limits_fail_instead_of_meaning_all() -> None:
+def test_batch_limits_null_means_all_and_zero_means_none_only_for_training() -> None:
     from saleval.training import _positive_or_all
 
     assert _positive_or_all(None, "limit_train_batches") == 1.0  # null: every batch
     assert _positive_or_all(1, "limit_train_batches") == 1  # an int: that many batches
-    with pytest.raises(ValueError, match=r"trainer.limit_train_batches=0: must be > 0"):
-        _positive_or_all(0, "limit_train_batches")
+    assert _positive_or_all(0, "limit_train_batches") == 0  # Lightning's 0: no training
+    with pytest.raises(ValueError, match=r"trainer.val_check_interval=0: must be > 0"):
+        _positive_or_all(0, "val_check_interval")
+    with pytest.raises(ValueError, match=r"trainer.limit_train_batches=-1: must be >= 0"):
+        _positive_or_all(-1, "limit_train_batches")

@@ -153,7 +153,7 @@ def test_local_loader_csv_and_bad_label(tmp_path: Path) -> None:
     assert sum(len(ds[s]) for s in ds.splits) == 40
     assert set(ds["train"]["label"]) == {0, 1}
     pd.DataFrame({"body": ["a", "b"], "y": ["pos", "maybe"]}).to_csv(f, index=False)
-    with pytest.raises(DataError, match=r"d.csv: row 2, field label: 'maybe'"):
+    with pytest.raises(DataError, match=r"d.csv: row 2, field y: 'maybe'"):
         load_dataset(compose_config("train", over).dataset)
 
 

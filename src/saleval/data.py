@@ -9,7 +9,9 @@ Sources are explicit: ``source: files`` reads the shared files under
 ``data_root`` with the reader the config's ``_target_`` names (``read_ag_news``,
 ``read_local``, ...); ``source: hub`` goes through Hugging Face ``datasets`` and fails
 offline with one message naming the ``files`` alternative. Nothing falls back
-silently from one to the other.
+silently from one to the other. ``read_local`` reads a user's own CSV/TSV/JSONL/Parquet
+files (``docs/own-data.md``); every problem with them fails in one :class:`DataError`
+line naming the file, the rows and the fix.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 from hydra.utils import get_method
+from omegaconf import OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
     InterpolationResolutionError,
@@ -95,30 +98,85 @@ def clean_imdb(text: str) -> str:
 # ---------------------------------------------------------------------------------
 
 
+def _count(n: int, has: str = "", verb_n: int | None = None) -> str:
+    """``1 row``, ``3 rows``; with ``has``: ``1 row has <has>``, ``3 rows have <has>``
+    (the verb agreeing with ``verb_n``, default ``n``: ``1 of 40 rows has ...``)."""
+    words = f"{n} row{'' if n == 1 else 's'}"
+    if has:
+        words += f" {'has' if (n if verb_n is None else verb_n) == 1 else 'have'} {has}"
+    return words
+
+
+def _class_counts(df: pd.DataFrame, label_names: Sequence[str]) -> str:
+    """``negative: 1, positive: 199``: rows per class, for split errors."""
+    counts = df["label"].value_counts().sort_index()
+    name = {i: n for i, n in enumerate(label_names)}
+    return ", ".join(f"{name.get(int(i), i)}: {int(c)}" for i, c in counts.items())
+
+
+def _split_off(
+    df: pd.DataFrame,
+    fraction: float,
+    seed: int,
+    where: str,
+    label_names: Sequence[str],
+    what: str,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Seeded, label-stratified ``(rest, held-out fraction)`` of ``df``. scikit-learn's
+    refusal (a class too small to appear on both sides) becomes one line naming ``where``,
+    the rows per class and the fix."""
+    try:
+        rest, held = train_test_split(
+            df, test_size=fraction, random_state=seed, stratify=df["label"]
+        )
+    except ValueError as err:
+        raise DataError(
+            f"{where}: cannot {what} ({fraction:.0%}) stratified by label: "
+            f"{str(err).split('. ')[0]}; rows per class: "
+            f"{_class_counts(df, label_names)}. Add rows to the small classes, or give "
+            "dataset.files.train/validation/test"
+        ) from err
+    return rest.reset_index(drop=True), held.reset_index(drop=True)
+
+
 def stratified_split(
-    df: pd.DataFrame, fractions: Mapping[str, float], seed: int
+    df: pd.DataFrame,
+    fractions: Mapping[str, float],
+    seed: int,
+    where: str = "dataset",
+    label_names: Sequence[str] = (),
 ) -> dict[str, pd.DataFrame]:
-    """Seeded, label-stratified train/validation/test split of one table."""
+    """Seeded, label-stratified train/validation/test split of one table (``where``
+    names it in errors)."""
     val_frac = float(fractions.get("validation", 0.1))
     test_frac = float(fractions.get("test", 0.2))
-    if not 0 < val_frac + test_frac < 1:
-        raise DataError(f"split fractions must sum below 1, got {dict(fractions)}")
-    rest, test = train_test_split(df, test_size=test_frac, random_state=seed, stratify=df["label"])
-    train, val = train_test_split(
-        rest, test_size=val_frac / (1 - test_frac), random_state=seed, stratify=rest["label"]
+    if not (val_frac > 0 and test_frac > 0 and val_frac + test_frac < 1):
+        raise DataError(
+            f"dataset.split_fractions={dict(fractions)}: validation and test must be "
+            "above 0 and sum below 1"
+        )
+    rest, test = _split_off(df, test_frac, seed, where, label_names, "split off the test set")
+    train, val = _split_off(
+        rest, val_frac / (1 - test_frac), seed, where, label_names, "split off validation"
     )
-    return {
-        "train": train.reset_index(drop=True),
-        "validation": val.reset_index(drop=True),
-        "test": test.reset_index(drop=True),
-    }
+    return {"train": train, "validation": val, "test": test}
 
 
-def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+def subsample(
+    df: pd.DataFrame, n: int | None, seed: int, where: str = "dataset.max_*"
+) -> pd.DataFrame:
     """Seeded, label-stratified subsample (keeps class balance) when ``n`` is set."""
     if n is None or n >= len(df):
         return df
-    kept, _ = train_test_split(df, train_size=n, random_state=seed, stratify=df["label"])
+    try:
+        kept, _ = train_test_split(df, train_size=n, random_state=seed, stratify=df["label"])
+    except ValueError as err:
+        counts = df["label"].value_counts().sort_index().to_dict()
+        raise DataError(
+            f"{where}={n}: cannot draw {n} of {len(df)} rows stratified by label — "
+            f"{str(err).split('. ')[0]}; rows per class index: {counts}. Raise it "
+            "or set it to null"
+        ) from err
     return kept.reset_index(drop=True)
 
 
@@ -131,19 +189,32 @@ def _require(path: Path, dataset: str) -> Path:
     return path
 
 
-def _labels_from_names(values: pd.Series, label_names: Sequence[str], where: str) -> pd.Series:
+def _labels_from_names(
+    values: pd.Series, label_names: Sequence[str], where: str, column: str = "label"
+) -> pd.Series:
+    """Label names (any case) or class indices as class indices; every row that is neither
+    is counted in one error naming the first and the values seen."""
     lookup = {n.lower(): i for i, n in enumerate(label_names)}
-    out = []
-    for row, v in enumerate(values.tolist()):
-        key = str(v).strip().lower()
+    out: list[int] = []
+    bad: list[bool] = []
+    for v in values.tolist():
+        key = "" if v is None or (isinstance(v, float) and v != v) else str(v).strip().lower()
         if key in lookup:
             out.append(lookup[key])
         elif key.lstrip("-").isdigit() and 0 <= int(key) < len(label_names):
             out.append(int(key))
         else:
-            raise DataError(
-                f"{where}: row {row + 1}, field label: {v!r} is not one of {list(label_names)}"
-            )
+            out.append(-1)
+        bad.append(out[-1] < 0)
+    if any(bad):
+        first = bad.index(True)
+        seen = pd.Series(values.tolist())[bad].astype(str).value_counts()
+        shown = ", ".join(f"{v!r} ×{c}" for v, c in seen.head(5).items())
+        raise DataError(
+            f"{where}: row {first + 1}, field {column}: {values.tolist()[first]!r} is not one "
+            f"of {list(label_names)} ({_count(sum(bad))} in all: {shown}); fix those rows or "
+            "list every label in dataset.label_names"
+        )
     return pd.Series(out, index=values.index, dtype="int64")
 
 
@@ -199,13 +270,22 @@ def load_dataset(cfg: DatasetConfig | Mapping[str, Any] | Any) -> DatasetSplits:
     limits = {"train": dc.max_train, "validation": dc.max_validation, "test": dc.max_test}
     for split, n in limits.items():
         if split in splits:
-            splits[split] = subsample(splits[split], n, dc.seed)
+            splits[split] = subsample(splits[split], n, dc.seed, f"dataset.max_{split}")
     for split, df in splits.items():
-        if df["sample_id"].duplicated().any():
-            raise DataError(f"dataset {dc.name}: duplicate sample_id in split {split}")
+        dup = df["sample_id"].duplicated()
+        if dup.any():
+            raise DataError(
+                f"dataset {dc.name}: split {split} repeats sample ids "
+                f"{df['sample_id'][dup].head(3).tolist()}; sample ids must be unique"
+            )
     info = {f"n_{s}": len(df) for s, df in splits.items()}
     log.info("dataset %s from %s: %s", dc.name, dc.source, info)
-    return DatasetSplits(dc.name, list(dc.label_names), splits, str(dc.source), info)
+    return DatasetSplits(dc.name, names_of(dc), splits, str(dc.source), info)
+
+
+def names_of(dc: DatasetConfig) -> list[str]:
+    """``dataset.label_names``, or (not given) the labels found in a local dataset's files."""
+    return list(dc.label_names) if dc.label_names is not None else label_names_in_data(dc)
 
 
 def _file(dc: DatasetConfig, split: str) -> Path:
@@ -222,7 +302,7 @@ def read_ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     raw = pd.read_csv(
         path, header=None, names=["class", "title", "description"], dtype=str, keep_default_na=False
     )
-    bad = ~raw["class"].isin([str(i) for i in range(1, len(dc.label_names) + 1)])
+    bad = ~raw["class"].isin([str(i) for i in range(1, len(names_of(dc)) + 1)])
     if bad.any():
         row = int(bad.idxmax())
         raise DataError(f"{path}: row {row + 1}, field class: {raw['class'][row]!r} not in 1..4")
@@ -233,7 +313,7 @@ def read_ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
             "label": raw["class"].astype(int) - 1,
         }
     )
-    return stratified_split(df, dc.split_fractions, dc.seed)
+    return stratified_split(df, dc.split_fractions, dc.seed, str(path), names_of(dc))
 
 
 def read_imdb(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
@@ -247,10 +327,10 @@ def read_imdb(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
         {
             "sample_id": [f"imdb-{i}" for i in raw.index],
             "text": [clean_imdb(t) for t in raw["text"].astype(str)],
-            "label": _labels_from_names(raw["label"], dc.label_names, str(path)).to_numpy(),
+            "label": _labels_from_names(raw["label"], names_of(dc), str(path)).to_numpy(),
         }
     )
-    return stratified_split(df, dc.split_fractions, dc.seed)
+    return stratified_split(df, dc.split_fractions, dc.seed, str(path), names_of(dc))
 
 
 def _read_tsv(path: Path) -> pd.DataFrame:
@@ -349,56 +429,200 @@ def _join_pretokenised(doc: str) -> tuple[str, list[tuple[int, int]]]:
     return "".join(parts), spans
 
 
-def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
-    """Any CSV/JSONL/Parquet: one file per split, or one file split like AG News."""
+# -- read_local: a user's own files --------------------------------------------------
+
+#: compression suffixes pandas undoes by itself (``reviews.csv.gz``)
+_COMPRESSION = (".gz", ".bz2", ".xz", ".zip", ".zst")
+#: what ``read_local`` reads, by file suffix
+_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".jsonl": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+}
+
+
+def _rows(mask: Sequence[bool] | pd.Series, first: int = 5) -> str:
+    """``rows 3, 8, 11, ...``: the first few 1-based row numbers where ``mask`` holds
+    (rows count data records; a CSV's header is not a row)."""
+    hits = [i + 1 for i, m in enumerate(list(mask)) if m]
+    shown = ", ".join(str(i) for i in hits[:first])
+    return f"row{'s' if len(hits) > 1 else ''} {shown}{', ...' if len(hits) > first else ''}"
+
+
+def _blank(values: pd.Series) -> pd.Series:
+    """True where a cell is null or only whitespace."""
+    return values.isna() | (values.astype(str).str.strip() == "")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV, TSV, JSON Lines, JSON or Parquet file as a table with at least one row.
+
+    CSV and TSV cells are read as strings (an empty cell is ``""``, never NaN), so labels
+    and ids keep their spelling. A file that is missing, empty, unparsable or holds no
+    rows fails naming the file.
+    """
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in _COMPRESSION:
+        suffixes.pop()
+    fmt = _FORMATS.get(suffixes[-1] if suffixes else "")
+    if fmt is None:
+        raise DataError(
+            f"{path}: unknown file type {path.suffix!r}; read_local reads "
+            f"{', '.join(_FORMATS)} files (optionally compressed: {', '.join(_COMPRESSION)})"
+        )
+    if not path.is_file():
+        raise DataError(f"{path}: file not found; check dataset.data_root and dataset.files")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty (0 bytes); point dataset.files at your data")
+    try:
+        if fmt in ("csv", "tsv"):
+            raw = pd.read_csv(
+                path, sep="\t" if fmt == "tsv" else ",", dtype=str, keep_default_na=False
+            )
+        elif fmt == "parquet":
+            raw = pd.read_parquet(path)
+        else:
+            raw = pd.read_json(path, lines=fmt == "jsonl", dtype=False)
+    except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        reason = " ".join(str(err).split())[:300]
+        raise DataError(f"{path}: cannot be read as {fmt}: {reason}") from err
+    if raw.empty:
+        what = f"only a header ({', '.join(map(str, raw.columns))})" if len(raw.columns) else ""
+        raise DataError(f"{path}: no data rows{' — ' + what if what else ''}; add rows to it")
+    return raw
+
+
+def _columns(raw: pd.DataFrame, dc: DatasetConfig, path: Path) -> None:
+    """The configured text, label and id columns exist, or the error lists what does."""
+    wanted = {
+        "text_column": dc.text_column,
+        "label_column": dc.label_column,
+        "id_column": dc.id_column,
+    }
+    found = [str(c) for c in raw.columns]
+    for key, col in wanted.items():
+        if col is not None and col not in raw.columns:
+            raise DataError(
+                f"{path}: no column {col!r} (dataset.{key}); the file has columns {found}: "
+                f"set dataset.{key}=<one of them>"
+            )
+
+
+def _local_files(dc: DatasetConfig) -> dict[str, Path]:
+    """``dataset.files`` of a local dataset: ``all``, or the splits, paths resolved."""
     given = {s: getattr(dc.files, s) for s in (*SPLITS, "all") if getattr(dc.files, s)}
     if not given:
         raise DataError(
-            "dataset local: set dataset.files.{train,validation,test} or dataset.files.all"
+            f"dataset {dc.name}: no files given; set dataset.files.all=<file> (split here) "
+            "or dataset.files.train/validation/test"
         )
+    if "all" in given and len(given) > 1:
+        raise DataError(
+            f"dataset {dc.name}: dataset.files gives 'all' and {sorted(set(given) - {'all'})}; "
+            "give either one file to split (all) or one file per split"
+        )
+    if "all" not in given and not {"train", "test"} <= set(given):
+        raise DataError(
+            f"dataset {dc.name}: dataset.files gives {sorted(given)}; give train and test "
+            "(validation is optional: without it, part of train is held out) or all"
+        )
+    return {
+        key: Path(rel) if Path(rel).is_absolute() else Path(dc.data_root, rel)
+        for key, rel in given.items()
+    }
 
-    def read(p: str) -> pd.DataFrame:
-        path = _require(Path(p) if Path(p).is_absolute() else Path(dc.data_root, p), dc.name)
-        if path.suffix in (".jsonl", ".json"):
-            raw = pd.read_json(path, lines=path.suffix == ".jsonl")
-        elif path.suffix == ".parquet":
-            raw = pd.read_parquet(path)
-        elif path.suffix in (".tsv", ".tab"):
-            raw = pd.read_csv(path, sep="\t", keep_default_na=False)
-        else:
-            raw = pd.read_csv(path, keep_default_na=False)
-        for col in (dc.text_column, dc.label_column):
-            if col not in raw.columns:
-                raise DataError(f"{path}: missing column {col!r}; has {list(raw.columns)}")
-        empty = raw[dc.text_column].astype(str).str.strip() == ""
+
+def label_names_in_data(dc: DatasetConfig) -> list[str]:
+    """The label values of a local dataset's files, sorted (numerically when every value
+    is an integer): its label names when ``dataset.label_names`` is not given."""
+    if dc._target_ != "saleval.data.read_local":
+        raise DataError(
+            f"dataset {dc.name}: set dataset.label_names (only saleval.data.read_local "
+            "reads them from the data)"
+        )
+    values: set[str] = set()
+    for path in _local_files(dc).values():
+        raw = read_table(path)
+        _columns(raw, dc, path)
+        labels = raw[dc.label_column]
+        blank = _blank(labels)
+        if blank.any():
+            raise DataError(
+                f"{path}: {_count(int(blank.sum()), 'no')} {dc.label_column} "
+                f"({_rows(blank)}); fill them in or remove them"
+            )
+        values.update(labels.astype(str).str.strip())
+    if all(v.lstrip("-").isdigit() for v in values):
+        return sorted(values, key=int)
+    return sorted(values)
+
+
+def complete_label_names(cfg: Any) -> None:
+    """Fill a composed config's missing ``dataset.label_names`` from the data, so the run's
+    ``config.yaml`` and provenance record the names every later stage reads."""
+    node = OmegaConf.select(cfg, "dataset", default=None)
+    if node is None or node.get("label_names") is not None:
+        return
+    names = label_names_in_data(dataset_config(node))
+    log.info("dataset %s: label names from the data: %s", node.get("name"), names)
+    node.label_names = names
+
+
+def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
+    """A user's CSV/TSV/JSONL/Parquet files with a text and a label column (names set by
+    ``dataset.text_column`` / ``label_column``; ``id_column`` optional).
+
+    ``files.all``: one file, split seeded and stratified by ``split_fractions``;
+    ``files.train`` + ``files.test`` (+ ``files.validation``, else held out of train).
+    Every problem fails naming the file, the rows and the fix (``docs/own-data.md``).
+    """
+    files = _local_files(dc)
+    names = names_of(dc)
+
+    def read(path: Path) -> pd.DataFrame:
+        raw = read_table(path)
+        _columns(raw, dc, path)
+        empty = _blank(raw[dc.text_column])
         if empty.any():
             raise DataError(
-                f"{path}: row {int(empty.to_numpy().argmax()) + 1}, field "
-                f"{dc.text_column}: empty text"
+                f"{path}: {int(empty.sum())} of {_count(len(raw), 'an empty', int(empty.sum()))} "
+                f"{dc.text_column} ({_rows(empty)}); fill them in or remove them"
             )
-        ids = (
-            raw[dc.id_column].astype(str)
-            if dc.id_column
-            else [f"{path.stem}-{i}" for i in range(len(raw))]
-        )
+        if dc.id_column:
+            ids = raw[dc.id_column].astype(str).str.strip()
+            dup = ids.duplicated(keep=False)
+            if dup.any() or _blank(raw[dc.id_column]).any():
+                bad = dup | _blank(raw[dc.id_column])
+                raise DataError(
+                    f"{path}: {_count(int(bad.sum()), 'an empty or repeated')} "
+                    f"{dc.id_column} ({_rows(bad)}); sample ids must be unique"
+                )
+        else:
+            ids = pd.Series([f"{path.stem}-{i}" for i in range(len(raw))], index=raw.index)
         return pd.DataFrame(
             {
-                "sample_id": list(ids),
+                "sample_id": ids.to_numpy(),
                 "text": raw[dc.text_column].astype(str).to_numpy(),
                 "label": _labels_from_names(
-                    raw[dc.label_column], dc.label_names, str(path)
+                    raw[dc.label_column], names, str(path), dc.label_column
                 ).to_numpy(),
             }
         )
 
-    if "all" in given:
-        return stratified_split(read(given["all"]), dc.split_fractions, dc.seed)
-    missing = [s for s in SPLITS if s not in given]
-    if missing:
-        raise DataError(
-            f"dataset local: dataset.files lacks {missing} (or give files.all to split one file)"
+    if "all" in files:
+        return stratified_split(
+            read(files["all"]), dc.split_fractions, dc.seed, str(files["all"]), names
         )
-    return {s: read(given[s]) for s in SPLITS}
+    out = {split: read(path) for split, path in files.items()}
+    if "validation" not in out:
+        frac = float(dc.split_fractions.get("validation", 0.1))
+        out["train"], out["validation"] = _split_off(
+            out["train"], frac, dc.seed, str(files["train"]), names, "hold out validation"
+        )
+    return {s: out[s] for s in SPLITS}
 
 
 def _load_hub(dc: DatasetConfig) -> dict[str, pd.DataFrame]:

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import merge, paths, tracking
 from saleval.config import DatasetConfig, register_configs
+from saleval.data import complete_label_names
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
@@ -306,6 +307,7 @@ class Stage:
         self.inputs: dict[str, Path] = {k: self._runs[f] for k, f in first.items()}
         self.parents: dict[str, dict[str, Any]] = {k: self._infos[f] for k, f in first.items()}
         self.parent_configs: dict[str, DictConfig] = {k: self._configs[f] for k, f in first.items()}
+        complete_label_names(cfg)  # a local dataset given without label names
         #: each parent's provenance record (saleval.provenance)
         self.parent_provenance: dict[str, Provenance] = {
             k: self._provenance[f] for k, f in first.items()
@@ -358,8 +360,13 @@ class Stage:
             if node is not None and str(node.get("name")) == name:
                 plain = OmegaConf.to_container(node, resolve=False)
                 assert isinstance(plain, dict)
-                if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None:
-                    plain["data_root"] = "${paths.data_root}"  # where the files sit here
+                # the shared data root is re-pointed to where it sits here; a data_root
+                # of the user's own (docs/own-data.md) is kept as recorded
+                shared = OmegaConf.select(parent, "paths.data_root", default=None)
+                if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None and (
+                    shared is None or str(plain.get("data_root")) == str(shared)
+                ):
+                    plain["data_root"] = "${paths.data_root}"
                 try:  # typed: a recorded node is checked against today's schema
                     typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
                 except Exception as err:

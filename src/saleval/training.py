@@ -219,15 +219,26 @@ def trainer_config(cfg: TrainerConfig | Mapping[str, Any] | Any) -> TrainerConfi
     return to_schema(TrainerConfig, cfg)
 
 
+#: batch limits where 0 keeps Lightning's meaning: ``limit_train_batches=0`` trains on
+#: nothing, so a train run evaluates (and saves) its starting checkpoint as it is
+ZERO_MEANS_NONE = ("limit_train_batches",)
+
+
 def _positive_or_all(value: Any, key: str) -> Any:
-    """Lightning's batch limits: null means every batch (1.0); 0 would silently skip
-    training or validation, so it fails here instead."""
+    """A Lightning batch limit from the config: null means every batch (1.0), an int that
+    many batches, a float that fraction. 0 passes for the keys in ``ZERO_MEANS_NONE`` and
+    fails elsewhere (``val_check_interval=0`` would never validate).
+
+    >>> _positive_or_all(None, "limit_train_batches"), _positive_or_all(0, "limit_train_batches")
+    (1.0, 0)
+    """
     if value is None:
         return 1.0
-    if float(value) <= 0:
+    zero_ok = key in ZERO_MEANS_NONE
+    if float(value) < 0 or (float(value) == 0 and not zero_ok):
         raise ValueError(
-            f"trainer.{key}={value}: must be > 0 (an int: batches, a float: a fraction; "
-            "null: every batch)"
+            f"trainer.{key}={value}: must be {'>= 0' if zero_ok else '> 0'} (an int: batches, "
+            "a float: a fraction; null: every batch)"
         )
     return value
 
@@ -289,11 +300,11 @@ def fit(
     if checkpoint.best_model_path:
         state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)
         module.load_state_dict(state["state_dict"])
-    best_val = (
-        float(checkpoint.best_model_score)
-        if checkpoint.best_model_score is not None
-        else float("nan")
-    )
+    if checkpoint.best_model_score is not None:
+        best_val = float(checkpoint.best_model_score)
+    else:  # nothing validated (limit_train_batches=0, max_epochs=0): the model as it is
+        checked = trainer.validate(module, datamodule=data, verbose=False)
+        best_val = float(checked[0].get("val_acc", float("nan"))) if checked else float("nan")
     test = trainer.test(module, datamodule=data, verbose=False)[0]
     # Under DDP every rank loaded rank 0's checkpoint before the test's collectives; only
     # rank 0 deletes it (several ranks unlinking one file would race).

@@ -47,7 +47,7 @@ class DatasetConfig:
 
     _target_: str = "saleval.data.read_local"
     name: str = MISSING
-    label_names: list[str] = MISSING
+    label_names: list[str] | None = None  # null: read_local takes the labels found in the data
     label_descriptions: dict[str, str] = field(default_factory=dict)
     source: DataSource = DataSource.files
     data_root: str = "${paths.data_root}"

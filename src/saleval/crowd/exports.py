@@ -14,6 +14,7 @@ page source, and a worker who could read the answer would void the study.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,13 @@ def instructions(
 ) -> str:
     """The worker instructions of one dataset as Markdown."""
     missing = [n for n in label_names if n not in label_descriptions]
-    if missing:
+    if not label_descriptions:
+        logging.getLogger(__name__).warning(
+            "dataset %s has no label_descriptions: the worker instructions name the labels "
+            "%s without describing them (set dataset.label_descriptions.<label>)",
+            dataset_name, list(label_names),
+        )  # fmt: skip
+    elif missing:  # some described, some not: a typo or a forgotten label
         raise ValueError(
             f"dataset {dataset_name}: dataset.label_descriptions lacks {missing}; "
             "every label needs a description for the worker instructions"
@@ -178,8 +185,9 @@ def instructions(
     for name in label_names:
         lines.append(f"### {name}")
         lines.append("")
-        lines.append(str(label_descriptions[name]))
-        lines.append("")
+        if name in label_descriptions:
+            lines.append(str(label_descriptions[name]))
+            lines.append("")
         ex = examples.get(name)
         if ex:
             lines.append(f"Example (full text): _{ex}_")

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.data import load_dataset
+from saleval.jsonfiles import write_json
 from saleval.models import MODEL_DIR, build_model, load_tokenizer, load_trained
 from saleval.shortcut.generate import (
     ShortcutData,
@@ -119,7 +120,7 @@ def train_classifier(
     metrics["seconds"] = time.perf_counter() - t0
     model.save_pretrained(workdir / MODEL_DIR)
     tokenizer.save_pretrained(workdir / MODEL_DIR)
-    (workdir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_json(workdir / "metrics.json", metrics)
     model.eval()
     return model, metrics
 

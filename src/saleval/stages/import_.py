@@ -17,7 +17,6 @@ when it sits in a run dir, that run is recorded as the ``answers`` parent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.long_format import ANSWER_FILE
 from saleval.crowd.reading import CrowdImport, sha256_file
+from saleval.jsonfiles import write_json
 from saleval.stage import (
     LATEST,
     RUN_JSON,
@@ -93,7 +93,7 @@ def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, 
     if len(result.removed) or result.report.get("format") == "answers":
         result.removed.to_csv(st.path(FILTERED_FILE), index=False)
         st.log_file(st.path(FILTERED_FILE))
-    st.path(REPORT_FILE).write_text(json.dumps(report, indent=2, default=str))
+    write_json(st.path(REPORT_FILE), report)
     st.log_file(st.path(REPORT_FILE))
     metrics: dict[str, float] = {
         k: float(report[k])

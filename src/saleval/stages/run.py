@@ -15,7 +15,6 @@ finished runs in the MLflow store; a match whose run dir still exists is reused.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
 from saleval.config import register_configs
+from saleval.jsonfiles import write_json
 from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "tracking_uri": uri,
             "profile": str(profile.name),
         }
-        (out_root / "pipeline.json").write_text(json.dumps(summary, indent=2))
+        write_json(out_root / "pipeline.json", summary)
         mlflow.log_artifact(str(out_root / "pipeline.json"))
     _final_report(dirs, timings, uri)
     return summary

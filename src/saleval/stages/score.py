@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval import reports, scoring, tables, tracking
 from saleval.crowd.importer import PublishedSource, crowd_source
 from saleval.crowd.reading import sha256_file
+from saleval.jsonfiles import write_json
 from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
@@ -155,7 +156,7 @@ def score_outputs(
         **result.info,
         "weights": result.weights,
     }
-    st.path("score_report.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_json(st.path("score_report.json"), summary)
     for name in (
         "flip_histogram.csv",
         "scores.md",

@@ -12,12 +12,12 @@ combined table (``<sweep dir>/shortcut_table.md``).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from omegaconf import DictConfig
 
 from saleval import tables
+from saleval.jsonfiles import write_json
 from saleval.models import load_trained
 from saleval.shortcut import experiment as ex
 from saleval.shortcut.report import combine_runs, published_table, to_markdown
@@ -48,7 +48,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             models, tokenizer, data, cfg.shortcut.verify, max_length
         )
         info = {**report.to_dict(), "data": data.info, "training": fits}
-        st.path("verification.json").write_text(json.dumps(info, indent=2, default=str))
+        write_json(st.path("verification.json"), info)
         st.log_file(st.path("verification.json"))
         st.log_metrics({f"verify.{k}": v for k, v in report.to_dict().items() if _num(v)})
         st.set_tags({"verification": "passed" if report.passed else "failed"})

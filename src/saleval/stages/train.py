@@ -8,7 +8,6 @@ Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ import lightning as L
 from omegaconf import DictConfig
 
 from saleval.data import load_dataset
+from saleval.jsonfiles import write_json
 from saleval.models import MODEL_DIR, build_model, load_tokenizer
 from saleval.stage import Stage, hydra_main
 from saleval.training import TextDataModule, fit
@@ -47,7 +47,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0,
             "data_source": data.source,
         }
-        st.path("metrics.json").write_text(json.dumps(metrics, indent=2))
+        write_json(st.path("metrics.json"), metrics)
         st.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)})
         st.log_file(st.path("metrics.json"))
         if cfg.tracking.log_model:
