@@ -52,8 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         db = root / "annotations.sqlite"
         if args.in_process:
             from saleval.annotate.app import AppSettings, background_server, create_app
+            from saleval.annotate.store import LeasePolicy
 
-            app = create_app(tasks, AppSettings(db, token, synchronous=args.synchronous))
+            settings = AppSettings(
+                db, token, synchronous=args.synchronous, lease=LeasePolicy(max_claims=0)
+            )
+            app = create_app(tasks, settings)
             with background_server(app) as url:
                 result = run_load(url, token, args.workers, args.deadline, think_s=args.think)
             app.state.store.close()

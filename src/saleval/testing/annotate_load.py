@@ -64,7 +64,7 @@ def start_cli_server(
         f"inputs.tasks={tasks_dir}",
         f"annotate.db={db}",
         f"annotate.port={port}",
-        f"annotate.admin_token={token}",
+        "annotate.max_claims_per_client=0",  # every simulated worker comes from loopback
         "annotate.log_level=warning",
         f"run_dir={run_dir}",
         f"hydra.run.dir={run_dir}",
@@ -75,7 +75,7 @@ def start_cli_server(
         cmd,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "SALEVAL_ANNOTATE_TOKEN": token, **(env or {})},
         start_new_session=True,
     )
 
