@@ -329,9 +329,15 @@ class AnnotationStore:
             try:
                 yield con
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # SQLITE_FULL and the like roll back by themselves
+                    con.execute("ROLLBACK")
                 raise
-            con.execute("COMMIT")
+            try:
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
 
     def _migrate_v1(self) -> None:
         """Rebuild a version-1 ``assignments`` table (table constraints) as version 2.
