@@ -10,8 +10,16 @@ Worker input is untrusted: ids must match :data:`WORKER_ID_RE`, answers must be 
 the study's options and the position the one currently shown; Jinja2 autoescaping is on
 for every template and a strict Content-Security-Policy forbids inline script.
 
-The admin view (``/admin``) is protected by a token from config, checked with
-:func:`secrets.compare_digest`; a worker's session never opens it.
+A bundle in progress is handed back only with its session cookie, its resume code or
+its platform session id (Prolific's ``SESSION_ID``), never for the worker ID alone.
+Every POST must come from the app's own pages (``Origin``/``Referer`` check); every
+page, error pages and 500s included, carries the security headers, and an error on
+``POST /answer`` says whether the answer was saved.
+
+The admin view (``/admin``) is protected by a token (environment or file), compared in
+constant time and throttled per client; a worker's session never opens it. It lists
+bundles with their lease status and releases or reassigns them. docs/annotate.md is the
+operator's guide.
 """
 
 from __future__ import annotations

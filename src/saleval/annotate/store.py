@@ -9,11 +9,19 @@ The rules of the study live in the schema, not only in Python, so that no code p
 server processes on one database, a double-clicked button, a replayed request) can
 break them:
 
-* ``UNIQUE (worker_id, dataset)`` on assignments: one bundle per worker per dataset,
-  across every task set stored in the same database;
-* ``UNIQUE (run_key, bundle_id)``: a bundle goes to one worker;
+* ``one_bundle_per_worker_per_dataset``: a unique index on the *active* assignments'
+  ``(worker_id, dataset)``, across every task set stored in the same database;
+* ``one_worker_per_bundle``: a unique index on the active assignments' ``(run_key,
+  bundle_id)``: a bundle is never with two workers at once;
 * ``PRIMARY KEY (assignment_id, position)`` and ``UNIQUE (assignment_id, task_id)`` on
   answers: an answer is never stored twice; the first one wins.
+
+An assignment is active until it is released: its lease ran out (``lease_minutes`` after
+the worker's last action; see :class:`LeasePolicy`), or the admin released or
+reassigned it. A released assignment keeps its answers (they were acknowledged) and its
+bundle goes back to the pool. Every lease change is a ``BEGIN IMMEDIATE`` transaction
+like an answer, so a late answer and the claim that releases its bundle are ordered:
+exactly one of them wins. docs/annotate.md describes the rules for operators.
 
 Times are ISO 8601 in UTC with milliseconds (``2025-01-31T12:00:00.123+00:00``).
 """
