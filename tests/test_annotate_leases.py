@@ -462,3 +462,33 @@ def test_admin_page_lists_and_releases_bundles(app: object) -> None:
     w2 = client(app)
     assert w2.post("/start", data={"worker_id": "w2", "resume_code": code}).status_code == 303
     assert client(app).post("/admin/release", data={"bundle_id": first}).status_code == 401
+
+
+def test_over_http_bots_block_only_until_their_leases_run_out(
+    tmp_path: Path, study: Study, clock: Clock
+) -> None:
+    app = create_app(
+        study,
+        AppSettings(
+            tmp_path / "b.sqlite", TOKEN, lease=LeasePolicy(lease_minutes=30, max_claims=0)
+        ),
+    )
+    app.state.store.clock = clock
+    for i in range(3):  # a script claims every bundle and leaves
+        assert client(app).post("/start", data={"worker_id": f"bot{i}"}).status_code == 303
+    real = client(app)
+    refused = real.post("/start", data={"worker_id": "real"})
+    assert refused.status_code == 410 and "has been taken" in refused.text
+    clock.advance(31)
+    code = start(real, "real")  # after the lease: a bundle, instructions, a task
+    assert code and POSITION.search(real.get("/task").text)
+    app.state.store.close()
+
+
+def test_over_http_claims_per_client_are_bounded(tmp_path: Path, study: Study) -> None:
+    app = create_app(
+        study, AppSettings(tmp_path / "q.sqlite", TOKEN, lease=LeasePolicy(max_claims=2))
+    )
+    codes = [client(app).post("/start", data={"worker_id": f"x{i}"}).status_code for i in range(3)]
+    assert codes == [303, 303, 429]
+    app.state.store.close()
