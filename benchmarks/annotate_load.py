@@ -1,23 +1,34 @@
-"""Load test of the annotation app on loopback: N concurrent simulated workers over HTTP.
+"""The annotation app's guarantees under stress, on loopback: load, kill -9, a full disk, bots.
 
-Bounded and self-stopping: every worker stops at a deadline, the server is stopped at
-the end whatever happens. Each simulated worker does what a person does through the
-pages (start with an id, acknowledge the instructions, GET a task, POST an answer,
-repeat), and a few re-send an answer they already sent (a double click or a retry
-after a timeout). At the end, the answers exported through the admin view must equal,
-one for one, the answers the workers saw acknowledged: zero lost, zero duplicated.
+Every scenario ends with the same check: the answers exported through the admin view
+equal, one for one, the answers the simulated workers saw acknowledged (HTTP 303):
+zero lost, zero duplicated, zero altered (:meth:`LoadResult.check`). The exit status is
+1 when that fails. Bounded and self-stopping: workers stop at a deadline, servers are
+stopped by process group whatever happens; everything, MLflow store included, lives in
+a temporary directory.
 
     .venv/bin/python benchmarks/annotate_load.py --workers 50 --bundle-size 20
+    .venv/bin/python benchmarks/annotate_load.py --scenario kill --think 0.2
+    .venv/bin/python benchmarks/annotate_load.py --scenario diskfull --in-process
+    .venv/bin/python benchmarks/annotate_load.py --scenario bots
 
-prints answers, p50/p95/max latency per answer (the POST /answer round trip) and
-throughput as JSON. ``--think 1.0`` paces workers like people (about a second per
-task); the default 0 is a stress run where latency is mostly queueing (Little's law).
-By default the server is the real ``saleval-annotate`` console script in its own
-process (so client threads do not share its GIL); ``--in-process`` serves from a
-thread instead. The task run is written by the real ``saleval-tasks`` stage
+* ``load`` (default): N concurrent workers; prints p50/p95/max latency per answer (the
+  POST /answer round trip) and throughput. ``--think 1.0`` paces workers like people;
+  the default 0 is a stress run where latency is mostly queueing (Little's law).
+* ``kill``: the server is killed with SIGKILL ``--kill-after`` seconds into the run and
+  started again on the same port; workers re-send what got no answer, as a person
+  reloading would.
+* ``diskfull`` (``--in-process`` only): the database may grow only ``--pages`` more
+  pages, then every write fails as on a full disk; a refused answer must get a page
+  that says it may not have been saved, and every acknowledged one must be exported.
+* ``bots``: as many bots as bundles claim one each and leave; real workers are refused
+  until the leases (``--lease-s``) run out, then all of them finish.
+
+By default the server is the real ``saleval-annotate`` console script in its own process
+(so client threads do not share its GIL); ``--in-process`` serves from a thread. The
+task run is written by the real ``saleval-tasks`` stage
 (:func:`saleval.testing.make_task_run`); the workers and the check are
 :mod:`saleval.testing.annotate_load`, which ``tests/test_annotate_load.py`` runs too.
-Everything, MLflow store included, lives in a temporary directory.
 """
 
 from __future__ import annotations
@@ -25,65 +36,164 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import tempfile
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from saleval.testing import make_task_run
-from saleval.testing.annotate_load import free_port, run_load, start_cli_server, stop, wait_healthy
+from saleval.testing.annotate_load import (
+    LoadResult,
+    claim_and_leave,
+    free_port,
+    limit_database_pages,
+    run_load,
+    start_cli_server,
+    stop,
+    wait_healthy,
+)
+
+TOKEN = "load-test-token"
+SCENARIOS = ("load", "kill", "diskfull", "bots")
+
+
+@contextmanager
+def serve(
+    root: Path, tasks: Path, args: argparse.Namespace, lease_minutes: float = 60.0
+) -> Iterator[tuple[str, Any]]:
+    """(base URL, the app or the server process) for the run's lifetime."""
+    db = root / "annotations.sqlite"
+    if args.in_process:
+        from saleval.annotate.app import AppSettings, background_server, create_app
+        from saleval.annotate.store import LeasePolicy
+
+        lease = LeasePolicy(lease_minutes=lease_minutes, max_claims=0)
+        app = create_app(tasks, AppSettings(db, TOKEN, synchronous=args.synchronous, lease=lease))
+        try:
+            with background_server(app) as url:
+                yield url, app
+        finally:
+            app.state.store.close()
+        return
+    port = free_port()
+    overrides = [
+        f"annotate.synchronous={args.synchronous}",
+        f"annotate.lease_minutes={lease_minutes}",
+    ]
+    holder: dict[str, Any] = {}
+
+    def start(n: int) -> None:
+        (root / f"serve{n}").mkdir()
+        holder["proc"] = start_cli_server(
+            tasks, db, port, TOKEN, root / f"serve{n}", overrides=overrides
+        )
+
+    start(1)
+    holder["restart"] = start
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, holder["proc"])
+        yield url, holder
+    finally:
+        stop(holder["proc"])
+
+
+def kill_and_restart(url: str, holder: dict[str, Any], after_s: float, log: dict[str, Any]) -> None:
+    time.sleep(after_s)
+    stop(holder["proc"], signal.SIGKILL)
+    log["killed_rc"] = holder["proc"].returncode
+    holder["restart"](2)
+    wait_healthy(url, holder["proc"])
+    log["restarted"] = True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", choices=SCENARIOS, default="load")
     ap.add_argument("--workers", type=int, default=50)
     ap.add_argument("--bundle-size", type=int, default=20)
     ap.add_argument("--deadline", type=float, default=300, help="seconds before workers stop")
     ap.add_argument("--in-process", action="store_true", help="serve from a thread")
     ap.add_argument("--synchronous", default="FULL")
-    ap.add_argument(
-        "--think", type=float, default=0.0, help="mean seconds a worker reads a task (0: stress)"
-    )
+    ap.add_argument("--think", type=float, default=0.0, help="mean seconds per task (0: stress)")
+    ap.add_argument("--kill-after", type=float, default=3.0, help="kill: seconds before SIGKILL")
+    ap.add_argument("--pages", type=int, default=0, help="diskfull: pages the database may grow")
+    ap.add_argument("--lease-s", type=float, default=3.0, help="bots: lease length in seconds")
     args = ap.parse_args(argv)
-    token = "load-test-token"
+    if args.scenario == "diskfull" and not args.in_process:
+        ap.error("--scenario diskfull needs --in-process (the page limit is set on the store)")
+    if args.scenario == "kill" and args.in_process:
+        ap.error("--scenario kill needs the server in its own process (no --in-process)")
+    extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="annotate-load-") as tmp:
         root = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
         tasks = make_task_run(root / "tasks", n_bundles=args.workers, bundle_size=args.bundle_size)
-        db = root / "annotations.sqlite"
-        if args.in_process:
-            from saleval.annotate.app import AppSettings, background_server, create_app
-
-            app = create_app(tasks, AppSettings(db, token, synchronous=args.synchronous))
-            with background_server(app) as url:
-                result = run_load(url, token, args.workers, args.deadline, think_s=args.think)
-            app.state.store.close()
-        else:
-            port = free_port()
-            (root / "serve").mkdir()
-            proc = start_cli_server(
-                tasks,
-                db,
-                port,
-                token,
-                root / "serve",
-                overrides=[f"annotate.synchronous={args.synchronous}"],
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                wait_healthy(url, proc)
-                result = run_load(url, token, args.workers, args.deadline, think_s=args.think)
-            finally:
-                stop(proc)
-    summary = {
+        lease = args.lease_s / 60 if args.scenario == "bots" else 60.0
+        with serve(root, tasks, args, lease) as (url, server):
+            killer = None
+            if args.scenario == "kill":
+                killer = threading.Thread(
+                    target=kill_and_restart, args=(url, server, args.kill_after, extra)
+                )
+                killer.start()
+            if args.scenario == "diskfull":
+                extra["page_limit"] = limit_database_pages(server.state.store, args.pages)
+            if args.scenario == "bots":
+                bots = claim_and_leave(url, args.workers)
+                blocked = claim_and_leave(url, 1, prefix="early")
+                extra.update(bots_ok=bots.count(303), early_real_worker_status=blocked[0])
+                time.sleep(args.lease_s + 0.5)
+            result = run_load(url, TOKEN, args.workers, args.deadline, think_s=args.think)
+            if killer is not None:
+                killer.join()
+    summary: dict[str, Any] = {
+        "scenario": args.scenario,
         "server": "thread" if args.in_process else "saleval-annotate process",
         "bundle_size": args.bundle_size,
         "synchronous": args.synchronous,
         "think_s": args.think,
+        **extra,
         **result.summary(),
     }
+    problems = invariant_problems(args.scenario, result, summary)
+    summary["problems"] = problems
     print(json.dumps(summary, indent=2))
-    bad = summary["lost"] or summary["duplicated"] or summary["altered"] or summary["errors"]
-    return 1 if bad else 0
+    return 1 if problems else 0
+
+
+def invariant_problems(scenario: str, result: LoadResult, summary: dict[str, Any]) -> list[str]:
+    """What broke: acknowledged = exported, none duplicated or altered, plus each scenario's own."""
+    out = [k for k in ("lost", "duplicated", "duplicated_tasks", "altered") if summary[k]]
+    if scenario == "diskfull":
+        # a worker stops at their first refused answer; the server must have said so
+        refused = [p for w in result.workers for p in w.failed_pages]
+        if not refused:
+            out.append("the database never filled up: lower --pages")
+        if any("may not have been saved" not in p for p in refused):
+            out.append("a refused answer's page does not say whether it was saved")
+        if summary["unexpected"]:
+            out.append("answers stored without an acknowledgement")
+    else:
+        if summary["errors"]:
+            out.append(
+                "workers failed: "
+                + "; ".join(str(w.error) for w in result.workers if w.error)[:500]
+            )
+        if summary["unexpected"]:
+            out.append("answers stored without an acknowledgement")
+    if scenario == "kill" and not summary.get("restarted"):
+        out.append("the server was not killed and restarted during the run")
+    if scenario == "bots":
+        if summary.get("early_real_worker_status") != 410:
+            out.append("a real worker got a bundle while bots held them all")
+        if summary["completed"] != summary["workers"]:
+            out.append("real workers did not all finish after the leases ran out")
+    return out
 
 
 if __name__ == "__main__":

@@ -178,7 +178,10 @@ def test_admin_needs_the_token_never_a_worker_session(app: object) -> None:
     page = admin.get("/admin")
     assert page.status_code == 200
     first = app.state.study.bundle_ids[0]  # type: ignore[attr-defined]  # handed out first
-    assert re.search(rf"<th scope=\"row\">{first}</th>\s*<td>w1</td>", page.text)
+    assert re.search(
+        rf"<th scope=\"row\">{first}</th>\s*<td class=\"status\">active</td>\s*<td>w1</td>",
+        page.text,
+    )
     assert '<span class="count">1/3</span>' in page.text
     assert '<span class="count">0/3</span>' in page.text
     assert "1 of 2 bundles assigned" in page.text

@@ -158,9 +158,14 @@ def test_reload_mid_bundle_resumes_at_the_next_unanswered_task(
     expect(page.get_by_role("link", name="Continue your bundle")).to_be_visible()
     start(page, srv.url, "worker-2")
     expect_task(page, 3)
-    # A fresh browser (cookie lost) with the same id resumes the same bundle, not a new one.
+    # A fresh browser (cookie lost) with the same id alone gets no session: it is asked for
+    # the resume code shown on the task page, and with it resumes the same bundle.
+    code = page.locator("#resume-code").inner_text()
     other = browser.new_context().new_page()
     start(other, srv.url, "worker-2")
+    expect(other.get_by_role("alert")).to_contain_text("resume code")
+    other.get_by_label("Resume code").fill(code)
+    other.get_by_role("button", name="Start").click()
     expect_task(other, 3)
     other.context.close()
     progress = srv.app.state.store.progress(srv.study.run_key)

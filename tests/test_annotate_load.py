@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from saleval.annotate.store import LeasePolicy
 from saleval.testing.annotate_load import run_load
 from tests.annotate_support import TOKEN, served_app
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building the task run logs
 
 
 def test_fifty_concurrent_workers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    with served_app(tmp_path, n_bundles=50, bundle_size=4) as srv:
+    no_bound = LeasePolicy(max_claims=0)  # all 50 workers come from loopback
+    with served_app(tmp_path, n_bundles=50, bundle_size=4, lease=no_bound) as srv:
         result = run_load(srv.url, TOKEN, n_workers=50, deadline_s=240, seed=7, resend_prob=0.25)
         stored = srv.app.state.store.answers(srv.study.run_key)
         progress = srv.app.state.store.progress(srv.study.run_key)

@@ -17,6 +17,7 @@ from saleval.annotate.store import (
     AnswerRejected,
     Assignment,
     BundleRefused,
+    ResumeRequired,
     StoreError,
 )
 from saleval.annotate.study import IDK, Study, StudyError, load_study
@@ -51,8 +52,10 @@ def test_wal_mode_full_sync_and_schema(store: AnnotationStore) -> None:
     assert store.journal_mode() == "wal"
     con = sqlite3.connect(store.path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent in the file
-    ddl = con.execute("SELECT sql FROM sqlite_master WHERE name='assignments'").fetchone()[0]
-    assert "UNIQUE (worker_id, dataset)" in ddl
+    ddl = con.execute(
+        "SELECT sql FROM sqlite_master WHERE name='one_bundle_per_worker_per_dataset'"
+    ).fetchone()[0]
+    assert "(worker_id, dataset) WHERE released_at IS NULL" in ddl
     assert store._conn().execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
 
@@ -77,8 +80,11 @@ def test_one_bundle_per_worker_per_dataset_is_a_db_constraint(
     with pytest.raises(BundleRefused, match="another task set"):
         store.assign(other.run_key, "w1")
     assert store.assign(news2.run_key, "w1").dataset == "imdb"
-    # The same worker asking again for this task set resumes the same bundle.
-    assert store.assign(study.run_key, "w1").assignment_id == a.assignment_id
+    # The same worker ID alone never gets the bundle in progress; its resume code does.
+    with pytest.raises(ResumeRequired, match="resume code"):
+        store.assign(study.run_key, "w1")
+    again = store.assign(study.run_key, "w1", resume_code=a.resume_code.lower())
+    assert again.assignment_id == a.assignment_id
 
 
 def test_bundles_go_out_in_file_order_one_worker_each(store: AnnotationStore, study: Study) -> None:
@@ -154,7 +160,7 @@ def test_committed_answers_survive_reopening(tmp_path: Path, study: Study) -> No
     t = AnnotationStore(tmp_path / "db.sqlite")
     t.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
     pd.testing.assert_frame_equal(t.answers(study.run_key), before)
-    assert t.next_task(t.assign(study.run_key, "w1")).index == 2
+    assert t.next_task(t.assign(study.run_key, "w1", session_token=a.session_token)).index == 2
     t.close()
     s.close()
 

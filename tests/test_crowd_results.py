@@ -553,3 +553,84 @@ def test_aggregator_option_changes_the_aggregation(
     assert report["aggregator"] == {"name": "DawidSkene", "n_iter": 20}
     agg = tables.AGGREGATED.read(Path(out["run_dir"]))
     assert agg["correct"].astype(bool).equals(agg["method"].eq("vanilla_gradient").astype(bool))
+
+
+# --- hardened reading: duplicate columns, encodings, label text in MLflow ----------------
+
+
+@pytest.mark.parametrize("names", [("answer", "answer"), ("Answer", "answer")])
+def test_duplicate_column_names_are_rejected_naming_them(
+    task_run: Path, tmp_path: Path, names: tuple[str, str]
+) -> None:
+    path = tmp_path / "dup.csv"
+    path.write_text(
+        f"worker_id,task_id,{names[0]},{names[1]},duration_s\nw1,s0-random-k2,negative,positive,3\n"
+    )
+    with pytest.raises(CrowdImportError) as err:
+        read_answers(path, tables.TASKS.read(task_run), None, LABELS)
+    msg = str(err.value)
+    assert f"dup.csv, row header: duplicate column names {names[0]!r} and {names[1]!r}" in msg
+
+
+CP1252 = (
+    "worker_id,task_id,answer,duration_s\n"
+    "w1,s0-random-k2,negative,3\n"
+    "Jos\x92e,s1-random-k2,positive,4\n"  # \x92 is cp1252's right single quote
+    "w3,s2-random-k2,negative,5\n"
+).encode("latin-1")
+
+
+def test_undecodable_byte_is_a_located_reject_and_an_encoding_reads_it(
+    task_run: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "excel.csv"
+    path.write_bytes(CP1252)
+    tasks = tables.TASKS.read(task_run)
+    accepted, rejects, _ = read_answers(path, tasks, None, LABELS)
+    assert sorted(accepted["row"]) == [1, 3]  # the rest of the file is read
+    assert [(r.row, r.field) for r in rejects.itertuples()] == [(2, "worker_id")]
+    problem = rejects["problem"].iloc[0]
+    assert "byte 0x92 at character 4 is not valid utf-8" in problem and "cp1252" in problem
+    accepted, rejects, _ = read_answers(path, tasks, None, LABELS, encoding="cp1252")
+    assert rejects.empty and "Jos\u2019e" in set(accepted["worker_id"])
+    with pytest.raises(CrowdImportError, match="crowd.encoding='nope'"):
+        read_answers(path, tasks, None, LABELS, encoding="nope")
+    path.write_bytes(b"worker_id,task\x92id,answer,duration_s\n")
+    with pytest.raises(CrowdImportError, match=r"excel\.csv, row header, column 2: byte 0x92"):
+        read_answers(path, tasks, None, LABELS)
+
+
+def test_stage_encoding_option_and_strict_located_error(
+    task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    path = tmp_path / "excel.csv"
+    path.write_bytes(CP1252)
+    base = [f"inputs.tasks={task_run}", f"inputs.answers={path}"]
+    cfg = make_cfg("import", [*base, "crowd.policy=strict"])
+    with pytest.raises(CrowdImportError, match=r"excel\.csv, row 2, field worker_id: byte 0x92"):
+        import_.run(cfg)
+    out = _import(
+        make_cfg,
+        [
+            *base,
+            "crowd.encoding=cp1252",
+            "crowd.policy=strict",
+            "crowd.filters.min_bundle_seconds=null",
+        ],
+        name="cp1252",
+    )
+    assert out["n_accepted"] == 3
+
+
+def test_any_label_text_is_logged_to_mlflow(mlflow_uri: str) -> None:
+    import mlflow
+
+    from saleval import tracking
+
+    odd = {"R&D": "a", "R?D": "b", "<b>bold</b>": "c", "it's (new)": "d", "Sci/Tech": "e"}
+    with mlflow.start_run() as run:
+        tracking.log_params({"dataset": {"label_descriptions": odd}})
+    params = MlflowClient().get_run(run.info.run_id).data.params
+    logged = {k: v for k, v in params.items() if k.startswith("dataset.label_descriptions.")}
+    assert sorted(logged.values()) == sorted(odd.values())  # five labels, five params
+    assert params["dataset.label_descriptions.Sci/Tech"] == "e"  # valid keys unchanged

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -105,7 +106,7 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def log_params(params: Mapping[str, Any]) -> None:
     """Log (flattened) params in batches, truncating values MLflow would refuse."""
-    items = [(k, str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
+    items = [(param_key(k), str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
     for i in range(0, len(items), _BATCH):
         mlflow.log_params(dict(items[i : i + _BATCH]))
 
@@ -139,3 +140,26 @@ def find_runs(experiment: str, filter_string: str) -> list[Any]:
     return MlflowClient().search_runs(
         [exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"]
     )
+
+
+def param_key(name: str) -> str:
+    """A param key MLflow accepts, whatever a config key holds (label names become keys
+    under ``dataset.label_descriptions``: ``&``, ``(``, ``'``, ``?``, HTML...).
+
+    MLflow keys allow ASCII letters, digits, ``_-./`` and spaces; a key with anything
+    else has it replaced by ``_`` and gets a short hash of the original, so two labels
+    that differ only there stay two params.
+
+    >>> param_key("dataset.label_descriptions.Sci/Tech")
+    'dataset.label_descriptions.Sci/Tech'
+    >>> param_key("dataset.label_descriptions.R&D (new)?")
+    'dataset.label_descriptions.R_D _new__-c931b83f'
+    """
+    clean = "".join(c if (c.isascii() and c.isalnum()) or c in "_-./ " else "_" for c in name)
+    if clean == name and len(name) <= _MAX_KEY_LEN:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "backslashreplace")).hexdigest()[:8]
+    return f"{clean[: _MAX_KEY_LEN - 9]}-{digest}"
+
+
+_MAX_KEY_LEN = 250

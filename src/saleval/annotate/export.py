@@ -17,6 +17,7 @@ from saleval.annotate.store import AnnotationStore
 from saleval.annotate.study import Study
 
 COMPLETIONS = "completions.csv"
+RELEASED = "released.csv"
 
 
 class ExportError(RuntimeError):
@@ -27,7 +28,7 @@ def answers_frame(
     store: AnnotationStore, study: Study, complete_only: bool = False
 ) -> pd.DataFrame:
     """Committed answers of ``study`` as a validated ``tables.ANSWERS`` frame."""
-    raw = store.answers(study.run_key)
+    raw = store.answers(study.run_key)  # released assignments' answers too (acknowledged)
     if complete_only:
         raw = raw[raw["bundle_complete"].astype(bool)]
     df = raw.drop(columns=["bundle_complete"]).reset_index(drop=True)
@@ -60,4 +61,12 @@ def write_completions(store: AnnotationStore, study: Study, run_dir: str | Path)
     """``completions.csv``: worker, bundle, completion code, when (to check payment claims)."""
     path = Path(run_dir) / COMPLETIONS
     store.completions(study.run_key).to_csv(path, index=False)
+    return path
+
+
+def write_released(store: AnnotationStore, study: Study, run_dir: str | Path) -> Path:
+    """``released.csv``: assignments taken back (lease ran out, admin); their answers are
+    in ``answers.csv`` all the same, as answers of bundles not completed."""
+    path = Path(run_dir) / RELEASED
+    store.released(study.run_key).to_csv(path, index=False)
     return path

@@ -72,8 +72,10 @@ def load_study(tasks_dir: str | Path) -> Study:
         raise StudyError(f"{cfg_path}: a label may not be named {IDK!r}")
     if len(set(label_names)) != len(label_names):
         raise StudyError(f"{cfg_path}: duplicate label names {list(label_names)}")
-    descriptions = OmegaConf.select(cfg, "dataset.label_descriptions", default=None) or {}
-    descriptions = {str(k): str(v) for k, v in OmegaConf.to_container(descriptions).items()}  # type: ignore[union-attr]
+    node = OmegaConf.select(cfg, "dataset.label_descriptions", default=None)
+    # missing, null or {}: no descriptions (the instructions then list the labels alone)
+    raw = OmegaConf.to_container(node) if OmegaConf.is_dict(node) else {}
+    descriptions = {str(k): str(v) for k, v in (raw or {}).items()}  # type: ignore[union-attr]
 
     tasks = tables.TASKS.read(tasks_dir)
     bundles = tables.BUNDLES.read(tasks_dir)

@@ -7,10 +7,12 @@ from enum import StrEnum
 
 
 class AnnotateAction(StrEnum):
-    """``serve``: the bundles to people; ``export``: the answers as ``answers.csv``."""
+    """``serve``: the bundles to people; ``export``: the answers as ``answers.csv``;
+    ``backup``: a consistent copy of the live database (``annotate.backup_to``)."""
 
     serve = "serve"
     export = "export"
+    backup = "backup"
 
 
 @dataclass
@@ -25,7 +27,20 @@ class AnnotateConfig:
     host: str = "127.0.0.1"  # loopback; put a TLS reverse proxy in front for real workers
     port: int = 8765
     db: str = "${paths.output_root}/annotate/annotations.sqlite"
+    # the admin token: from the environment or a file, never the command line (shell
+    # history, ps, and Hydra reads 1_2_3 as the integer 123); see docs/annotate.md
     admin_token: str | None = "${oc.env:SALEVAL_ANNOTATE_TOKEN,null}"
+    admin_token_file: str | None = "${oc.env:SALEVAL_ANNOTATE_TOKEN_FILE,null}"
+    # a bundle goes back to the pool this long after its worker's last action
+    lease_minutes: float = 60.0
+    max_claims_per_client: int = 5  # new bundles per client address per window (0: no bound)
+    claim_window_minutes: float = 60.0
+    # platform link mode: where a finished worker is sent; {code} becomes the completion
+    # code, e.g. https://app.prolific.com/submissions/complete?cc={code}
+    completion_url: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)  # e.g. https://study.example.org
+    admin_max_failures: int = 5  # wrong admin tokens / resume codes per client per 15 min
+    backup_to: str | None = None  # action=backup: the file the online backup writes
     title: str | None = None  # null: "Which label? (<dataset>)"
     completion_code: str | None = None  # null: a random code per bundle
     synchronous: str = "FULL"  # SQLite durability: FULL survives power loss

@@ -283,6 +283,7 @@ class AnswersCrowdConfig:
     _target_: str = "saleval.crowd.importer.AnswersSource"
     name: str = "answers"
     policy: Policy = Policy.report
+    encoding: str = "utf-8"  # of the answer file; cp1252: Excel on Windows (docs/annotate.md)
     # answers that mean "I don't know", compared case-, space- and apostrophe-insensitively
     idk: list[str] = field(default_factory=lambda: list(IDK_ALIASES))
     filters: FiltersConfig = field(default_factory=FiltersConfig)
@@ -299,6 +300,7 @@ class PublishedCrowdConfig:
     name: str = "lu2024"
     path: str | None = None  # required: the published file (saleval-import/-score check it)
     policy: Policy = Policy.report
+    encoding: str = "utf-8"
     # published method name -> saleval method name
     methods: dict[str, str] = field(default_factory=lambda: dict(LU2024_METHODS))
 

@@ -88,7 +88,9 @@ class AnswersSource(AnswersCrowdConfig):
 
         Raises :class:`CrowdImportError` under policy ``strict`` when any row is rejected.
         """
-        accepted, rejects, info = read_answers(path, tasks, bundles, label_names, self.idk)
+        accepted, rejects, info = read_answers(
+            path, tasks, bundles, label_names, self.idk, self.encoding
+        )
         enforce_policy(rejects, self.policy, path)
         annotations = tables.ANNOTATIONS.validate(accepted.drop(columns="row"), where=str(path))
         kept, removed, filter_log = quality.apply_filters(annotations, self.filters)
@@ -148,7 +150,9 @@ class PublishedSource(PublishedCrowdConfig):
 
     def import_(self, path: str | Path, label_names: Sequence[str], dataset: str) -> CrowdImport:
         """Read and check the published file (``path`` overrides ``crowd.path``)."""
-        aggregated, rejects, info = read_lu2024(path, label_names, dataset, self.methods)
+        aggregated, rejects, info = read_lu2024(
+            path, label_names, dataset, self.methods, self.encoding
+        )
         enforce_policy(rejects, self.policy, path)
         aggregated = tables.AGGREGATED.validate(aggregated, where=str(path))
         report = {

@@ -37,6 +37,7 @@ def read_answers(
     bundles: pd.DataFrame | None,
     label_names: Sequence[str],
     idk: Iterable[str] = IDK_ALIASES,
+    encoding: str = "utf-8",
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Validate a long answer file against a task set; returns (accepted, rejects, info).
 
@@ -48,7 +49,7 @@ def read_answers(
     worker taking more than one bundle (docs/study-design.md: one bundle per worker and dataset).
     """
     path = Path(path)
-    header, rows = read_rows(path)
+    header, rows, undecodable = read_rows(path, encoding=encoding)
     col = {h.lower(): i for i, h in enumerate(header)}
     rejects = Rejects(str(path))
 
@@ -95,6 +96,9 @@ def read_answers(
     simulated = False
     n_fields = len(header)
     for r, values in enumerate(rows, start=1):
+        if r in undecodable:
+            rejects.add(r, *undecodable[r])
+            continue
         if not any(v.strip() for v in values):
             rejects.add(r, "*", "blank row")
             continue

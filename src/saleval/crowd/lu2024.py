@@ -37,6 +37,7 @@ def read_lu2024(
     label_names: Sequence[str],
     dataset: str,
     methods: Mapping[str, str] = LU2024_METHODS,
+    encoding: str = "utf-8",
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Read the published aggregated results; returns (aggregated, rejects, info).
 
@@ -47,7 +48,9 @@ def read_lu2024(
     within a sample, and no more shown words than k.
     """
     path = Path(path)
-    header, rows = read_rows(path, delimiter="\t", quoting=csv.QUOTE_NONE)
+    header, rows, undecodable = read_rows(
+        path, delimiter="\t", quoting=csv.QUOTE_NONE, encoding=encoding
+    )
     col = {h: i for i, h in enumerate(header)}
     for name in _LU_COLUMNS:
         if name not in col:
@@ -65,6 +68,9 @@ def read_lu2024(
     seen: dict[tuple[int, str, int], int] = {}
     n_samples = 0
     for r, values in enumerate(rows, start=1):
+        if r in undecodable:
+            rejects.add(r, *undecodable[r])
+            continue
         if len(values) != len(header):
             rejects.add(r, "*", f"expected {len(header)} fields, found {len(values)}")
             continue

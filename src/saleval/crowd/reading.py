@@ -10,6 +10,7 @@ on and the rejects are written next to them. A file that cannot be read at all
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 from dataclasses import dataclass, field
@@ -42,19 +43,75 @@ def sha256_file(path: str | Path) -> str:
 
 
 def read_rows(
-    path: Path, delimiter: str = ",", quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL
-) -> tuple[list[str], list[list[str]]]:
-    """Header (stripped) and data rows of a delimited file, via csv (no type guessing)."""
+    path: Path,
+    delimiter: str = ",",
+    quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL,
+    encoding: str = "utf-8",
+) -> tuple[list[str], list[list[str]], dict[int, tuple[str, str]]]:
+    """Header (stripped), data rows and undecodable fields of a delimited file (no type guessing).
+
+    The file is decoded with ``encoding`` (``crowd.encoding``; a UTF-8 BOM is skipped).
+    Bytes that do not decode stop nothing: the third result maps each 1-based data row
+    holding one to ``(field, problem)``, which the readers turn into a reject of that
+    row. Duplicate column names (compared case-insensitively) are an error: which of
+    the two ``answer`` columns was meant cannot be guessed.
+    """
     if not path.is_file():
         raise CrowdImportError(f"{path}: file not found")
-    with open(path, encoding="utf-8-sig", newline="") as fh:
+    codec = _codec(encoding)
+    with open(path, encoding=codec, errors="surrogateescape", newline="") as fh:
         reader = csv.reader(fh, delimiter=delimiter, quoting=quoting)
         try:
             header = next(reader)
         except StopIteration:
             raise CrowdImportError(f"{path}: empty file (no header row)") from None
         rows = list(reader)
-    return [h.strip() for h in header], rows
+    for j, name in enumerate(header):
+        problem = _undecodable(name, encoding)
+        if problem:
+            raise CrowdImportError(f"{path}, row header, column {j + 1}: {problem}")
+    header = [h.strip() for h in header]
+    seen: dict[str, list[str]] = {}
+    for name in header:
+        seen.setdefault(name.lower(), []).append(name)
+    dupes = [names for names in seen.values() if len(names) > 1]
+    if dupes:
+        listed = "; ".join(" and ".join(repr(n) for n in names) for names in dupes)
+        raise CrowdImportError(
+            f"{path}, row header: duplicate column names {listed} (compared "
+            "case-insensitively); rename or delete all but one"
+        )
+    bad: dict[int, tuple[str, str]] = {}
+    for r, values in enumerate(rows, start=1):
+        for j, value in enumerate(values):
+            problem = _undecodable(value, encoding)
+            if problem:
+                bad[r] = (header[j] if j < len(header) else f"column {j + 1}", problem)
+                break
+    return header, rows, bad
+
+
+def _codec(encoding: str) -> str:
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        raise CrowdImportError(
+            f"crowd.encoding={encoding!r}: not an encoding Python knows (e.g. utf-8, cp1252, "
+            "latin-1)"
+        ) from None
+    return "utf-8-sig" if name == "utf-8" else name
+
+
+def _undecodable(value: str, encoding: str) -> str | None:
+    """Why ``value`` (decoded with surrogateescape) holds a byte ``encoding`` cannot read."""
+    for i, ch in enumerate(value):
+        if "\udc80" <= ch <= "\udcff":
+            return (
+                f"byte 0x{ord(ch) - 0xDC00:02X} at character {i + 1} is not valid {encoding}; "
+                "re-save the file as UTF-8, or set crowd.encoding to the file's encoding "
+                "(cp1252 for files saved by Excel on Windows)"
+            )
+    return None
 
 
 @dataclass

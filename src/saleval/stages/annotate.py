@@ -4,8 +4,11 @@ See docs/study-design.md#exports and docs/architecture.md.
 ``saleval-annotate inputs.tasks=<tasks run dir>`` (``action=serve``)
 serves the bundles on ``annotate.host:annotate.port`` until stopped, then logs how many
 answers came in. ``action=export`` writes ``answers.csv`` (``tables.ANSWERS``, the import
-format) and ``completions.csv`` into its run dir and logs both. Serve and export share
-the database ``annotate.db``; the admin token never reaches the run dir or MLflow.
+format), ``completions.csv`` and ``released.csv`` into its run dir and logs them; it only
+reads the database, so an archived or read-only copy exports too. ``action=backup``
+copies the live database with SQLite's online backup API. Serve and export share the
+database ``annotate.db``; the admin token (from ``SALEVAL_ANNOTATE_TOKEN`` or
+``annotate.admin_token_file``) never reaches the run dir or MLflow. See docs/annotate.md.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import copy
 import logging
 import secrets
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -24,8 +28,8 @@ from omegaconf import DictConfig, open_dict
 
 from saleval import tables
 from saleval.annotate.app import AppSettings, create_app
-from saleval.annotate.export import answers_frame, write_completions
-from saleval.annotate.store import AnnotationStore
+from saleval.annotate.export import answers_frame, write_completions, write_released
+from saleval.annotate.store import AnnotationStore, LeasePolicy, StoreError
 from saleval.annotate.study import load_study
 from saleval.config.annotate import AnnotateAction
 from saleval.stage import Stage, hydra_main, resolve_input
@@ -37,19 +41,27 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     action = AnnotateAction(cfg.action)  # validated when composed; tests may pass a string
+    db = Path(str(cfg.annotate.db))
+    if action == AnnotateAction.backup:
+        return {"backup": str(backup(db, cfg.annotate.backup_to))}
     study = load_study(resolve_input("tasks", cfg.inputs.tasks))
-    token = cfg.annotate.admin_token
+    token = admin_token(cfg.annotate) if action == AnnotateAction.serve else None
+    if any("annotate.admin_token=" in arg for arg in sys.argv[1:]):
+        log.warning(
+            "annotate.admin_token on the command line lands in shell history and ps, and "
+            "Hydra may rewrite it (1_2_3 → 123): use SALEVAL_ANNOTATE_TOKEN or "
+            "annotate.admin_token_file (docs/annotate.md)"
+        )
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):  # the token stays out of the record
-        cfg.annotate.admin_token = None if token is None else "<redacted>"
-    db = Path(str(cfg.annotate.db))
+        cfg.annotate.admin_token = None if cfg.annotate.admin_token is None else "<redacted>"
     # the dataset (and study) are the task set's: adopted by the provenance rule
     with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}, requires=["dataset"]) as st:
         st.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
         if action == AnnotateAction.export:
             if not db.is_file():
                 raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
-            store = AnnotationStore(db, synchronous=str(cfg.annotate.synchronous))
+            store = AnnotationStore(db, readonly=True)  # an archived copy exports too
             try:
                 if store.progress(study.run_key).empty:
                     raise ValueError(
@@ -59,7 +71,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 df = answers_frame(store, study, bool(cfg.annotate.export.complete_only))
                 path = st.write(tables.ANSWERS, df)
                 st.log_file(write_completions(store, study, st.run_dir))
+                st.log_file(write_released(store, study, st.run_dir))
                 counts = _counts(store, study.run_key)
+            except sqlite3.Error as err:
+                raise StoreError(f"annotate.db={db}: {err}") from err
             finally:
                 store.close()
             st.log_metrics({**counts, "n_exported": len(df)})
@@ -75,6 +90,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             completion_code=cfg.annotate.completion_code,
             synchronous=str(cfg.annotate.synchronous),
             secure_cookies=bool(cfg.annotate.secure_cookies),
+            lease=LeasePolicy(
+                lease_minutes=float(cfg.annotate.lease_minutes),
+                max_claims=int(cfg.annotate.max_claims_per_client),
+                claim_window_minutes=float(cfg.annotate.claim_window_minutes),
+            ),
+            completion_url=cfg.annotate.completion_url,
+            allowed_origins=tuple(str(o) for o in cfg.annotate.allowed_origins),
+            admin_max_failures=int(cfg.annotate.admin_max_failures),
         )
         app = create_app(study, settings)
         host, port = str(cfg.annotate.host), int(cfg.annotate.port)
@@ -123,13 +146,53 @@ def _serve(app: Any, host: str, port: int, log_level: str, access_log: bool) -> 
             signal.signal(signal.SIGTERM, previous)
 
 
+def admin_token(annotate: DictConfig) -> str | None:
+    """``annotate.admin_token`` (from ``SALEVAL_ANNOTATE_TOKEN``), else the first line of
+    ``annotate.admin_token_file``; None: the server makes one up and prints it."""
+    if annotate.admin_token:
+        return str(annotate.admin_token)
+    if not annotate.admin_token_file:
+        return None
+    path = Path(str(annotate.admin_token_file)).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(
+            f"annotate.admin_token_file={path}: cannot be read ({err.strerror}); write the "
+            "token into it (umask 077) or set SALEVAL_ANNOTATE_TOKEN"
+        ) from None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if len(token) < 8:
+        raise ValueError(
+            f"annotate.admin_token_file={path}: the token must be at least 8 characters "
+            "on the first line"
+        )
+    return token
+
+
+def backup(db: Path, dest: str | None) -> Path:
+    """An online backup of the live database (the server may keep serving)."""
+    if not dest:
+        raise ValueError("action=backup needs annotate.backup_to=<file to write>")
+    if not db.is_file():
+        raise FileNotFoundError(f"annotate.db={db}: no such database")
+    store = AnnotationStore(db, readonly=True)
+    try:
+        out = store.backup(dest)
+    finally:
+        store.close()
+    print(f"saleval-annotate: backed up {db} to {out}", file=sys.stderr)
+    return out
+
+
 def _counts(store: AnnotationStore, run_key: str) -> dict[str, int]:
     progress = store.progress(run_key)
     return {
         "n_bundles": len(progress),
         "n_bundles_assigned": int(progress["worker_id"].notna().sum()),
         "n_bundles_completed": int(progress["completed_at"].notna().sum()),
-        "n_answers": int(progress["n_answered"].sum()),
+        "n_bundles_released": len(store.released(run_key)),
+        "n_answers": store.n_answers(run_key),
     }
 
 

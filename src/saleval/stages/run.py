@@ -135,6 +135,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out_root.mkdir(parents=True, exist_ok=True)
     uri = tracking.tracking_uri(cfg.tracking.uri)
     tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
+    mark_orphans_killed(out_root)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
@@ -218,6 +219,30 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         mlflow.log_artifact(str(out_root / "pipeline.json"))
     _final_report(dirs, timings, uri)
     return summary
+
+
+def mark_orphans_killed(out_root: Path) -> list[str]:
+    """End as KILLED the MLflow runs a killed pipeline left RUNNING in ``out_root``.
+
+    A ``kill -9`` leaves no chance to end a run, so its pipeline run and the stage run
+    it was in stay RUNNING for ever. A resume in the same run dir is the first moment
+    that knows they are dead (two pipelines never share a run dir); their ids are
+    returned and logged.
+    """
+    root = out_root.resolve()
+    client = MlflowClient()
+    exps = [e.experiment_id for e in client.search_experiments()]
+    if not exps:
+        return []
+    killed = []
+    for r in client.search_runs(exps, filter_string="attributes.status = 'RUNNING'"):
+        d = r.data.tags.get("run_dir")
+        if d and (Path(d).resolve() == root or root in Path(d).resolve().parents):
+            client.set_terminated(r.info.run_id, status="KILLED")
+            killed.append(r.info.run_id)
+    if killed:
+        log.warning("[run] %d run(s) of an earlier, killed pipeline marked KILLED", len(killed))
+    return killed
 
 
 def _hydra_dir() -> Path:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -64,7 +65,7 @@ def start_cli_server(
         f"inputs.tasks={tasks_dir}",
         f"annotate.db={db}",
         f"annotate.port={port}",
-        f"annotate.admin_token={token}",
+        "annotate.max_claims_per_client=0",  # every simulated worker comes from loopback
         "annotate.log_level=warning",
         f"run_dir={run_dir}",
         f"hydra.run.dir={run_dir}",
@@ -75,7 +76,7 @@ def start_cli_server(
         cmd,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "SALEVAL_ANNOTATE_TOKEN": token, **(env or {})},
         start_new_session=True,
     )
 
@@ -115,6 +116,8 @@ class WorkerLog:
     sent: dict[int, str] = field(default_factory=dict)  # position -> acknowledged answer
     latencies: list[float] = field(default_factory=list)
     resends: int = 0
+    retries: int = 0  # requests sent again because no server answered
+    failed_pages: list[str] = field(default_factory=list)  # bodies of refused answers
     completion_code: str | None = None
     error: str | None = None
 
@@ -128,18 +131,34 @@ def simulate_worker(
     start: threading.Barrier | None = None,
     think_s: float = 0.0,
 ) -> WorkerLog:
-    """One worker through the pages; an answer counts as sent once the server said 303."""
+    """One worker through the pages; an answer counts as sent once the server said 303.
+
+    A request that meets no server (killed, restarting) is sent again until the deadline,
+    as a browser's user would reload: the same answer to the same position, which the
+    server stores at most once.
+    """
     rng = random.Random(seed)
     out = WorkerLog(worker_id)
     try:
         with httpx.Client(base_url=base_url, follow_redirects=False, timeout=60) as c:
+
+            def send(method: str, url: str, data: dict[str, str] | None = None) -> httpx.Response:
+                while True:
+                    try:
+                        return c.request(method, url, data=data)
+                    except httpx.TransportError:
+                        if time.monotonic() > deadline:
+                            raise
+                        out.retries += 1
+                        time.sleep(0.2)
+
             if start is not None:
                 start.wait(timeout=60)
-            r = c.post("/start", data={"worker_id": worker_id})
+            r = send("POST", "/start", {"worker_id": worker_id})
             _expect(r, 303, "/instructions")
-            _expect(c.post("/instructions"), 303, "/task")
+            _expect(send("POST", "/instructions"), 303, "/task")
             while time.monotonic() < deadline:
-                r = c.get("/task")
+                r = send("GET", "/task")
                 if r.status_code == 303:
                     _expect(r, 303, "/done")
                     break
@@ -153,14 +172,16 @@ def simulate_worker(
                 if think_s:  # reading the task: uniform in [0.5, 1.5] × think_s
                     time.sleep(think_s * rng.uniform(0.5, 1.5))
                 t0 = time.perf_counter()
-                r = c.post("/answer", data=form)
+                r = send("POST", "/answer", form)
                 out.latencies.append(time.perf_counter() - t0)
+                if r.status_code != 303:
+                    out.failed_pages.append(r.text)
                 _expect(r, 303)
                 out.sent[position] = answer
                 if rng.random() < resend_prob:
-                    _expect(c.post("/answer", data=form), 303)
+                    _expect(send("POST", "/answer", form), 303)
                     out.resends += 1
-            r = c.get("/done")
+            r = send("GET", "/done")
             _expect(r, 200)
             code = re.search(r'id="completion-code">([^<]+)<', r.text)
             out.completion_code = code.group(1) if code else None
@@ -209,6 +230,7 @@ class LoadResult:
             "workers": len(self.workers),
             **self.check(),
             "resends": sum(w.resends for w in self.workers),
+            "retries": sum(w.retries for w in self.workers),
             "completed": sum(w.completion_code is not None for w in self.workers),
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else float("nan"),
             "p95_ms": round(float(np.percentile(lat, 95)), 1) if lat.size else float("nan"),
@@ -253,3 +275,34 @@ def run_load(
     _expect(r, 200)
     exported = pd.read_csv(io.StringIO(r.text), keep_default_na=False, na_values=[""])
     return LoadResult(workers, tables.ANSWERS.validate(exported, "admin export"), seconds)
+
+
+def claim_and_leave(base_url: str, n: int, prefix: str = "bot") -> list[int]:
+    """``n`` clients that each start a bundle and never answer; their HTTP statuses."""
+    statuses = []
+    for i in range(n):
+        with httpx.Client(base_url=base_url, follow_redirects=False, timeout=30) as c:
+            statuses.append(c.post("/start", data={"worker_id": f"{prefix}-{i:03d}"}).status_code)
+    return statuses
+
+
+def limit_database_pages(store: Any, extra_pages: int) -> int:
+    """Make ``store``'s database "full" ``extra_pages`` pages from now (disk-full drills).
+
+    Every connection the store opens from now on gets ``PRAGMA max_page_count``, so a
+    write that would grow the file past it fails with SQLITE_FULL, as on a full disk.
+    Returns the page limit.
+    """
+    limit = int(store._conn().execute("PRAGMA page_count").fetchone()[0]) + extra_pages
+    store.close()  # connections opened before the limit are dropped
+    opener = store._conn
+
+    def limited() -> Any:
+        con = opener()
+        if not getattr(con, "page_limited", False):
+            con.execute(f"PRAGMA max_page_count={limit}")
+            con.page_limited = True
+        return con
+
+    store._conn = limited
+    return limit
