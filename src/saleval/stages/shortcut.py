@@ -20,7 +20,12 @@ from omegaconf import DictConfig
 from saleval import tables
 from saleval.models import load_trained
 from saleval.shortcut import experiment as ex
-from saleval.shortcut.report import combine_runs, published_table, to_markdown
+from saleval.shortcut.report import (
+    combine_runs,
+    published_table,
+    to_markdown,
+    uncertainty_markdown,
+)
 from saleval.shortcut.verify import require
 from saleval.stage import Stage, hydra_main
 from saleval.vocab import Target
@@ -35,7 +40,7 @@ def dataset_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     kind = str(cfg.shortcut.kind)
-    with Stage(cfg, "shortcut", tags={"shortcut": kind}) as st:
+    with Stage(cfg, "shortcut", tags={"shortcut": kind, "unit": str(cfg.shortcut.unit)}) as st:
         data, tokenizer = ex.prepare_data(cfg)
         for path in ex.write_data(data, st.run_dir):
             st.log_file(path, ex.DATA_DIR)
@@ -69,12 +74,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             methods,
             max_length,
             progress=cfg.progress,
+            unit=cfg.shortcut.unit,
         )
         results = summary.assign(dataset=dataset_label(cfg), shortcut=kind)
         st.write(tables.SHORTCUT_RESULTS, results)
         per_example.to_parquet(st.path("shortcut_per_example.parquet"), index=False)
         st.log_file(st.path("shortcut_per_example.parquet"))
-        st.path(TABLE_MD).write_text(to_markdown(published_table(results), "Shortcut results"))
+        unit = str(cfg.shortcut.unit)
+        st.path(TABLE_MD).write_text(
+            to_markdown(published_table(results), "Shortcut results", unit)
+            + uncertainty_markdown(results)
+        )
         st.log_file(st.path(TABLE_MD))
         for r in summary.itertuples(index=False):
             st.log_metrics(
@@ -103,10 +113,15 @@ def _refresh_sweep_table(st: Stage) -> None:
         return
     sweep_dir = st.run_dir.parent  # hydra.sweep.dir/<job number>
     jobs = sorted(p for p in sweep_dir.iterdir() if tables.SHORTCUT_RESULTS.path(p).is_file())
-    table = published_table(combine_runs(jobs))
+    results = combine_runs(jobs)
+    units = sorted(set(results["unit"])) if "unit" in results else ["word"]
     path = sweep_dir / TABLE_MD
     runs = f"{len(jobs)} run{'' if len(jobs) == 1 else 's'}"
-    path.write_text(to_markdown(table, f"Shortcut results (sweep {sweep_dir.name}, {runs})"))
+    title = f"Shortcut results (sweep {sweep_dir.name}, {runs})"
+    path.write_text(
+        to_markdown(published_table(results), title, " and ".join(units))
+        + uncertainty_markdown(results)
+    )
     st.log_file(path, "sweep")
 
 
