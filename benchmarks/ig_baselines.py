@@ -55,8 +55,10 @@ def main(argv: list[str]) -> int:
             overlap[k].append(len(set(ra[:kk]) & set(rb[:kk])) / kk)
     rho_arr = np.asarray(rho)
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, host {platform.node()}, {len(segs)} texts")
-    print(f"spearman zero vs zero_all: mean {np.nanmean(rho_arr):.3f}, median "
-          f"{np.nanmedian(rho_arr):.3f}, min {np.nanmin(rho_arr):.3f}")
+    print(
+        f"spearman zero vs zero_all: mean {np.nanmean(rho_arr):.3f}, median "
+        f"{np.nanmedian(rho_arr):.3f}, min {np.nanmin(rho_arr):.3f}"
+    )
     for k in KS:
         print(f"top-{k} overlap: {np.mean(overlap[k]):.3f}")
     print("seconds:", {k: round(v, 1) for k, v in secs.items()})

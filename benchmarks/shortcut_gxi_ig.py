@@ -1,4 +1,4 @@
-"""``python -m benchmarks.shortcut_gxi_ig [n_train] [n_explain]``: why do GxI and IG from a
+"""``python -m benchmarks.shortcut_gxi_ig [n_train] [n_explain] [override ...]``: why do GxI and IG from a
 zero baseline rank the planted shortcut differently (docs/recipes.md#shortcut)?
 
 A small-scale stand-in for the full protocol (which takes ~100 CPU minutes): the
@@ -67,10 +67,11 @@ def main(argv: list[str]) -> int:
             "shortcut.synthetic_test_size=200",
             "progress=false",
             f"paths.output_root={work}",
+            *argv[2:],
         ],
     )
     data, tok = ex.prepare_data(cfg)
-    model, fit = ex.train_classifier(
+    model, _ = ex.train_classifier(
         cfg, data.rule, tok, data.label_names, data.mixed, work / "mixed"
     )
     max_length = int(cfg.model.max_length)
@@ -93,8 +94,9 @@ def main(argv: list[str]) -> int:
     res = pd.concat(rows, ignore_index=True)
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, host {platform.node()}")
     print(
-        f"model=tiny, {n_train} SST-2 sentences + 20 % st shortcut, {cfg.trainer.max_epochs} "
-        f"epochs: synthetic accuracy {acc_syn:.3f}, original test accuracy {acc_test:.3f}; "
+        f"model=tiny, {n_train} SST-2 sentences + {cfg.shortcut.synthetic_fraction:.0%} st "
+        f"shortcut, {cfg.trainer.max_epochs} epochs, lr {cfg.trainer.optimizer.lr}: "
+        f"synthetic accuracy {acc_syn:.3f}, original test accuracy {acc_test:.3f}; "
         f"n = {len(pool)} synthetic test examples"
     )
     cols = ["config", "unit", "precision", "precision_ci_low", "precision_ci_high"]

@@ -391,6 +391,39 @@ def test_published_layout() -> None:
     assert "0.90" in md and "1.2" in md
 
 
+def test_units_and_intervals_in_the_report() -> None:
+    from saleval.shortcut.report import uncertainty_markdown
+
+    rows = [
+        {
+            "dataset": "sst2",
+            "shortcut": "st",
+            "method": "integrated_gradients",
+            "config": "ig_zero_100_logits",
+            "unit": unit,
+            "precision": p,
+            "precision_ci_low": lo,
+            "precision_ci_high": hi,
+            "mean_rank": 2.2,
+            "mean_rank_ci_low": 1.0,
+            "mean_rank_ci_high": 3.9,
+            "n": 10,
+        }
+        for unit, p, lo, hi in (("word", 0.4, 0.168, 0.687), ("piece", 0.6, 0.313, 0.832))
+    ]
+    table = published_table(pd.DataFrame(rows))
+    assert list(table.columns) == [
+        ("sst2", "st/piece", "P@k"),
+        ("sst2", "st/piece", "rank"),
+        ("sst2", "st/word", "P@k"),
+        ("sst2", "st/word", "rank"),
+    ]
+    md = uncertainty_markdown(pd.DataFrame(rows))
+    assert "| ig_zero_100_logits | sst2      | st         | word   | 10  | 0.40 [0.17, 0.69]" in md
+    assert "0.60 [0.31, 0.83]" in md and "2.2 [1.0, 3.9]" in md
+    assert "Ranked unit: piece" in to_markdown(table, unit="piece")
+
+
 def test_explain_pool_prefixes_are_balanced_and_budgets_apply() -> None:
     from saleval.shortcut.experiment import explain_pool, select_methods
 
