@@ -424,6 +424,39 @@ def test_units_and_intervals_in_the_report() -> None:
     assert "Ranked unit: piece" in to_markdown(table, unit="piece")
 
 
+def test_reference_results_beside_ours(tmp_path: Path) -> None:
+    from saleval.shortcut.report import beside_reference, read_reference
+
+    ours = pd.DataFrame(
+        {
+            "dataset": ["sst2", "sst2"],
+            "shortcut": ["st", "st"],
+            "method": ["input_x_gradient", "integrated_gradients"],
+            "config": ["grad_x_input_logits", "ig_zero_100_logits"],
+            "precision": [0.72, 0.4],
+            "mean_rank": [4.04, 2.2],
+            "n": [50, 10],
+        }
+    )
+    ref = tmp_path / "paper.csv"
+    ref.write_text(
+        "dataset,shortcut,config,precision,mean_rank\n"
+        "sst2,st,grad_x_input_logits,0.5,3.25\n"
+        "sst2,st,lime_unk_1000,,\n"  # a slot not yet filled, and not run by us
+    )
+    md = beside_reference(ours, read_reference(ref), "paper.csv")
+    lines = [ln.replace(" ", "") for ln in md.splitlines()]
+    assert "|grad_x_input_logits|sst2|st|50|0.72|0.50|4.0|3.2|" in lines
+    assert "|ig_zero_100_logits|sst2|st|10|0.40|—|2.2|—|" in lines
+    assert "|lime_unk_1000|sst2|st|—|—|—|—|—|" in lines
+    bad = tmp_path / "bad.csv"
+    bad.write_text("dataset,config,precision\nsst2,x,0.1\n")
+    with pytest.raises(
+        ValueError, match=r"bad.csv: reference results lack the columns \['shortcut'"
+    ):
+        read_reference(bad)
+
+
 def test_explain_pool_prefixes_are_balanced_and_budgets_apply() -> None:
     from saleval.shortcut.experiment import explain_pool, select_methods
 

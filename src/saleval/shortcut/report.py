@@ -107,6 +107,58 @@ def uncertainty_markdown(results: pd.DataFrame, level: float = 0.95) -> str:
     )
 
 
+REFERENCE_COLUMNS = ("dataset", "shortcut", "config", "precision", "mean_rank")
+
+
+def read_reference(path: str | Path) -> pd.DataFrame:
+    """Published results to set beside ours (docs/shortcut.md#reference): a CSV with
+    ``dataset, shortcut, config, precision, mean_rank`` (empty cells allowed: a slot not
+    yet filled), ``config`` named as ours (``grad_l2_logits``, ``ig_zero_100_logits``)."""
+    df = pd.read_csv(path, dtype={"dataset": str, "shortcut": str, "config": str})
+    missing = [c for c in REFERENCE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{path}: reference results lack the columns {missing}; the file needs "
+            f"{list(REFERENCE_COLUMNS)} (one row per configuration, dataset and shortcut)"
+        )
+    if df.empty:
+        raise ValueError(f"{path}: no reference rows")
+    return df[list(REFERENCE_COLUMNS)]
+
+
+def beside_reference(results: pd.DataFrame, reference: pd.DataFrame, source: str) -> str:
+    """Markdown: our precision and rank (with n) next to the published ones, per
+    configuration × dataset × shortcut that either side has; a missing side shows "—"."""
+    ours = results.assign(n=results["n"].astype(int))[
+        ["dataset", "shortcut", "config", "precision", "mean_rank", "n"]
+    ]
+    both = ours.merge(
+        reference,
+        on=["dataset", "shortcut", "config"],
+        how="outer",
+        suffixes=("", "_ref"),
+        sort=False,
+    )
+
+    def fmt(v: object, digits: int) -> str:
+        return "—" if pd.isna(v) else f"{float(v):.{digits}f}"  # type: ignore[arg-type]
+
+    out = pd.DataFrame(
+        {
+            "config": both["config"],
+            "dataset": both["dataset"],
+            "shortcut": both["shortcut"],
+            "n": both["n"].map(lambda v: "—" if pd.isna(v) else str(int(v))),
+            "P@k ours": both["precision"].map(lambda v: fmt(v, 2)),
+            "P@k ref": both["precision_ref"].map(lambda v: fmt(v, 2)),
+            "rank ours": both["mean_rank"].map(lambda v: fmt(v, 1)),
+            "rank ref": both["mean_rank_ref"].map(lambda v: fmt(v, 1)),
+        }
+    )
+    body = out.to_markdown(index=False, disable_numparse=True)
+    return f"\n### Beside the reference ({source})\n\n{body}\n"
+
+
 def combine_runs(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
     """Concatenate the ``shortcut_results.csv`` of several runs (e.g. a sweep's jobs)."""
     dirs = [Path(d) for d in run_dirs]
