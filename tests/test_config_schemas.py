@@ -24,7 +24,8 @@ register_configs()
 
 STAGES = sorted(name.removesuffix("_schema") for name in ROOTS)
 PROFILES = sorted(p.stem for p in (paths.conf_dir() / "profile").glob("*.yaml"))
-EXPERIMENTS = sorted(p.stem for p in (paths.conf_dir() / "experiment").glob("*.yaml"))
+# the training recipes; every recipe, each with its own stage: tests/test_recipes.py
+EXPERIMENTS = sorted(p.stem for p in (paths.conf_dir() / "experiment").glob("train_*.yaml"))
 BIN = Path(sys.executable).parent
 
 

@@ -25,10 +25,15 @@ from saleval.shortcut.generate import (
     extend_vocabulary,
     prepare_source,
 )
-from saleval.shortcut.metrics import mean_rank, precision_at_k
+from saleval.shortcut.metrics import (
+    mean_rank,
+    mean_rank_interval,
+    precision_at_k,
+    precision_interval,
+)
 from saleval.shortcut.report import published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, chance_accuracy, require, verify
-from saleval.words import rank_words, segment
+from saleval.words import rank_words, segment, token_to_word_scores
 
 TOKENIZER_CFG = {
     "_target_": "saleval.models.EmbeddedSource",
@@ -255,6 +260,81 @@ def test_a_flat_explanation_earns_no_credit_for_the_shortcut() -> None:
     assert precision_at_k([r], [[0]]) == 0.0 and mean_rank([r], [[0]]) == 5.0
 
 
+def _unit_scores(text: str, token_scores: list[float], tok, unit: str) -> tuple[np.ndarray, object]:
+    from saleval.shortcut.experiment import piece_segment
+
+    seg = (piece_segment if unit == "piece" else segment)(text, tok, MAX_LEN)
+    return token_to_word_scores(token_scores, seg), seg
+
+
+@pytest.mark.parametrize(
+    ("text", "gt_tokens", "gt_words", "token_scores", "word", "piece"),
+    [
+        # st, k = 1. [CLS] the un ##watch ##able film #1 , sadly [SEP]: the pieces of
+        # "unwatchable" sum to 0.9 and outrank #1 (0.5) as a word, not as pieces.
+        (
+            "the unwatchable film #1 , sadly",
+            [6],
+            [3],
+            [0, 0.1, 0.3, 0.3, 0.3, 0.2, 0.5, 0.05, 0.4, 0],
+            (0.0, 2),
+            (1.0, 1),
+        ),
+        # op, k = 2. [CLS] #0 a bright - eyed #1 plot [SEP]: "bright-eyed" (0.9) ties with
+        # #0 and goes first (ties count against the shortcut); #1 is third → P@2 0.5, rank 3.
+        # As pieces: #0 0.9, #1 0.5 are the top two.
+        (
+            "#0 a bright-eyed #1 plot",
+            [1, 6],
+            [0, 3],
+            [0, 0.9, 0.0, 0.3, 0.3, 0.3, 0.5, 0.2, 0],
+            (0.5, 3),
+            (1.0, 2),
+        ),
+    ],
+)
+def test_piece_and_word_units_on_hand_worked_examples(
+    tok, text, gt_tokens, gt_words, token_scores, word, piece
+) -> None:
+    from saleval.shortcut.experiment import piece_truth, score_method
+
+    w_scores, _ = _unit_scores(text, token_scores, tok, "word")
+    p_scores, p_seg = _unit_scores(text, token_scores, tok, "piece")
+    # the piece unit ranks every non-special token, punctuation included
+    assert p_seg.n_words == len(token_scores) - 2
+    assert p_scores.tolist() == token_scores[1:-1]
+    p_truth = piece_truth(p_seg, gt_tokens)
+    assert p_truth == [t - 1 for t in gt_tokens]  # [CLS] is not a piece
+    assert [p_seg.words[i] for i in p_truth] == _planted(text, tok)[0]
+    prec, ranks = score_method([w_scores], [gt_words])
+    assert (prec[0], ranks[0]) == word
+    prec, ranks = score_method([p_scores], [p_truth])
+    assert (prec[0], ranks[0]) == piece
+    with pytest.raises(ValueError, match="not a word piece"):
+        piece_truth(p_seg, [0])  # [CLS]
+
+
+def test_intervals_of_precision_and_rank() -> None:
+    # Wilson for 4 hits in 10 (k = 1), computed by hand:
+    # (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n), z = 1.95996
+    z, n, p = 1.959964, 10, 0.4
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    lo, hi = precision_interval([1, 0, 1, 0, 0, 0, 1, 0, 0, 1], k=1)
+    assert (lo, hi) == pytest.approx(
+        ((centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n))
+    )
+    # k = 2: precisions 1, 0.5, 0.5 are 4 hits of 6 slots
+    assert precision_interval([1, 0.5, 0.5], k=2) == pytest.approx(
+        precision_interval([1] * 4 + [0] * 2, k=1)
+    )
+    lo, hi = precision_interval([1] * 10, k=1)
+    assert hi == 1.0 and 0.6 < lo < 0.75  # not degenerate at 1.0
+    # t interval: mean 3, sd 1.2247, t(0.975, 4) = 2.7764 → 3 ± 1.5207, cut at k = 2
+    assert mean_rank_interval([2, 2, 3, 5, 3], best=2) == pytest.approx((2.0, 4.5207), abs=1e-4)
+    assert mean_rank_interval([1, 1, 1]) == (1.0, 1.0)
+    assert all(np.isnan(mean_rank_interval([4])))
+
+
 # --- verification ---------------------------------------------------------------------
 
 
@@ -309,6 +389,72 @@ def test_published_layout() -> None:
     md = to_markdown(table)
     assert "| sst2 st P@k |" in md.replace("  ", " ") or "sst2 st P@k" in md
     assert "0.90" in md and "1.2" in md
+
+
+def test_units_and_intervals_in_the_report() -> None:
+    from saleval.shortcut.report import uncertainty_markdown
+
+    rows = [
+        {
+            "dataset": "sst2",
+            "shortcut": "st",
+            "method": "integrated_gradients",
+            "config": "ig_zero_100_logits",
+            "unit": unit,
+            "precision": p,
+            "precision_ci_low": lo,
+            "precision_ci_high": hi,
+            "mean_rank": 2.2,
+            "mean_rank_ci_low": 1.0,
+            "mean_rank_ci_high": 3.9,
+            "n": 10,
+        }
+        for unit, p, lo, hi in (("word", 0.4, 0.168, 0.687), ("piece", 0.6, 0.313, 0.832))
+    ]
+    table = published_table(pd.DataFrame(rows))
+    assert list(table.columns) == [
+        ("sst2", "st/piece", "P@k"),
+        ("sst2", "st/piece", "rank"),
+        ("sst2", "st/word", "P@k"),
+        ("sst2", "st/word", "rank"),
+    ]
+    md = uncertainty_markdown(pd.DataFrame(rows))
+    assert "| ig_zero_100_logits | sst2      | st         | word   | 10  | 0.40 [0.17, 0.69]" in md
+    assert "0.60 [0.31, 0.83]" in md and "2.2 [1.0, 3.9]" in md
+    assert "Ranked unit: piece" in to_markdown(table, unit="piece")
+
+
+def test_reference_results_beside_ours(tmp_path: Path) -> None:
+    from saleval.shortcut.report import beside_reference, read_reference
+
+    ours = pd.DataFrame(
+        {
+            "dataset": ["sst2", "sst2"],
+            "shortcut": ["st", "st"],
+            "method": ["input_x_gradient", "integrated_gradients"],
+            "config": ["grad_x_input_logits", "ig_zero_100_logits"],
+            "precision": [0.72, 0.4],
+            "mean_rank": [4.04, 2.2],
+            "n": [50, 10],
+        }
+    )
+    ref = tmp_path / "paper.csv"
+    ref.write_text(
+        "dataset,shortcut,config,precision,mean_rank\n"
+        "sst2,st,grad_x_input_logits,0.5,3.25\n"
+        "sst2,st,lime_unk_1000,,\n"  # a slot not yet filled, and not run by us
+    )
+    md = beside_reference(ours, read_reference(ref), "paper.csv")
+    lines = [ln.replace(" ", "") for ln in md.splitlines()]
+    assert "|grad_x_input_logits|sst2|st|50|0.72|0.50|4.0|3.2|" in lines
+    assert "|ig_zero_100_logits|sst2|st|10|0.40|—|2.2|—|" in lines
+    assert "|lime_unk_1000|sst2|st|—|—|—|—|—|" in lines
+    bad = tmp_path / "bad.csv"
+    bad.write_text("dataset,config,precision\nsst2,x,0.1\n")
+    with pytest.raises(
+        ValueError, match=r"bad.csv: reference results lack the columns \['shortcut'"
+    ):
+        read_reference(bad)
 
 
 def test_explain_pool_prefixes_are_balanced_and_budgets_apply() -> None:
@@ -410,12 +556,18 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
     assert res["precision"].between(0, 1).all() and (res["mean_rank"] >= 1).all()
     per = pd.read_parquet(run_dir / "shortcut_per_example.parquet")
     assert len(per) == 14 and set(per["precision"]) <= {0.0, 1.0}
-    assert (per["rank"] <= per["n_words"]).all()
+    assert (per["rank"] <= per["n_units"]).all() and (per["unit"] == "word").all()
+    assert (res["unit"] == "word").all()
+    assert (res["precision_ci_low"] <= res["precision"]).all()
+    assert (res["precision"] <= res["precision_ci_high"]).all()
+    assert (res["mean_rank_ci_low"] <= res["mean_rank"] + 1e-12).all()
     assert (run_dir / "original" / "model" / "config.json").is_file()
     assert (run_dir / "mixed" / "model" / "config.json").is_file()
     syn = pd.read_parquet(run_dir / "data" / "synthetic_test.parquet")
     assert len(syn) == 40
-    assert "| method" in (run_dir / "shortcut_table.md").read_text()
+    table_md = (run_dir / "shortcut_table.md").read_text()
+    assert "| method" in table_md and "Ranked unit: word" in table_md
+    assert "intervals per cell" in table_md and "| vanilla_gradient | sst2 " in table_md
     run = MlflowClient().get_run(out["run_id"])
     assert run.data.tags["shortcut"] == "st" and run.data.tags["verification"] == "passed"
     assert "precision/vanilla_gradient" in run.data.metrics
@@ -425,9 +577,26 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
     assert sorted(c.data.tags["shortcut_model"] for c in children) == ["mixed", "original"]
     assert all("val_acc" in c.data.metrics for c in children)
 
-    # a second shortcut type reuses the original model (same data, same vocabulary)
-    out2 = shortcut.run(make_cfg("shortcut", _tiny(tmp_path, *relaxed, "shortcut=op"), name="op"))
+    # a second shortcut type reuses the original model (same data, same vocabulary);
+    # it ranks word pieces (shortcut.unit=piece, as Bastings et al. 2022)
+    op = _tiny(tmp_path, *relaxed, "shortcut=op", "shortcut.unit=piece")
+    out2 = shortcut.run(make_cfg("shortcut", op, name="op"))
     ver = json.loads((Path(out2["run_dir"]) / "verification.json").read_text())
     assert "reused_from" in ver["training"]["original"]
     res2 = tables.SHORTCUT_RESULTS.read(out2["run_dir"])
     assert (res2["k"] == 2).all() and (res2["mean_rank"] >= 2).all()
+    assert (res2["unit"] == "piece").all()
+    per2 = pd.read_parquet(Path(out2["run_dir"]) / "shortcut_per_example.parquet")
+    syn2 = pd.read_parquet(Path(out2["run_dir"]) / "data" / "synthetic_test.parquet")
+    tok2 = load_tokenizer(make_cfg("shortcut", op, name="op-tok").model)
+    extend_vocabulary(tok2, RULES["op"])  # the shortcut tokens are one piece each
+    n_pieces = {
+        r.sample_id: sum(
+            1 - m
+            for m in tok2(r.text, truncation=True, max_length=64, return_special_tokens_mask=True)[
+                "special_tokens_mask"
+            ]
+        )
+        for r in syn2.itertuples()
+    }
+    assert per2["n_units"].tolist() == per2["sample_id"].map(n_pieces).tolist()

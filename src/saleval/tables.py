@@ -374,11 +374,21 @@ SHORTCUT_RESULTS = TableSpec(
         "n": "int64",
     },
     key=("dataset", "shortcut", "method", "config"),
-    optional={"k": "int64", "seconds": "float64"},
+    optional={
+        "unit": "string",
+        "precision_ci_low": "float64",
+        "precision_ci_high": "float64",
+        "mean_rank_ci_low": "float64",
+        "mean_rank_ci_high": "float64",
+        "k": "int64",
+        "seconds": "float64",
+    },
     doc=(
         "Precision@k and mean rank of the planted shortcut tokens (docs/shortcut.md). 'method' is "
-        "the method family, 'config' the configuration's unique name; k = number of "
-        "shortcut tokens; seconds = attribution wall time over the n examples."
+        "the method family, 'config' the configuration's unique name; unit = what was ranked "
+        "(word | piece); *_ci_low/high = 95 % intervals (Wilson for precision, t for mean "
+        "rank); k = number of shortcut tokens; seconds = attribution wall time over the n "
+        "examples."
     ),
 )
 

@@ -20,3 +20,6 @@ class ProfileConfig:
     common: dict[str, str] = field(default_factory=dict)
     stages: dict[str, list[str]] = field(default_factory=dict)
     stages_to_run: list[str] | None = None  # null: every stage
+    # free values the override lists may interpolate (``${profile.params.reduction}``), so
+    # a recipe can sweep one setting of one stage (conf/experiment, docs/recipes.md)
+    params: dict[str, str] = field(default_factory=dict)

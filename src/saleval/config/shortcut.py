@@ -18,6 +18,15 @@ class ShortcutKind(StrEnum):
     op = "op"
 
 
+class RankUnit(StrEnum):
+    """What a shortcut ranking orders (docs/shortcut.md#units): ``word`` (saleval's words,
+    as the crowd study shows them) or ``piece`` (every non-special word piece, as Bastings
+    et al. 2022 rank them)."""
+
+    word = "word"
+    piece = "piece"
+
+
 @dataclass
 class VerifyConfig:
     """Thresholds the two models must meet before any saliency is computed."""
@@ -39,6 +48,7 @@ class ShortcutConfig:
     distractor_fraction: float = 0.0  # share of original rows given one lone token
     distractors: list[str] = field(default_factory=list)  # which lone tokens
     synthetic_test_size: int = 500  # fully synthetic test set (verification)
+    unit: RankUnit = RankUnit.word  # what precision@k and rank count: words or word pieces
     verify: VerifyConfig = field(default_factory=VerifyConfig)
 
 

@@ -259,6 +259,9 @@ class ShortcutStageConfig(StageConfig):
     label_map: list[int] | None = None  # source class → 0/1 (-1 drops it)
     explain: ShortcutExplainConfig = field(default_factory=ShortcutExplainConfig)
     original_cache: str | None = None  # reuse the original model across a sweep
+    # CSV of published results (dataset, shortcut, config, precision, mean_rank) put
+    # beside ours in shortcut_table.md (docs/shortcut.md#reference)
+    reference: str | None = None
     progress: bool = True
 
 

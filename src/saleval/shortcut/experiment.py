@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.config.shortcut import RankUnit
 from saleval.data import load_dataset
 from saleval.jsonfiles import write_json
 from saleval.models import MODEL_DIR, build_model, load_tokenizer, load_trained
@@ -34,11 +35,16 @@ from saleval.shortcut.generate import (
     prepare_source,
     rule_from_config,
 )
-from saleval.shortcut.metrics import mean_rank, precision_at_k
+from saleval.shortcut.metrics import (
+    mean_rank,
+    mean_rank_interval,
+    precision_at_k,
+    precision_interval,
+)
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
 from saleval.stage import fingerprint
 from saleval.training import TextDataModule, fit
-from saleval.words import rank_words, segment
+from saleval.words import Segmentation, rank_words, segment
 
 log = logging.getLogger(__name__)
 
@@ -295,10 +301,83 @@ def select_methods(
     return out
 
 
+def piece_segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> Segmentation:
+    """``text`` segmented so that every non-special word piece is a unit of its own.
+
+    The piece unit of Bastings et al. (2022), who rank word pieces: every saliency method
+    then scores (and LIME and occlusion perturb) single pieces, punctuation pieces
+    included; ``[CLS]``/``[SEP]`` are never ranked. ``words`` holds the pieces' strings.
+    """
+    enc = tokenizer(
+        text,
+        truncation=True,
+        max_length=max_length,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    ids: list[int] = enc["input_ids"]
+    special = [bool(x) for x in enc["special_tokens_mask"]]
+    pieces = [t for t, sp in enumerate(special) if not sp]
+    full_len = len(tokenizer(text, truncation=False, add_special_tokens=True)["input_ids"])
+    token_word = [-1] * len(ids)
+    for i, t in enumerate(pieces):
+        token_word[t] = i
+    offsets = [tuple(enc["offset_mapping"][t]) for t in pieces]
+    words = tokenizer.convert_ids_to_tokens([ids[t] for t in pieces])
+    assert isinstance(words, list)  # a list of ids gives a list of tokens
+    return Segmentation(
+        text=text,
+        input_ids=ids,
+        token_word=token_word,
+        special=special,
+        words=words,
+        spans=[(int(a), int(b)) for a, b in offsets],
+        truncated=full_len > len(ids),
+    )
+
+
+def piece_truth(seg: Segmentation, gt_tokens: Sequence[int]) -> list[int]:
+    """Token positions in the input ids (``gt_tokens``, ``[CLS]`` = 0) → piece indices of
+    a :func:`piece_segment`."""
+    out = []
+    for t in gt_tokens:
+        if not 0 <= int(t) < seg.n_tokens or seg.token_word[int(t)] < 0:
+            raise ValueError(
+                f"shortcut token position {t} is not a word piece of {seg.text[:60]!r} "
+                f"({seg.n_tokens} tokens; was the data made with another tokenizer/max_length?)"
+            )
+        out.append(seg.token_word[int(t)])
+    return out
+
+
+def segment_units(
+    examples: pd.DataFrame, tokenizer: PreTrainedTokenizerFast, max_length: int, unit: str
+) -> tuple[list[Segmentation], list[list[int]]]:
+    """The examples' segmentations and ground truth in ``unit`` (:class:`RankUnit`):
+    words and ``gt_words``, or pieces and ``gt_tokens`` mapped onto them."""
+    if RankUnit(unit) is RankUnit.piece:
+        segs = [piece_segment(t, tokenizer, max_length) for t in examples["text"]]
+        gts = [piece_truth(s, g) for s, g in zip(segs, examples["gt_tokens"])]
+    else:
+        segs = [segment(t, tokenizer, max_length) for t in examples["text"]]
+        gts = [list(map(int, g)) for g in examples["gt_words"]]
+    for i, (seg, gt) in enumerate(zip(segs, gts)):
+        if not gt or max(gt) >= seg.n_words:
+            raise ValueError(
+                f"example {examples['sample_id'].iloc[i]}: ground truth {gt} outside its "
+                f"{seg.n_words} {unit}s (was the data made with another tokenizer/max_length?)"
+            )
+    return segs, gts
+
+
 def score_method(
     scores: Sequence[np.ndarray], ground_truth: Sequence[Sequence[int]]
 ) -> tuple[list[float], list[float]]:
-    """Per-example precision@k and rank of the ground truth for one method's scores."""
+    """Per-example precision@k and rank of the ground truth for one method's scores.
+
+    Unit-agnostic: ``scores`` has one value per unit (word or piece, see
+    :func:`segment_units`) and ``ground_truth`` indexes the same units.
+    """
     prec, ranks = [], []
     for s, gt in zip(scores, ground_truth):
         r = rank_words(s, ties="against", against=gt)
@@ -315,24 +394,20 @@ def saliency_sweep(
     methods: Mapping[str, Any],
     max_length: int,
     progress: bool = True,
+    unit: str = RankUnit.word,
+    level: float = 0.95,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Precision@k and mean rank of every method configuration on ``examples``.
 
     ``methods`` maps a configuration name to its config, or to ``(config, n)`` to
-    explain only the first ``n`` examples (see :func:`select_methods`). Returns the
-    summary (one row per configuration: method family, config name, precision,
-    mean_rank, n, k, seconds) and the per-example values.
+    explain only the first ``n`` examples (see :func:`select_methods`). ``unit``
+    (:class:`RankUnit`) is what the methods score and the rankings order. Returns the
+    summary (one row per configuration: method family, config name, unit, precision and
+    mean_rank with their ``level`` intervals, n, k, seconds) and the per-example values.
     """
     from saleval.attribution import attribute_words, build_method, method_name
 
-    segs = [segment(t, tokenizer, max_length) for t in examples["text"]]
-    gts = [list(map(int, g)) for g in examples["gt_words"]]
-    for i, (seg, gt) in enumerate(zip(segs, gts)):
-        if not gt or max(gt) >= seg.n_words:
-            raise ValueError(
-                f"example {examples['sample_id'].iloc[i]}: ground truth {gt} outside its "
-                f"{seg.n_words} words (was the data made with another tokenizer/max_length?)"
-            )
+    segs, gts = segment_units(examples, tokenizer, max_length, unit)
     summary, per_example = [], []
     for key, entry in tqdm(list(methods.items()), desc="shortcut sweep", disable=not progress):
         mcfg, n = entry if isinstance(entry, tuple) else (entry, None)
@@ -344,14 +419,22 @@ def saliency_sweep(
         seconds = time.perf_counter() - t0
         prec, ranks = score_method(scores, gts[:n])
         family = type(attributor).registry_name
+        k = len(gts[0])
+        p_lo, p_hi = precision_interval(prec, k, level)
+        r_lo, r_hi = mean_rank_interval(ranks, level, best=k)
         summary.append(
             {
                 "method": family,
                 "config": config,
+                "unit": str(RankUnit(unit)),
                 "precision": float(np.mean(prec)),
+                "precision_ci_low": p_lo,
+                "precision_ci_high": p_hi,
                 "mean_rank": float(np.mean(ranks)),
+                "mean_rank_ci_low": r_lo,
+                "mean_rank_ci_high": r_hi,
                 "n": n,
-                "k": len(gts[0]),
+                "k": k,
                 "seconds": seconds,
             }
         )
@@ -362,7 +445,8 @@ def saliency_sweep(
                     "method": family,
                     "config": config,
                     "target": np.asarray(targets, dtype=np.int64)[:n],
-                    "n_words": [s.n_words for s in segs[:n]],
+                    "unit": str(RankUnit(unit)),
+                    "n_units": [s.n_words for s in segs[:n]],
                     "precision": prec,
                     "rank": ranks,
                 }

@@ -20,7 +20,14 @@ from saleval import tables
 from saleval.jsonfiles import write_json
 from saleval.models import load_trained
 from saleval.shortcut import experiment as ex
-from saleval.shortcut.report import combine_runs, published_table, to_markdown
+from saleval.shortcut.report import (
+    beside_reference,
+    combine_runs,
+    published_table,
+    read_reference,
+    to_markdown,
+    uncertainty_markdown,
+)
 from saleval.shortcut.verify import require
 from saleval.stage import Stage, hydra_main
 from saleval.vocab import Target
@@ -35,7 +42,8 @@ def dataset_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     kind = str(cfg.shortcut.kind)
-    with Stage(cfg, "shortcut", tags={"shortcut": kind}) as st:
+    with Stage(cfg, "shortcut", tags={"shortcut": kind, "unit": str(cfg.shortcut.unit)}) as st:
+        reference = _reference(cfg)
         data, tokenizer = ex.prepare_data(cfg)
         for path in ex.write_data(data, st.run_dir):
             st.log_file(path, ex.DATA_DIR)
@@ -69,18 +77,24 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             methods,
             max_length,
             progress=cfg.progress,
+            unit=cfg.shortcut.unit,
         )
         results = summary.assign(dataset=dataset_label(cfg), shortcut=kind)
         st.write(tables.SHORTCUT_RESULTS, results)
         per_example.to_parquet(st.path("shortcut_per_example.parquet"), index=False)
         st.log_file(st.path("shortcut_per_example.parquet"))
-        st.path(TABLE_MD).write_text(to_markdown(published_table(results), "Shortcut results"))
+        unit = str(cfg.shortcut.unit)
+        st.path(TABLE_MD).write_text(
+            to_markdown(published_table(results), "Shortcut results", unit)
+            + uncertainty_markdown(results)
+            + _reference_markdown(cfg, reference, results)
+        )
         st.log_file(st.path(TABLE_MD))
         for r in summary.itertuples(index=False):
             st.log_metrics(
                 {f"precision/{r.config}": r.precision, f"mean_rank/{r.config}": r.mean_rank}
             )
-        _refresh_sweep_table(st)
+        _refresh_sweep_table(st, cfg, reference)
         return {
             "run_dir": str(st.run_dir),
             "run_id": st.run_id,
@@ -90,11 +104,23 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         }
 
 
+def _reference(cfg: DictConfig) -> Any:
+    """The ``reference`` file, read (and checked) before any model is trained."""
+    return read_reference(cfg.reference) if cfg.get("reference") else None
+
+
+def _reference_markdown(cfg: DictConfig, reference: Any, results: Any) -> str:
+    """Published results beside ours when ``reference`` names a file (else nothing)."""
+    if reference is None:
+        return ""
+    return beside_reference(results, reference, str(cfg.reference))
+
+
 def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def _refresh_sweep_table(st: Stage) -> None:
+def _refresh_sweep_table(st: Stage, cfg: DictConfig, reference: Any) -> None:
     """In a Hydra multirun, rebuild the combined table of every finished job so far."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -103,10 +129,16 @@ def _refresh_sweep_table(st: Stage) -> None:
         return
     sweep_dir = st.run_dir.parent  # hydra.sweep.dir/<job number>
     jobs = sorted(p for p in sweep_dir.iterdir() if tables.SHORTCUT_RESULTS.path(p).is_file())
-    table = published_table(combine_runs(jobs))
+    results = combine_runs(jobs)
+    units = sorted(set(results["unit"])) if "unit" in results else ["word"]
     path = sweep_dir / TABLE_MD
     runs = f"{len(jobs)} run{'' if len(jobs) == 1 else 's'}"
-    path.write_text(to_markdown(table, f"Shortcut results (sweep {sweep_dir.name}, {runs})"))
+    title = f"Shortcut results (sweep {sweep_dir.name}, {runs})"
+    path.write_text(
+        to_markdown(published_table(results), title, " and ".join(units))
+        + uncertainty_markdown(results)
+        + _reference_markdown(cfg, reference, results)
+    )
     st.log_file(path, "sweep")
 
 
