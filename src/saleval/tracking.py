@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -186,6 +187,8 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 #: top-level config keys that say where things go or how the console looks, not what is
 #: computed (the run dir and the inputs are tags; ``hydra`` is Hydra's own)
 _NOT_PARAMS = ("hydra", "paths", "run_dir", "task_name", "progress")
+#: the params that say what a run is about (:func:`run_name`'s parts)
+IDENTITY = ("dataset", "model", "methods", "method")
 #: per stage, the config groups it composes but reads only in part: the keys it reads
 #: (``saleval-explain`` runs a predict-only Trainer: only where it runs, not how to train)
 _PARAMS_USED: dict[str, dict[str, tuple[str, ...]]] = {
@@ -197,7 +200,7 @@ def stage_params(stage: str, resolved: Mapping[str, Any], uri: str) -> dict[str,
     """The params of a stage run: the config groups the stage uses, flattened into
     dotted override paths, with the tracking URI actually used.
 
-    >>> stage_params("explain", {"seed": 1, "paths": {"root_dir": "/x"},
+    >>> stage_params("explain", {"seed": 1, "paths": {"root_dir": "/x"}, "model": None,
     ...     "trainer": {"accelerator": "cpu", "optimizer": {"lr": 0.1}},
     ...     "tracking": {"uri": "sqlite:///a.db"}}, "file:/b")
     {'seed': 1, 'trainer.accelerator': 'cpu', 'tracking.uri': 'file:/b'}
@@ -205,8 +208,8 @@ def stage_params(stage: str, resolved: Mapping[str, Any], uri: str) -> dict[str,
     used = _PARAMS_USED.get(stage, {})
     out: dict[str, Any] = {}
     for key, value in resolved.items():
-        if key in _NOT_PARAMS:
-            continue
+        if key in _NOT_PARAMS or (key in IDENTITY and not isinstance(value, Mapping)):
+            continue  # an unset dataset/model group: the param of that name says it
         if key in used and isinstance(value, Mapping):
             value = {k: v for k, v in value.items() if k in used[key]}
         if key == "tracking" and isinstance(value, Mapping):
@@ -282,9 +285,9 @@ def log_method_rows(
 
     ``rows``: one row per method, a ``method`` column and numeric columns, whose names
     become the metric keys (:func:`metric_key`), the same in every child so the UI puts
-    methods in rows. Each child is named ``<method> · <stage>`` and carries the tag and
-    param ``method``, the tag ``stage`` and ``tags`` (dataset, model, simulated...);
-    NaN cells are left out. ``table``: the rows also go to the stage run as an MLflow
+    methods in rows (an empty cell, e.g. the baseline's test against itself, is NaN).
+    Each child is named ``<method> · <stage>`` and carries the tag and param ``method``,
+    the tag ``stage``, ``tags`` (dataset, model, simulated...) and ``params``. ``table``: the rows also go to the stage run as an MLflow
     table (``tables/<table>.json``), shown in the UI's artifact view.
     """
     parent = mlflow.active_run()
@@ -308,7 +311,8 @@ def log_method_rows(
         child = client.create_run(experiment_id, tags=run_tags, run_name=f"{method}{SEP}{stage}")
         row = values.iloc[i]
         metrics = [
-            Metric(metric_key(str(k)), float(v), now, 0) for k, v in row.items() if _finite(v)
+            Metric(metric_key(str(k)), float(v) if _finite(v) else math.nan, now, 0)
+            for k, v in row.items()
         ]
         run_params = [
             Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in {**(params or {}), METHOD: method}.items()
@@ -352,11 +356,13 @@ def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None =
     columns = [c for c in ("sample_id", "text", "label") if c in df.columns]
     from mlflow.data.pandas_dataset import from_pandas
 
-    dataset = from_pandas(
-        df[columns].reset_index(drop=True),
-        name=name,
-        targets=targets if targets in columns else None,
-    )
+    with warnings.catch_warnings():  # its hint that int columns cannot hold NaN: not ours
+        warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
+        dataset = from_pandas(
+            df[columns].reset_index(drop=True),
+            name=name,
+            targets=targets if targets in columns else None,
+        )
     mlflow.log_input(dataset, context=context)
 
 
