@@ -284,7 +284,7 @@ def test_metrics_stage_writes_tables_and_mlflow_names(
     assert run.data.tags["stage"] == "metrics"
     assert run.data.tags["dataset"] == "ag_news"
     rows = method_rows(out["run_id"]).set_index("method")  # one child run per method
-    value = summary.set_index(["method", "metric", "k"])["value"]
+    value = summary.assign(k=summary["k"].fillna("")).set_index(["method", "metric", "k"])["value"]
     assert rows.loc["random", "comprehensiveness"] == value["random", "comprehensiveness", ""]
     assert rows.loc["first", "comprehensiveness_k5"] == value["first", "comprehensiveness", "5"]
     assert rows.loc["first", "comprehensiveness_k0_1"] == value["first", "comprehensiveness", "0.1"]

@@ -239,12 +239,14 @@ def metric_at_k(metric: str, k: Any = None) -> str:
     ``<metric>_k<k>``; no k: the metric's own name (grid average or single-valued).
     ``comparison``'s column labels ``<metric>@<k>`` map to the same keys.
 
-    >>> metric_at_k("comprehensiveness", "10"), metric_at_k("aopc_most", ""), metric_at_k("sufficiency@0.2")
-    ('comprehensiveness_k10', 'aopc_most', 'sufficiency_k0_2')
+    >>> metric_at_k("comprehensiveness", "10"), metric_at_k("aopc_most", pd.NA)
+    ('comprehensiveness_k10', 'aopc_most')
+    >>> metric_at_k("sufficiency@0.2")
+    'sufficiency_k0_2'
     """
-    if k in (None, "") and "@" in metric:
+    if (k is None or pd.isna(k) or str(k) == "") and "@" in metric:
         metric, k = metric.split("@", 1)
-    if k is None or (isinstance(k, float) and math.isnan(k)) or str(k) == "":
+    if k is None or pd.isna(k) or str(k) == "":
         return metric_key(metric)
     return metric_key(f"{metric}_k{k}")
 

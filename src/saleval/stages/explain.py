@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from saleval import tables, tracking, views
 from saleval.attribution import explain_frame
+from saleval.attribution.base import method_name
 from saleval.data import DataError, load_dataset
 from saleval.inference import predict_proba
 from saleval.models import align_labels, checkpoint_name, load_trained
@@ -132,7 +133,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             pool, cfg.data.n_samples, int(cfg.seed), cfg.data.sample_ids, len(data.label_names)
         )
         if st.is_main:
-            st.log_methods(list(cfg.method))
+            st.log_methods([method_name(k, m) for k, m in cfg.method.items()])
             tracking.log_dataset(df, f"{data.name}/{cfg.data.split}", "explain", "label")
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
