@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import re
@@ -385,12 +386,18 @@ def log_hf_model(model: Any, tokenizer: Any, name: str = "model") -> str:
     The requirements are pinned from the installed packages, which spares MLflow
     inferring them by loading the model again in a subprocess.
     """
-    info = mlflow.transformers.log_model(
-        transformers_model={"model": model, "tokenizer": tokenizer},
-        name=name,
-        task="text-classification",
-        pip_requirements=_pinned(["torch", "transformers", "tokenizers"]),
-    )
+    flavor_log = logging.getLogger("mlflow.transformers")
+    level = flavor_log.level
+    flavor_log.setLevel(logging.ERROR)  # offline it warns that no hub model card was found
+    try:
+        info = mlflow.transformers.log_model(
+            transformers_model={"model": model, "tokenizer": tokenizer},
+            name=name,
+            task="text-classification",
+            pip_requirements=_pinned(["torch", "transformers", "tokenizers"]),
+        )
+    finally:
+        flavor_log.setLevel(level)
     mlflow.set_tag("model_uri", info.model_uri)
     return str(info.model_id)
 
