@@ -31,6 +31,7 @@ from saleval.attribution.base import Batch
 from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMethod
 from saleval.attribution.perturbation import lime_neighbourhood
 from saleval.models import build_model, load_tokenizer
+from saleval.tracking import method_rows
 from saleval.views import highlight_html, overlap_matrix
 from saleval.words import rank_words, segment, token_to_word_scores
 from tests.conftest import compose_config
@@ -532,8 +533,18 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
     prov = json.loads((run_dir / "run.json").read_text())["provenance"]
     assert (prov["dataset"], prov["model"], prov["max_length"]) == ("ag_news", "tiny", 64)
     assert run.data.params["dataset.max_test"] == "64"  # adopted with the train run's node
-    assert "examples_per_s.lime_20" in run.data.metrics and "seconds.occlusion" in run.data.metrics
-    assert "convergence_delta_abs_mean.integrated_gradients" in run.data.metrics
+    assert (
+        run.data.params["methods"] == "random,all_attention,integrated_gradients,lime_20,occlusion"
+    )
+    assert run.info.run_name == "explain · ag_news · tiny · 5 methods"
+    rows = method_rows(run.info.run_id).set_index("method")  # one child run per method
+    assert sorted(rows.index) == sorted(set(attr["method"]))
+    assert rows["examples_per_second"].gt(0).all() and rows["seconds"].gt(0).all()
+    assert rows["convergence_delta_abs_mean"].notna().sum() == 1  # integrated_gradients
+    assert "trainer.optimizer.lr" not in run.data.params  # a predict loop: not trained here
+    assert run.data.params["trainer.accelerator"]
+    (explained,) = run.inputs.dataset_inputs
+    assert explained.dataset.name == "ag_news/test" and explained.dataset.profile
     assert run.data.params["method.lime.num_samples"] == "20"
     arts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id)}
     assert {"attributions.parquet", "predictions.parquet", "views"} <= arts

@@ -15,6 +15,7 @@ from scipy import stats
 from saleval import comparison as C
 from saleval import tables
 from saleval.stages.compare import human_score_fn
+from saleval.tracking import method_rows
 from tests.metrics_support import write_run
 
 METHODS = ["m0", "m1", "m2", "m3", "m4"]
@@ -196,8 +197,16 @@ def test_compare_stage_writes_everything_and_flags_a_simulated_crowd(make_cfg, t
     assert tags["stage"] == "compare" and tags["simulated"] == "true"
     assert tags["dataset"] == "ag_news"
     assert {"link.score", "link.import", "link.metrics", "link.explain"} <= set(tags)
-    assert "spearman/comprehensiveness" in run.data.metrics
-    assert "instance_spearman/auprc" in run.data.metrics
+    assert "spearman_comprehensiveness" in run.data.metrics
+    assert "instance_spearman_auprc" in run.data.metrics
+    rows = method_rows(out["run_id"]).set_index("method")  # one child run per method
+    assert rows["human_score"].to_dict() == pytest.approx(
+        comp.set_index("method")["human_score"].to_dict()
+    )
+    assert (
+        rows["comprehensiveness_rank"].to_dict()
+        == comp.set_index("method")["comprehensiveness_rank"].to_dict()
+    )
     assert json.loads((d / "run.json").read_text())["simulated"] == "true"
 
 

@@ -21,6 +21,7 @@ from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.long_format import read_answers
 from saleval.crowd.lu2024 import read_lu2024
 from saleval.stages import import_, score
+from saleval.tracking import method_rows
 from tests.conftest import DATA_ROOT, compose_config
 
 LABELS = ["negative", "positive"]
@@ -337,14 +338,15 @@ def test_round_trip_answers_import_score(
     srun_info = client.get_run(sc["run_id"])
     assert srun_info.data.tags["stage"] == "score"
     assert srun_info.data.tags["parent.crowd"] == out["run_id"]
-    assert srun_info.data.metrics["score/vanilla_gradient"] == pytest.approx(100.0)
-    assert srun_info.data.metrics["accuracy/random/k5"] == 0.0
+    rows = method_rows(sc["run_id"]).set_index("method")
+    assert rows.loc["vanilla_gradient", "human_score"] == pytest.approx(100.0)
+    assert rows.loc["random", "accuracy_k5"] == 0.0
     irun = client.get_run(out["run_id"])
     assert (
         irun.data.tags["stage"] == "import"
         and irun.data.tags["answers_sha256"] == report["source"]["sha256"]
     )
-    assert irun.data.metrics["filter/min_bundle_seconds/workers"] == 1.0
+    assert irun.data.metrics["filter_min_bundle_seconds_workers"] == 1.0
 
 
 def test_simulated_answers_are_marked_everywhere(

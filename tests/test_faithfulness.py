@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from saleval import faithfulness as F
 from saleval import tables
+from saleval.tracking import method_rows
 from saleval.words import segment
 from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
 
@@ -282,9 +283,13 @@ def test_metrics_stage_writes_tables_and_mlflow_names(
     run = MlflowClient().get_run(out["run_id"])
     assert run.data.tags["stage"] == "metrics"
     assert run.data.tags["dataset"] == "ag_news"
-    assert "comprehensiveness/random" in run.data.metrics
-    assert "comprehensiveness/first/k5" in run.data.metrics
-    assert "switching_point/first" in run.data.metrics
+    rows = method_rows(out["run_id"]).set_index("method")  # one child run per method
+    value = summary.assign(k=summary["k"].fillna("")).set_index(["method", "metric", "k"])["value"]
+    assert rows.loc["random", "comprehensiveness"] == value["random", "comprehensiveness", ""]
+    assert rows.loc["first", "comprehensiveness_k5"] == value["first", "comprehensiveness", "5"]
+    assert rows.loc["first", "comprehensiveness_k0_1"] == value["first", "comprehensiveness", "0.1"]
+    assert rows["switching_point"].notna().all()
+    assert "seconds_comprehensiveness" in run.data.metrics
 
 
 def test_metrics_stage_fails_clearly_on_misaligned_words(make_cfg, train_run, tok, tmp_path):

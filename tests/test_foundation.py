@@ -218,7 +218,15 @@ def test_tiny_training_run_lowers_loss_and_is_in_mlflow(tiny_train_run: Path) ->
     assert run.data.tags["model"] == "tiny"
     assert run.data.params["trainer.optimizer.lr"] == "0.001"
     assert "test_accuracy" in run.data.metrics
-    history = MlflowClient().get_metric_history(info["run_id"], "train_loss_epoch")
+    assert run.data.metrics["best_val_accuracy"] == pytest.approx(metrics["val_accuracy"])
+    assert "val_acc" not in run.data.metrics and "seconds" not in run.data.metrics
+    assert run.info.run_name == "train · ag_news · tiny"
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} == {
+        f"ag_news/{s}" for s in ("train", "validation", "test")
+    }
+    val = MlflowClient().get_metric_history(info["run_id"], "val_accuracy")
+    assert max(h.value for h in val) == pytest.approx(metrics["val_accuracy"])
+    history = MlflowClient().get_metric_history(info["run_id"], "train_loss")
     assert history, "per-epoch training loss was not logged"
     assert len(history) == 3
     assert history[-1].value < history[0].value, [h.value for h in history]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from saleval import tables
 from saleval.stages import run as pipeline
+from saleval.tracking import method_rows
 from tests.conftest import compose_config
 
 STAGES = ["train", "explain", "tasks", "simulate", "import", "score", "metrics", "compare"]
@@ -63,6 +65,36 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
         assert client.get_run(infos[stage]["run_id"]).data.tags.get("simulated") == "true", stage
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "mlflow ui --backend-store-uri" in out
+    assert "runs?workflowType=machine_learning" in out  # the UI opens on the runs table
+
+    # MLflow as the comparison surface (docs/tracking.md)
+    runs = {s: client.get_run(infos[s]["run_id"]) for s in STAGES}
+    assert runs["explain"].info.run_name == "explain · ag_news · tiny · 9 methods"
+    assert runs["score"].info.run_name == "score · ag_news · tiny · 9 methods · SIMULATED"
+    assert runs["train"].info.run_name == "train · ag_news · tiny"
+    for stage, run in runs.items():
+        assert (run.data.params["dataset"], run.data.params["model"]) == ("ag_news", "tiny")
+        if stage != "train":
+            assert set(run.data.params["methods"].split(",")) == set(scores["method"]), stage
+    # methods in rows: one child run per method, the same metric keys in each
+    for stage in ("explain", "score", "metrics", "compare"):
+        rows = method_rows(infos[stage]["run_id"])
+        assert sorted(rows["method"]) == sorted(scores["method"]), stage
+        keys = {frozenset(client.get_run(r).data.metrics) for r in rows["run_id"]}
+        assert len(keys) == 1, stage
+    compared = method_rows(infos["compare"]["run_id"]).set_index("method")
+    assert {"human_score", "human_rank", "aopc_most", "comprehensiveness_kgrid"} <= set(compared)
+    measured = method_rows(infos["metrics"]["run_id"])
+    assert {"comprehensiveness_k5", "sufficiency_k2", "aopc_most"} <= set(measured)
+    assert compared["human_score"].to_dict() == pytest.approx(
+        comparison.set_index("method")["human_score"].to_dict()
+    )
+    # one key style in every run of the experiment, stage runs of a sane width
+    exp = runs["compare"].info.experiment_id
+    for run in client.search_runs([exp], max_results=1000):
+        bad = [k for k in run.data.metrics if not re.fullmatch(r"[0-9A-Za-z_]+", k)]
+        assert not bad, (run.info.run_name, bad)
+    assert max(len(r.data.metrics) for r in runs.values()) < 60
 
     # resumable: the same config again reuses every finished stage
     again = pipeline.run(compose_config("run", ["profile=smoke"], tmp_path / "run2"))

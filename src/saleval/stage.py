@@ -131,7 +131,7 @@ def resolve_input(
         target = Path(paths.project_root(), "outputs", "downloads", run_id)
         if not Path(target, RUN_JSON).is_file():
             target.mkdir(parents=True, exist_ok=True)
-            mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=str(target))
+            tracking.download_run(run_id, target)
         return target
     path = Path(spec).expanduser()
     if not path.is_dir():
@@ -348,6 +348,11 @@ class Stage:
         self._t0 = 0.0
         self._started_here = False
         self._nested = False
+        #: the saliency methods the run is about (:meth:`log_methods`)
+        self.methods: list[str] | None = None
+        self.experiment_id: str | None = None
+        self._params: dict[str, str] = {}  # the identity params logged so far
+        self._name: str | None = None  # the run name given to MLflow
 
     def _adopt_dataset(self) -> None:
         """A dataset adopted from a parent comes with its whole config node (files, label
@@ -392,6 +397,7 @@ class Stage:
             if fields.get(key) is not None:
                 self.set_tags({key: str(fields[key])})
         if self.is_main and self.run_id is not None:
+            self._log_identity()
             self._write_run_json(status="RUNNING")
 
     # -- context ------------------------------------------------------------------
@@ -399,16 +405,20 @@ class Stage:
         if not self.is_main:  # a DDP rank > 0: rank 0 owns the run dir and the MLflow run
             return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # the store actually used (MLFLOW_TRACKING_URI wins), in config.yaml and the params
+        uri = tracking.tracking_uri(OmegaConf.select(self.cfg, "tracking.uri", default=None))
+        if OmegaConf.select(self.cfg, "tracking", default=None) is not None:
+            with open_dict(self.cfg):
+                self.cfg.tracking.uri = uri
+            self.resolved["tracking"]["uri"] = uri
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
         dataset = str(self.provenance.dataset or "none")
         model = str(self.provenance.model or "none")
         experiment = str(
             OmegaConf.select(self.cfg, "tracking.experiment", default=None) or f"saleval/{dataset}"
         )
-        tracking.setup(
-            OmegaConf.select(self.cfg, "tracking.uri", default=None),
-            experiment,
-            OmegaConf.select(self.cfg, "tracking.artifact_root", default=None),
+        self.experiment_id = tracking.setup(
+            uri, experiment, OmegaConf.select(self.cfg, "tracking.artifact_root", default=None)
         )
         tags = {
             "stage": self.stage,
@@ -426,20 +436,49 @@ class Stage:
             tags["simulated"] = "true"
         nested = mlflow.active_run() is not None
         self._nested = nested
-        run = mlflow.start_run(
-            run_name=str(
-                OmegaConf.select(self.cfg, "tracking.run_name", default=None) or self.stage
-            ),
-            nested=nested,
-            tags=tags,
-        )
+        self._name = self.run_name()
+        run = mlflow.start_run(run_name=self._name, nested=nested, tags=tags)
         self._started_here = True
         self.run_id = run.info.run_id
         self.tags = tags
-        tracking.log_params({k: v for k, v in self.resolved.items() if k not in ("hydra",)})
+        tracking.log_params(tracking.stage_params(self.stage, self.resolved, uri))
+        self._log_identity()
         self._write_run_json(status="RUNNING")
         self._t0 = time.perf_counter()
         return self
+
+    # -- what ran: run name, params dataset/model/methods ------------------------------
+    def run_name(self) -> str:
+        """``tracking.run_name`` when given, else what ran (:func:`saleval.tracking.run_name`)."""
+        given = OmegaConf.select(self.cfg, "tracking.run_name", default=None)
+        if given:
+            return str(given)
+        p = self.provenance
+        return tracking.run_name(self.stage, p.dataset, p.model, self.methods, bool(p.simulated))
+
+    def log_methods(self, methods: Sequence[str]) -> None:
+        """The saliency methods this run is about: the ``methods`` param, and the run name."""
+        self.methods = [str(m) for m in methods]
+        self._log_identity()
+
+    def _log_identity(self) -> None:
+        """Params ``dataset``, ``model``, ``methods`` once known (a param never changes),
+        and the run name brought up to date."""
+        if not self.is_main or self.run_id is None:
+            return
+        known = {
+            "dataset": self.provenance.dataset,
+            "model": self.provenance.model,
+            "methods": ",".join(self.methods) if self.methods else None,
+        }
+        new = {k: str(v) for k, v in known.items() if v is not None and k not in self._params}
+        if new:
+            tracking.log_params(new)
+            self._params.update(new)
+        name = self.run_name()
+        if name != self._name:
+            mlflow.tracking.MlflowClient().update_run(self.run_id, name=name)
+            self._name = name
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self.is_main:
@@ -482,6 +521,9 @@ class Stage:
             f"[saleval-{self.stage}] finished: {self.run_dir}",
             f"  MLflow run {self.run_id} in {mlflow.get_tracking_uri()}",
         ]
+        if self.experiment_id is not None:
+            hint = tracking.ui_hint(mlflow.get_tracking_uri(), self.experiment_id)
+            lines.append(f"  open: {hint}")
         for template in NEXT.get(self.stage, []):
             command = template
             for key in ("run", "model", "tasks"):
@@ -540,9 +582,26 @@ class Stage:
         if self.is_main:
             tracking.log_files([path], artifact_path)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(
+        self, metrics: Mapping[str, float], step: int | None = None, **kwargs: Any
+    ) -> None:
+        """Into the stage run (keys: :func:`saleval.tracking.metric_key`); ``kwargs``:
+        MLflow's ``model_id``/``dataset``."""
         if self.is_main:
-            tracking.log_metrics(metrics, step=step)
+            tracking.log_metrics(metrics, step=step, **kwargs)
+
+    def log_method_rows(self, rows: pd.DataFrame, table: str | None = None) -> dict[str, str]:
+        """One nested child run per method (:func:`saleval.tracking.log_method_rows`),
+        tagged with this run's dataset, model and ``simulated``; the rows' methods become
+        the run's ``methods`` when not given yet. Returns method → child run id."""
+        if not self.is_main or self.run_id is None:
+            return {}
+        if self.methods is None:
+            self.log_methods(rows["method"].astype(str).tolist())
+        keep = ("dataset", "model", "simulated")
+        tags = {k: v for k, v in self.tags.items() if k in keep}
+        params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
+        return tracking.log_method_rows(rows, self.stage, table=table, tags=tags, params=params)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)
@@ -550,6 +609,7 @@ class Stage:
             self.provenance = dataclasses.replace(self.provenance, simulated=True)
         if self.is_main and self.run_id is not None:
             mlflow.set_tags(dict(tags))
+            self._log_identity()
 
 
 def _sweep_tags() -> dict[str, str]:

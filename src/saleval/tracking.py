@@ -1,27 +1,44 @@
-"""MLflow conventions shared by every stage.
+"""MLflow conventions shared by every stage (the user's view: ``docs/tracking.md``).
 
 * Store: ``tracking.uri`` from config (default ``sqlite:///<root>/outputs/mlflow.db``);
   ``MLFLOW_TRACKING_URI`` in the environment wins so a lab can point every stage
-  at its tracking server without touching configs.
-* One experiment per dataset (``saleval/<dataset>``) so the MLflow UI lists human
-  and automated runs of one dataset side by side.
-* Tags on every run: ``stage``, ``dataset``, ``model``, ``parent.<input>`` = the
+  at its tracking server without touching configs. The URI actually used is what
+  the run's ``tracking.uri`` param and ``run.json`` record.
+* One experiment per dataset (``saleval/<dataset>``), tagged as a machine-learning
+  experiment (:data:`EXPERIMENT_KIND`) so the UI lists its runs side by side.
+* Run names say what ran (:func:`run_name`): ``explain · ag_news · minilm · 9 methods``.
+* Tags on every stage run: ``stage``, ``dataset``, ``model``, ``parent.<input>`` = the
   run id of each input run, ``run_dir``, ``fingerprint``, ``host`` and ``simulated``
   where it applies; jobs of a ``-m`` multirun add ``sweep``, ``sweep.job`` and
   ``sweep.overrides``. Inside ``saleval-run`` each stage is a nested child of the
-  pipeline's parent run.
+  pipeline's parent run. Params: ``dataset``, ``model``, ``methods`` and the config
+  groups the stage uses (:func:`stage_params`), as dotted override paths.
+* Metric keys are snake_case words joined by ``_`` (no ``/``, no ``.``;
+  :func:`metric_key` enforces it). Per-method numbers never go into a key: the score,
+  metrics, compare and explain stages log one nested child run per method
+  (:func:`log_method_rows`, tag and param ``method``) whose keys are the same for
+  every method, so the runs table and the compare view put methods in rows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import pandas as pd
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 try:
@@ -31,6 +48,15 @@ except ImportError:  # Windows: no multirun store lock
 
 _MAX_PARAM_LEN = 6000
 _BATCH = 100
+
+#: The experiment tag MLflow 3's UI reads to tell a machine-learning experiment from a
+#: GenAI one (``mlflow.experimentKind``); newer UIs decide by the ``workflowType`` of
+#: the page instead, which :func:`ui_url` sets.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+#: the tag (and param) that marks a per-method child run
+METHOD = "method"
+#: separator of the parts of a run name
+SEP = " · "
 
 
 def tracking_uri(configured: str | None) -> str:
@@ -69,7 +95,11 @@ def _store_lock(uri: str) -> Iterator[None]:
 
 
 def setup(uri: str | None, experiment: str, artifact_root: str | None = None) -> str:
-    """Point MLflow at the store, make the experiment exist and active; returns its id."""
+    """Point MLflow at the store, make the experiment exist and active; returns its id.
+
+    The experiment is tagged :data:`EXPERIMENT_KIND` (once), so the UI treats it as a
+    machine-learning experiment whose page is its runs, not the GenAI traces.
+    """
     uri = tracking_uri(uri)
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -89,8 +119,60 @@ def setup(uri: str | None, experiment: str, artifact_root: str | None = None) ->
                 exp = client.get_experiment_by_name(experiment)
                 assert exp is not None
                 experiment_id = exp.experiment_id
+        key, kind = EXPERIMENT_KIND
+        if exp is None or exp.tags.get(key) != kind:
+            client.set_experiment_tag(experiment_id, key, kind)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+def ui_url(uri: str, experiment_id: str) -> str:
+    """Where the experiment's runs table opens in the MLflow UI.
+
+    MLflow 3's UI opens an experiment on its GenAI pages unless the page's
+    ``workflowType`` says machine learning (the sidebar switch; remembered by the
+    browser once chosen), so the link sets it. A local store is served by
+    ``mlflow ui`` on its default address.
+
+    >>> ui_url("http://mlflow.lab:5000/", "3")
+    'http://mlflow.lab:5000/#/experiments/3/runs?workflowType=machine_learning'
+    """
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def ui_hint(uri: str, experiment_id: str | None) -> str:
+    """How to open the runs: the ``mlflow ui`` command for a local store, then the link."""
+    lines = []
+    if _is_local(uri):
+        lines.append(f"mlflow ui --backend-store-uri {uri}")
+    if experiment_id is not None:
+        lines.append(ui_url(uri, experiment_id))
+    return "\n  ".join(lines)
+
+
+def run_name(
+    stage: str,
+    dataset: str | None = None,
+    model: str | None = None,
+    methods: Sequence[str] | None = None,
+    simulated: bool = False,
+) -> str:
+    """What ran, for the runs table: stage, dataset, model, methods, SIMULATED.
+
+    >>> run_name("explain", "ag_news", "minilm", ["lime"] * 9)
+    'explain · ag_news · minilm · 9 methods'
+    >>> run_name("score", "ag_news", None, None, simulated=True)
+    'score · ag_news · SIMULATED'
+    >>> run_name("explain", "imdb", "bert", ["lime"])
+    'explain · imdb · bert · lime'
+    """
+    parts = [stage, dataset, model]
+    if methods:
+        parts.append(methods[0] if len(methods) == 1 else f"{len(methods)} methods")
+    if simulated:
+        parts.append("SIMULATED")
+    return SEP.join(str(p) for p in parts if p)
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -104,6 +186,40 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: top-level config keys that say where things go or how the console looks, not what is
+#: computed (the run dir and the inputs are tags; ``hydra`` is Hydra's own)
+_NOT_PARAMS = ("hydra", "paths", "run_dir", "task_name", "progress")
+#: the params that say what a run is about (:func:`run_name`'s parts)
+IDENTITY = ("dataset", "model", "methods", "method")
+#: per stage, the config groups it composes but reads only in part: the keys it reads
+#: (``saleval-explain`` runs a predict-only Trainer: only where it runs, not how to train)
+_PARAMS_USED: dict[str, dict[str, tuple[str, ...]]] = {
+    "explain": {"trainer": ("accelerator", "devices", "num_nodes", "strategy")},
+}
+
+
+def stage_params(stage: str, resolved: Mapping[str, Any], uri: str) -> dict[str, Any]:
+    """The params of a stage run: the config groups the stage uses, flattened into
+    dotted override paths, with the tracking URI actually used.
+
+    >>> stage_params("explain", {"seed": 1, "paths": {"root_dir": "/x"}, "model": None,
+    ...     "trainer": {"accelerator": "cpu", "optimizer": {"lr": 0.1}},
+    ...     "tracking": {"uri": "sqlite:///a.db"}}, "file:/b")
+    {'seed': 1, 'trainer.accelerator': 'cpu', 'tracking.uri': 'file:/b'}
+    """
+    used = _PARAMS_USED.get(stage, {})
+    out: dict[str, Any] = {}
+    for key, value in resolved.items():
+        if key in _NOT_PARAMS or (key in IDENTITY and not isinstance(value, Mapping)):
+            continue  # an unset dataset/model group: the param of that name says it
+        if key in used and isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if k in used[key]}
+        if key == "tracking" and isinstance(value, Mapping):
+            value = {**value, "uri": uri}
+        out[key] = value
+    return flatten(out)
+
+
 def log_params(params: Mapping[str, Any]) -> None:
     """Log (flattened) params in batches, truncating values MLflow would refuse."""
     items = [(param_key(k), str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
@@ -111,16 +227,46 @@ def log_params(params: Mapping[str, Any]) -> None:
         mlflow.log_params(dict(items[i : i + _BATCH]))
 
 
-def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    clean = {_metric_key(k): float(v) for k, v in metrics.items() if v is not None}
+def metric_key(name: str) -> str:
+    """The one key style: letters, digits and ``_`` (anything else becomes ``_``).
+
+    >>> metric_key("seconds.lime"), metric_key("aopc_most/k10"), metric_key("n_forward")
+    ('seconds_lime', 'aopc_most_k10', 'n_forward')
+    """
+    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+def metric_at_k(metric: str, k: Any = None) -> str:
+    """The key of a metric at k words (or a fraction of them), the same in every stage:
+    ``<metric>_k<k>``; no k: the metric's own name (grid average or single-valued).
+    ``comparison``'s column labels ``<metric>@<k>`` map to the same keys.
+
+    >>> metric_at_k("comprehensiveness", "10"), metric_at_k("aopc_most", pd.NA)
+    ('comprehensiveness_k10', 'aopc_most')
+    >>> metric_at_k("sufficiency@0.2")
+    'sufficiency_k0_2'
+    """
+    if (k is None or pd.isna(k) or str(k) == "") and "@" in metric:
+        metric, k = metric.split("@", 1)
+    if k is None or pd.isna(k) or str(k) == "":
+        return metric_key(metric)
+    return metric_key(f"{metric}_k{k}")
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return v is not None and not isinstance(v, bool | str) and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def log_metrics(metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    """Log values under :func:`metric_key` names (None is skipped; ``kwargs``: MLflow's
+    ``model_id``/``dataset``, which link them to a logged model and a dataset)."""
+    clean = {metric_key(k): float(v) for k, v in metrics.items() if v is not None}
     items = list(clean.items())
     for i in range(0, len(items), _BATCH):
-        mlflow.log_metrics(dict(items[i : i + _BATCH]), step=step)
-
-
-def _metric_key(name: str) -> str:
-    """MLflow keys allow alphanumerics, _-./ and spaces; map anything else to '_'."""
-    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
+        mlflow.log_metrics(dict(items[i : i + _BATCH]), step=step, **kwargs)
 
 
 def log_files(paths: Iterable[str | Path], artifact_path: str | None = None) -> None:
@@ -130,6 +276,151 @@ def log_files(paths: Iterable[str | Path], artifact_path: str | None = None) -> 
             mlflow.log_artifacts(str(p), artifact_path=(artifact_path or "") + p.name)
         elif p.is_file():
             mlflow.log_artifact(str(p), artifact_path=artifact_path)
+
+
+def log_method_rows(
+    rows: pd.DataFrame,
+    stage: str,
+    table: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """One nested child run per method under the active (stage) run; returns their ids.
+
+    ``rows``: one row per method, a ``method`` column and numeric columns, whose names
+    become the metric keys (:func:`metric_key`), the same in every child so the UI puts
+    methods in rows (an empty cell, e.g. the baseline's test against itself, is NaN).
+    Each child is named ``<method> · <stage>`` and carries the tag and param ``method``,
+    the tag ``stage``, ``tags`` (dataset, model, simulated...) and ``params``. ``table``: the rows also go to the stage run as an MLflow
+    table (``tables/<table>.json``), shown in the UI's artifact view.
+    """
+    parent = mlflow.active_run()
+    if parent is None:
+        return {}
+    if rows["method"].duplicated().any():
+        dup = sorted(rows.loc[rows["method"].duplicated(), "method"].astype(str))
+        raise ValueError(f"log_method_rows({stage}): methods {dup} have more than one row")
+    client = MlflowClient()
+    experiment_id = parent.info.experiment_id
+    values = rows.drop(columns=["method"]).select_dtypes(include="number")
+    now = int(time.time() * 1000)
+    ids: dict[str, str] = {}
+    for i, method in enumerate(rows["method"].astype(str)):
+        run_tags = {
+            **(tags or {}),
+            "stage": stage,
+            METHOD: method,
+            "mlflow.parentRunId": parent.info.run_id,
+        }
+        child = client.create_run(experiment_id, tags=run_tags, run_name=f"{method}{SEP}{stage}")
+        row = values.iloc[i]
+        metrics = [
+            Metric(metric_key(str(k)), float(v) if _finite(v) else math.nan, now, 0)
+            for k, v in row.items()
+        ]
+        run_params = [
+            Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in {**(params or {}), METHOD: method}.items()
+        ]
+        for j in range(0, max(len(metrics), 1), _BATCH):
+            client.log_batch(
+                child.info.run_id,
+                metrics=metrics[j : j + _BATCH],
+                params=run_params if j == 0 else (),
+            )
+        client.set_terminated(child.info.run_id)
+        ids[method] = child.info.run_id
+    if table:
+        mlflow.log_table(rows.reset_index(drop=True), artifact_file=f"tables/{table}.json")
+    return ids
+
+
+def method_rows(run_id: str, client: MlflowClient | None = None) -> pd.DataFrame:
+    """The per-method child runs of a stage run as a table: ``method``, ``run_id`` and a
+    column per metric key (what :func:`log_method_rows` logged), one row per method."""
+    client = client or MlflowClient()
+    run = client.get_run(run_id)
+    children = client.search_runs(
+        [run.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{run_id}'",
+        max_results=10_000,
+    )
+    records = [
+        {"method": c.data.tags[METHOD], "run_id": c.info.run_id, **c.data.metrics}
+        for c in children
+        if METHOD in c.data.tags
+    ]
+    if not records:
+        return pd.DataFrame(columns=["method", "run_id"])
+    return pd.DataFrame(records).sort_values("method").reset_index(drop=True)
+
+
+def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None = None) -> None:
+    """The rows a run read (a dataset split, the explained samples) as a run input:
+    name, digest, schema and size, not the rows themselves."""
+    columns = [c for c in ("sample_id", "text", "label") if c in df.columns]
+    from mlflow.data.pandas_dataset import from_pandas
+
+    with warnings.catch_warnings():  # its hint that int columns cannot hold NaN: not ours
+        warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
+        dataset = from_pandas(
+            df[columns].reset_index(drop=True),
+            name=name,
+            targets=targets if targets in columns else None,
+        )
+    mlflow.log_input(dataset, context=context)
+
+
+def _pinned(packages: Sequence[str]) -> list[str]:
+    out = []
+    for name in packages:
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(name)
+    return out
+
+
+def log_hf_model(model: Any, tokenizer: Any, name: str = "model") -> str:
+    """The classifier as an MLflow model (the ``transformers`` flavor: loads as a
+    text-classification pipeline, or through ``mlflow.pyfunc``); returns its model id.
+
+    The requirements are pinned from the installed packages, which spares MLflow
+    inferring them by loading the model again in a subprocess.
+    """
+    flavor_log = logging.getLogger("mlflow.transformers")
+    level = flavor_log.level
+    flavor_log.setLevel(logging.ERROR)  # offline it warns that no hub model card was found
+    try:
+        info = mlflow.transformers.log_model(
+            transformers_model={"model": model, "tokenizer": tokenizer},
+            name=name,
+            task="text-classification",
+            pip_requirements=_pinned(["torch", "transformers", "tokenizers"]),
+        )
+    finally:
+        flavor_log.setLevel(level)
+    mlflow.set_tag("model_uri", info.model_uri)
+    return str(info.model_id)
+
+
+def download_run(run_id: str, target: Path) -> None:
+    """A run's artifacts into ``target``; a train run's logged MLflow model (tag
+    ``model_uri``) becomes ``target/model`` as ``save_pretrained`` lays it out."""
+    mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=str(target))
+    uri = MlflowClient().get_run(run_id).data.tags.get("model_uri")
+    if not uri or Path(target, "model", "config.json").is_file():
+        return
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(target / "_mlflow_model")
+        )
+    )
+    out = target / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("model", "components/tokenizer"):
+        if (local / sub).is_dir():
+            shutil.copytree(local / sub, out, dirs_exist_ok=True)
+    shutil.rmtree(target / "_mlflow_model", ignore_errors=True)
 
 
 def find_runs(experiment: str, filter_string: str) -> list[Any]:

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import mlflow
@@ -189,25 +189,32 @@ class SequenceClassifier(L.LightningModule):
 
 
 class MlflowEpochLogger(Callback):
-    """Per-epoch metrics into the active MLflow run (the stage's run)."""
+    """Per-epoch metrics into the active MLflow run (the stage's run), stepped by epoch,
+    under the project's key names (``docs/tracking.md``): Lightning's ``val_acc`` is
+    ``val_accuracy``, the epoch mean ``train_loss_epoch`` is ``train_loss``."""
+
+    #: Lightning's name of a logged value → its MLflow key
+    KEYS: ClassVar[dict[str, str]] = {
+        "val_acc": "val_accuracy",
+        "val_loss": "val_loss",
+        "train_loss_epoch": "train_loss",
+    }
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
 
-    def _log(self, trainer: L.Trainer, keys: tuple[str, ...]) -> None:
+    def _log(self, trainer: L.Trainer) -> None:
         if trainer.global_rank != 0 or mlflow.active_run() is None:
             return
         vals = {
-            k: float(v)
-            for k, v in trainer.callback_metrics.items()
-            if k.startswith(keys) and not k.endswith("_step")
+            self.KEYS[k]: float(v) for k, v in trainer.callback_metrics.items() if k in self.KEYS
         }
-        vals["elapsed_s"] = time.perf_counter() - self.t0
+        vals["elapsed_seconds"] = time.perf_counter() - self.t0
         tracking.log_metrics(vals, step=trainer.current_epoch)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning runs the epoch's validation before this hook: both are available.
-        self._log(trainer, ("val_", "train_loss"))
+        self._log(trainer)
 
 
 def trainer_config(cfg: TrainerConfig | Mapping[str, Any] | Any) -> TrainerConfig:

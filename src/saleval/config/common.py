@@ -23,8 +23,8 @@ class TrackingConfig:
     uri: str = "sqlite:///${paths.output_root}/mlflow.db"
     artifact_root: str | None = "${paths.output_root}/mlartifacts"
     experiment: str | None = None  # null: saleval/<dataset name>
-    run_name: str | None = None  # null: the stage name
-    log_model: bool = True  # train: log model/ as an artifact
+    run_name: str | None = None  # null: what ran (stage · dataset · model · methods)
+    log_model: bool = True  # train: log the classifier as an MLflow model (transformers)
 
 
 @dataclass

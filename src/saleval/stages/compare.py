@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, merge, scoring, tables
+from saleval import comparison, merge, scoring, tables, tracking
 from saleval.metrics_registry import import_plugins
 from saleval.stage import Stage, hydra_main, read_run_info
 
@@ -69,6 +69,32 @@ def classifier_outcomes(predictions: pd.DataFrame) -> pd.DataFrame:
 def human_score_fn(A: np.ndarray) -> np.ndarray:
     """s_j in percent from A[..., i, j, k], exactly as saleval-score computes it."""
     return 100 * scoring.method_scores(np.nan_to_num(scoring.accuracy(A)))
+
+
+def correlation_metrics(corr: pd.DataFrame) -> dict[str, float]:
+    """The compare run's own metrics, one per metric column and statistic:
+    ``spearman_<metric>``, ``kendall_<metric>`` (method level: human ranks vs the
+    metric's) and ``instance_spearman_<metric>`` (instance level)."""
+    out = {}
+    for r in corr.itertuples():
+        if pd.notna(r.value) and r.statistic in ("spearman", "kendall"):
+            level = "" if r.level == "method" else "instance_"
+            out[f"{level}{r.statistic}_{tracking.metric_at_k(str(r.metric))}"] = float(r.value)
+    return out
+
+
+def method_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per method, as its child run logs it: ``human_score``, ``human_rank`` and
+    each metric column and its rank under the metrics stage's keys
+    (``comprehensiveness_k10``, ``comprehensiveness_k10_rank``)."""
+
+    def key(col: str) -> str:
+        if col.endswith("_rank") and col not in ("human_rank",):
+            return tracking.metric_at_k(col.removesuffix("_rank")) + "_rank"
+        return tracking.metric_at_k(col)
+
+    rows = table.drop(columns=["simulated"], errors="ignore")
+    return rows.rename(columns={c: key(c) for c in rows.columns if c != "method"})
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -161,12 +187,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             outputs.append("instance_level.parquet")
         for name in outputs:
             st.log_file(st.path(name))
-        logged = {}
-        for r in corr.itertuples():
-            if pd.notna(r.value) and r.statistic in ("spearman", "kendall"):
-                level = "" if r.level == "method" else "instance_"
-                logged[f"{level}{r.statistic}/{r.metric}"] = r.value
-        st.log_metrics(logged)
+        st.log_metrics(correlation_metrics(corr))
+        st.log_method_rows(method_rows(table), table="comparison")
         return {
             "run_dir": str(st.run_dir),
             "run_id": st.run_id,

@@ -6,8 +6,9 @@ it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``; fr
 every method in ``method``, through Lightning's predict loop on
 ``trainer.accelerator`` (``trainer=ddp``: the examples sharded over every GPU, the same
 tables as on one; see :mod:`saleval.attribution.frame`). Writes ``attributions.parquet``
-and ``predictions.parquet``; logs per-method wall time and examples/s, IG/DeepLIFT
-convergence deltas, and the views (``views/highlights.html``, ``views/overlap.csv``,
+and ``predictions.parquet``; logs the explained samples as the run's input, per method
+(one child run each) wall time, examples/s and IG/DeepLIFT convergence deltas, and the
+views (``views/highlights.html``, ``views/overlap.csv``,
 ``views/overlap.png``).
 """
 
@@ -20,8 +21,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from saleval import tables, views
+from saleval import tables, tracking, views
 from saleval.attribution import explain_frame
+from saleval.attribution.base import method_name
 from saleval.data import DataError, load_dataset
 from saleval.inference import predict_proba
 from saleval.models import align_labels, checkpoint_name, load_trained
@@ -77,17 +79,28 @@ def filter_population(
     return df[right if population == Population.correct else ~right].reset_index(drop=True)
 
 
-def _metrics(
+def method_rows(
     timings: Mapping[str, Mapping[str, float]], diag: Mapping[str, Any]
-) -> dict[str, float]:
-    out = {f"{k}.{m}": v for m, t in timings.items() for k, v in t.items()}
-    for m, d in diag.items():
-        for key, vals in d.items():
-            if key == "convergence_delta":  # IG / DeepLIFT completeness gap
-                out[f"{key}_abs_mean.{m}"] = float(np.mean(np.abs(vals)))
+) -> pd.DataFrame:
+    """One row per method: ``seconds``, ``examples_per_second`` and the mean diagnostics
+    (``convergence_delta_abs_mean``: the IG / DeepLIFT completeness gap; ``<key>_mean``),
+    logged as the method's child run (:func:`saleval.tracking.log_method_rows`).
+
+    >>> method_rows({"lime": {"seconds": 2.0, "examples_per_s": 5.0}},
+    ...             {"lime": {"convergence_delta": [-1.0, 3.0]}}).to_dict("records")
+    [{'method': 'lime', 'seconds': 2.0, 'examples_per_second': 5.0, 'convergence_delta_abs_mean': 2.0}]
+    """
+    names = {"examples_per_s": "examples_per_second"}
+    rows = []
+    for m, t in timings.items():
+        row: dict[str, Any] = {"method": m, **{names.get(k, k): v for k, v in t.items()}}
+        for key, vals in (diag.get(m) or {}).items():
+            if key == "convergence_delta":
+                row[f"{key}_abs_mean"] = float(np.mean(np.abs(vals)))
             else:
-                out[f"{key}_mean.{m}"] = float(np.mean(vals))
-    return out
+                row[f"{key}_mean"] = float(np.mean(vals))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=None if rows else ["method"])
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -119,6 +132,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         df = draw_samples(
             pool, cfg.data.n_samples, int(cfg.seed), cfg.data.sample_ids, len(data.label_names)
         )
+        if st.is_main:
+            st.log_methods([method_name(k, m) for k, m in cfg.method.items()])
+            tracking.log_dataset(df, f"{data.name}/{cfg.data.split}", "explain", "label")
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
         attributions, predictions = explain_frame(
@@ -136,8 +152,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "n_samples": len(df),
             "accuracy": float((predictions["pred"] == predictions["label"]).mean()),
         }
-        metrics.update(_metrics(timings, diag))
         st.log_metrics(metrics)
+        st.log_method_rows(method_rows(timings, diag), table="method_timings")
         samples = cfg.view.samples if isinstance(cfg.view.samples, int) else list(cfg.view.samples)
         for path in views.write_views(
             st.path("views"), predictions, attributions, samples, int(cfg.view.k),

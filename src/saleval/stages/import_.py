@@ -88,6 +88,7 @@ def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, 
     """Write the four outputs (+ filtered.csv) and log their counts."""
     report = {"simulated": simulated, **result.report}
     st.write(tables.ANNOTATIONS, result.annotations)
+    st.log_methods(list(dict.fromkeys(result.aggregated["method"].astype(str))))
     st.write(tables.AGGREGATED, result.aggregated)
     st.write(tables.REJECTS, result.rejects)
     if len(result.removed) or result.report.get("format") == "answers":
@@ -111,8 +112,8 @@ def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, 
     metrics["n_reject_entries"] = float(len(result.rejects))
     metrics["crowd_accuracy"] = float(result.aggregated["correct"].mean() * 100)
     for f in report.get("filters", []):
-        metrics[f"filter/{f['name']}/workers"] = f["n_workers"]
-        metrics[f"filter/{f['name']}/answers"] = f["n_answers"]
+        metrics[f"filter_{f['name']}_workers"] = f["n_workers"]
+        metrics[f"filter_{f['name']}_answers"] = f["n_answers"]
     alpha = (report.get("agreement") or {}).get("krippendorff_alpha")
     if alpha is not None:
         metrics["krippendorff_alpha"] = alpha

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables
+from saleval import tables, tracking
 from saleval.faithfulness import (
     Explanation,
     MetricsConfig,
@@ -100,13 +100,15 @@ def plausibility_rows(
     return pd.DataFrame(out, columns=["sample_id", "method", "metric", "k", "value"])
 
 
-def mlflow_names(summary: pd.DataFrame) -> dict[str, float]:
-    """``<metric>/<method>`` for grid averages and single-valued metrics, ``/k<k>`` per k."""
-    out = {}
-    for r in summary.itertuples():
-        key = f"{r.metric}/{r.method}" + (f"/k{r.k}" if r.k else "")
-        out[key] = float(r.value)
-    return out
+def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per method, as its child run logs it: each metric under its own name
+    (grid average or single-valued) and ``<metric>_k<k>`` per k
+    (:func:`saleval.tracking.metric_at_k`)."""
+    keys = [tracking.metric_at_k(m, k) for m, k in zip(summary["metric"], summary["k"])]
+    wide = summary.assign(key=keys).pivot_table(
+        index="method", columns="key", values="value", aggfunc="first", sort=False
+    )
+    return wide.rename_axis(columns=None).reset_index()
 
 
 #: the dataset and max_length the explain run used, the model of the train run (and of the
@@ -155,6 +157,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         explanations = explanations_from_tables(
             preds, attrs, tok, max_length, methods, where=str(tables.ATTRIBUTIONS.path(explain_dir))
         )
+        st.log_methods(list(dict.fromkeys(e.method for e in explanations)))
         result = evaluate(model, tok, explanations, mcfg, progress=bool(cfg.get("progress", True)))
         _warn_on_prediction_mismatch(preds, result.full)
         per_example = result.per_example
@@ -166,8 +169,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.write(tables.METRICS, summary)
         result.timings.to_csv(st.path(TIMINGS), index=False)
         st.log_file(st.path(TIMINGS))
-        st.log_metrics(mlflow_names(summary))
-        st.log_metrics({f"seconds/{r.metric}": r.seconds for r in result.timings.itertuples()})
+        st.log_method_rows(method_rows(summary), table="metrics")
+        st.log_metrics({f"seconds_{r.metric}": r.seconds for r in result.timings.itertuples()})
         bf16 = use_bf16(next(model.parameters()).device, mcfg.inference.bf16)  # what `auto` became
         st.log_metrics(
             {

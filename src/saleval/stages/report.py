@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, merge, tables
+from saleval import comparison, merge, tables, tracking
 from saleval.metrics_registry import import_plugins
 from saleval.provenance import Provenance
 from saleval.stage import (
@@ -120,8 +120,9 @@ def search_dirs(experiments: Sequence[str], filter_string: str, max_results: int
     for r in runs:
         if r.data.tags.get("stage") not in GATHERED:
             continue
-        if not r.data.tags.get("run_dir"):  # not a stage's own run (e.g. a per-method child)
-            log.warning("search: run %s has no run_dir tag; skipped", r.info.run_id)
+        if not r.data.tags.get("run_dir"):  # not a stage's own run
+            if "method" not in r.data.tags:  # a per-method child run is expected; say others
+                log.warning("search: run %s has no run_dir tag; skipped", r.info.run_id)
             continue
         out.append(resolve_input("runs", f"runs:/{r.info.run_id}"))
     return out
@@ -463,7 +464,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             }
         )
         logged = {
-            f"{r.statistic}/{r.dataset}/{r.model}/{r.metric}": float(r.value)
+            tracking.metric_key(f"{r.statistic}_{r.dataset}_{r.model}_{r.metric}"): float(r.value)
             for r in corr.itertuples()
             if pd.notna(r.value) and not r.variant
         }

@@ -134,23 +134,31 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out_root = Path(str(cfg.run_dir)) if cfg.run_dir else _hydra_dir()
     out_root.mkdir(parents=True, exist_ok=True)
     uri = tracking.tracking_uri(cfg.tracking.uri)
-    tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
+    experiment_id = tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
     mark_orphans_killed(out_root)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
+    simulated = "simulate" in selected
+    what = ["run", str(profile.name), str(profile.dataset), str(profile.model)]
     with mlflow.start_run(
-        run_name=f"run:{profile.name}",
+        run_name=tracking.SEP.join(what + (["SIMULATED"] if simulated else [])),
         tags={
             "stage": "run",
             "profile": str(profile.name),
             "dataset": str(profile.dataset),
             "model": str(profile.model),
             "run_dir": str(out_root),
-            "simulated": "true" if "simulate" in selected else "false",
+            "simulated": "true" if simulated else "false",
         },
     ) as parent:
-        tracking.log_params({"profile": OmegaConf.to_container(profile, resolve=True)})
+        tracking.log_params(
+            {
+                "dataset": str(profile.dataset),
+                "model": str(profile.model),
+                "profile": OmegaConf.to_container(profile, resolve=True),
+            }
+        )
         for stage, module, config_name, needs in PIPELINE:
             if stage not in selected:
                 continue
@@ -203,7 +211,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "reused": reused is not None,
                 "run_dir": str(dirs[stage]),
             }
-            tracking.log_metrics({f"seconds/{stage}": seconds})
+            tracking.log_metrics({f"seconds_{stage}": seconds})
             print(
                 f"[saleval-run] {stage:<9} {'reused' if reused else 'ran':<6} "
                 f"{seconds:8.1f} s  {dirs[stage]}",
@@ -217,7 +225,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         }
         write_json(out_root / "pipeline.json", summary)
         mlflow.log_artifact(str(out_root / "pipeline.json"))
-    _final_report(dirs, timings, uri)
+    _final_report(dirs, timings, uri, experiment_id)
     return summary
 
 
@@ -252,7 +260,10 @@ def _hydra_dir() -> Path:
 
 
 def _final_report(
-    dirs: Mapping[str, Path], timings: Mapping[str, Mapping[str, Any]], uri: str
+    dirs: Mapping[str, Path],
+    timings: Mapping[str, Mapping[str, Any]],
+    uri: str,
+    experiment_id: str | None = None,
 ) -> None:
     total = sum(float(t["seconds"]) for t in timings.values())
     print("\n== saleval-run: wall time per stage ==")
@@ -269,10 +280,8 @@ def _final_report(
             "NOTE: the human scores above come from the SIMULATED crowd (saleval-simulate), "
             "not from people. See README: 'Real answers' to swap in real crowd answers."
         )
-    if uri.startswith("sqlite:///"):
-        print(f"\nOpen the runs side by side:\n  .venv/bin/mlflow ui --backend-store-uri {uri}\n")
-    else:
-        print(f"\nRuns are in the MLflow tracking server at {uri}\n")
+    # each stage's methods are rows of its child runs (docs/tracking.md)
+    print(f"\nOpen the runs side by side:\n  {tracking.ui_hint(uri, experiment_id)}\n")
 
 
 main = hydra_main("run", run)

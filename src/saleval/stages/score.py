@@ -179,31 +179,30 @@ def score_outputs(
     }
 
 
+def method_rows(result: scoring.ScoreResult) -> pd.DataFrame:
+    """One row per method, as its child run logs it: ``human_score``, ``human_rank``,
+    ``p_vs_random``, ``flips``, ``aids`` and ``accuracy_k<k>`` (the crowd's accuracy in %
+    at each k)."""
+    scores = result.scores.set_index("method")
+    rows = pd.DataFrame(
+        {"human_score": scores["score"], "human_rank": scores["rank"].astype(float)}
+    )
+    if "p_vs_random" in scores:
+        rows["p_vs_random"] = scores["p_vs_random"]
+    flips = result.flips.set_index("method")
+    rows = rows.join(flips[["flips", "aids"]])
+    acc = result.accuracy.pivot(index="method", columns="k", values="accuracy")
+    acc.columns = [f"accuracy_k{k}" for k in acc.columns]
+    return rows.join(acc).rename_axis("method").reset_index()
+
+
 def _log_metrics(st: Stage, result: scoring.ScoreResult) -> None:
-    """score/<method>, rank/<method>, accuracy/<method>/k<k> (+ accuracy/<method> stepped by k)."""
-    m: dict[str, float] = {}
-    for r in result.scores.itertuples():
-        m[f"score/{r.method}"] = r.score
-        m[f"rank/{r.method}"] = r.rank
-        if hasattr(r, "p_vs_random") and pd.notna(r.p_vs_random):
-            m[f"p_vs_random/{r.method}"] = r.p_vs_random
-    for r in result.accuracy.itertuples():
-        m[f"accuracy/{r.method}/k{r.k}"] = r.accuracy
-    for r in result.flips.itertuples():
-        m[f"flips/{r.method}"] = r.flips
-        m[f"aids/{r.method}"] = r.aids
-    for k, w in result.weights.items():
-        m[f"weight/k{k}"] = w
+    """Per method one child run (:func:`method_rows`); on the score run the sample
+    count and the weight of each k in the score (``weight_k<k>``)."""
+    m: dict[str, float] = {f"weight_k{k}": w for k, w in result.weights.items()}
     m["n_samples"] = result.info["n_samples"]
     st.log_metrics(m)
-    for k in result.cube.ks:  # stepped series so the MLflow UI draws accuracy against k
-        st.log_metrics(
-            {
-                f"accuracy/{r.method}": r.accuracy
-                for r in result.accuracy[result.accuracy["k"] == k].itertuples()
-            },
-            step=int(k),
-        )
+    st.log_method_rows(method_rows(result), table="scores")
 
 
 main = hydra_main("score", run)

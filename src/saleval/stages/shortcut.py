@@ -50,7 +50,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_metrics({k: v for k, v in data.info.items() if isinstance(v, int | float)})
         models, fits = ex.train_pair(cfg, data, tokenizer, st.run_dir)
         for name, fit_metrics in fits.items():
-            st.log_metrics({f"{name}.{k}": v for k, v in fit_metrics.items() if _num(v)})
+            st.log_metrics({f"{name}_{k}": v for k, v in fit_metrics.items() if _num(v)})
         max_length = int(cfg.model.max_length)
         report, mixed_pred = ex.verify_models(
             models, tokenizer, data, cfg.shortcut.verify, max_length
@@ -58,7 +58,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         info = {**report.to_dict(), "data": data.info, "training": fits}
         write_json(st.path("verification.json"), info)
         st.log_file(st.path("verification.json"))
-        st.log_metrics({f"verify.{k}": v for k, v in report.to_dict().items() if _num(v)})
+        st.log_metrics({f"verify_{k}": v for k, v in report.to_dict().items() if _num(v)})
         st.set_tags({"verification": "passed" if report.passed else "failed"})
         require(report)  # raises VerificationError: no saliency on a model without the shortcut
 
@@ -90,10 +90,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             + _reference_markdown(cfg, reference, results)
         )
         st.log_file(st.path(TABLE_MD))
-        for r in summary.itertuples(index=False):
-            st.log_metrics(
-                {f"precision/{r.config}": r.precision, f"mean_rank/{r.config}": r.mean_rank}
-            )
+        # one child run per method configuration (its name is the run's `method`)
+        rows = summary.drop(columns=["method"]).rename(columns={"config": "method"})
+        st.log_method_rows(rows.drop(columns=["k"], errors="ignore"), table="shortcut_results")
         _refresh_sweep_table(st, cfg, reference)
         return {
             "run_dir": str(st.run_dir),

@@ -37,6 +37,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         task_dir = st.inputs["tasks"]
         tasks = tables.TASKS.read(task_dir)
         bundles = tables.BUNDLES.read(task_dir)
+        st.log_methods(list(dict.fromkeys(tasks["method"].astype(str))))
         sim = to_schema(SimulationConfig, cfg.simulation)
         data = load_dataset(cfg.dataset)
         labels = [str(n) for n in cfg.dataset.label_names]

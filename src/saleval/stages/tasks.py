@@ -45,6 +45,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
         study = to_schema(StudyConfig, cfg.study)
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
+        st.log_methods(design.methods)
         st.write(tables.TASKS, design.tasks)
         st.write(tables.BUNDLES, design.bundles)
         container = OmegaConf.to_container(cfg.dataset, resolve=True)

@@ -2,7 +2,9 @@
 docs/architecture.md).
 
 Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
-(``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir. Under
+(``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir; logs
+the three splits as the run's inputs and (``tracking.log_model``, on by default) the
+classifier as an MLflow model (``docs/tracking.md``). Under
 ``trainer=ddp`` Lightning re-runs this script for ranks > 0; only rank 0 writes and logs.
 """
 
@@ -14,11 +16,29 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig
 
+from saleval import tracking
 from saleval.data import load_dataset
 from saleval.jsonfiles import write_json
 from saleval.models import MODEL_DIR, build_model, load_tokenizer
 from saleval.stage import Stage, hydra_main
 from saleval.training import TextDataModule, fit
+
+
+def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The train run's summary metrics. ``val_accuracy`` of ``metrics.json`` (the best
+    epoch's, whose weights are kept) is ``best_val_accuracy`` here: the key
+    ``val_accuracy`` is the per-epoch series (:class:`saleval.training.MlflowEpochLogger`).
+    ``seconds`` is left out: the stage's ``stage_seconds`` says it.
+
+    >>> mlflow_metrics({"val_accuracy": 0.5, "test_accuracy": 0.4, "seconds": 3.0, "x": "y"})
+    {'best_val_accuracy': 0.5, 'test_accuracy': 0.4}
+    """
+    renamed = {"val_accuracy": "best_val_accuracy"}
+    return {
+        renamed.get(k, k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and k != "seconds"
+    }
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -48,10 +68,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "data_source": data.source,
         }
         write_json(st.path("metrics.json"), metrics)
-        st.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        for split in ("train", "validation", "test"):
+            tracking.log_dataset(data[split], f"{data.name}/{split}", split, targets="label")
+        # the MLflow model first, so the run's results are linked to it in the UI
+        model_id = tracking.log_hf_model(model, tokenizer) if cfg.tracking.log_model else None
+        st.log_metrics(mlflow_metrics(metrics), model_id=model_id)
         st.log_file(st.path("metrics.json"))
-        if cfg.tracking.log_model:
-            st.log_file(st.path(MODEL_DIR))
         return {
             "run_dir": str(st.run_dir),
             "run_id": st.run_id,
