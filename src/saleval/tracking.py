@@ -367,7 +367,7 @@ def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None =
             name=name,
             targets=targets if targets in columns else None,
         )
-    mlflow.log_input(dataset, context=context)
+        mlflow.log_input(dataset, context=context)  # the schema is inferred here
 
 
 def _pinned(packages: Sequence[str]) -> list[str]:
@@ -391,12 +391,14 @@ def log_hf_model(model: Any, tokenizer: Any, name: str = "model") -> str:
     level = flavor_log.level
     flavor_log.setLevel(logging.ERROR)  # offline it warns that no hub model card was found
     try:
-        info = mlflow.transformers.log_model(
-            transformers_model={"model": model, "tokenizer": tokenizer},
-            name=name,
-            task="text-classification",
-            pip_requirements=_pinned(["torch", "transformers", "tokenizers"]),
-        )
+        with warnings.catch_warnings():  # MLflow's own note on its internal type hints
+            warnings.filterwarnings("ignore", message=".*Any type hint", category=UserWarning)
+            info = mlflow.transformers.log_model(
+                transformers_model={"model": model, "tokenizer": tokenizer},
+                name=name,
+                task="text-classification",
+                pip_requirements=_pinned(["torch", "transformers", "tokenizers"]),
+            )
     finally:
         flavor_log.setLevel(level)
     mlflow.set_tag("model_uri", info.model_uri)
