@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from saleval.errors import UserError
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -96,7 +98,7 @@ def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The database does not match what the app serves (e.g. a changed task set)."""
 
 

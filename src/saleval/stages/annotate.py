@@ -5,6 +5,14 @@ serves the bundles on ``annotate.host:annotate.port`` until stopped, then logs h
 answers came in. ``action=export`` writes ``answers.csv`` (``tables.ANSWERS``, the import
 format) and ``completions.csv`` into its run dir and logs both. Serve and export share
 the database ``annotate.db``; the admin token never reaches the run dir or MLflow.
+
+Main options: ``inputs.tasks``, ``action`` (serve, export), ``annotate.host``,
+``annotate.port``, ``annotate.db``, ``annotate.admin_token``.
+
+Example::
+
+    saleval-annotate inputs.tasks=latest annotate.port=8000
+    saleval-annotate inputs.tasks=latest action=export
 """
 
 from __future__ import annotations

@@ -1,12 +1,18 @@
 """``saleval-compare``: human scores next to automated metrics, for one dataset (SPEC §7).
 
-Reads a score run (``scores.csv`` and the ``aggregated.csv`` it scored, found in
-the run dir or its import parent) and a metrics run (``metrics.csv``,
+Reads a score run ``inputs.score`` (``scores.csv`` and the ``aggregated.csv`` it scored, found in
+the run dir or its import parent) and a metrics run ``inputs.metrics`` (``metrics.csv``,
 ``metrics_per_example.parquet``, and through its explain parent the classifier's
 predictions). Writes ``comparison.csv``, ``correlations.csv``, ``comparison.md``,
 ``rank_vs_rank.png``, ``ols.txt`` and ``instance_level.parquet``, in one MLflow
 run tagged with every run of both chains (``link.<stage>``). A simulated crowd
 anywhere upstream is said in the title, a ``simulated`` column and the run's tag.
+
+Main options: ``inputs.score``, ``inputs.metrics``, ``compare.bootstrap.n``.
+
+Example::
+
+    saleval-compare inputs.score=latest inputs.metrics=latest
 """
 
 from __future__ import annotations

@@ -9,6 +9,14 @@ tables as on one; see :mod:`saleval.attribution.frame`). Writes ``attributions.p
 and ``predictions.parquet``; logs per-method wall time and examples/s, IG/DeepLIFT
 convergence deltas, and the views (``views/highlights.html``, ``views/overlap.csv``,
 ``views/overlap.png``).
+
+Main options: ``inputs.model``, ``method`` (the list of methods; ``method=[lime,occlusion]``),
+``data.n_samples``, ``data.population``, ``data.split``, ``trainer`` (cpu, gpu, ddp),
+``progress``.
+
+Example::
+
+    saleval-explain inputs.model=latest data.n_samples=40 data.population=correct
 """
 
 from __future__ import annotations

@@ -1,11 +1,18 @@
 """``saleval-metrics``: faithfulness and plausibility of every method's word scores (SPEC §7).
 
-Reads the explain run (``attributions.parquet``, ``predictions.parquet``, its
-``max_length`` and dataset) and the train run's model; writes ``metrics.csv``
+Reads the explain run ``inputs.explain`` (``attributions.parquet``, ``predictions.parquet``,
+its ``max_length`` and dataset) and the train run's model ``inputs.model``; writes ``metrics.csv``
 (means per method, metric, k), ``metrics_per_example.parquet`` (what the
 instance-level comparison needs) and ``metric_timings.csv`` (wall time and
 forward passes per metric family), and logs every mean as ``<metric>/<method>``
 (``<metric>/<method>/k<k>`` per k) so the MLflow UI charts them.
+
+Main options: ``inputs.model``, ``inputs.explain``, ``metrics`` (default, quick, mask, unk),
+``kgrid`` (paper, smoke), ``progress``.
+
+Example::
+
+    saleval-metrics inputs.model=latest inputs.explain=latest metrics=quick
 """
 
 from __future__ import annotations

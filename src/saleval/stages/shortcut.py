@@ -7,6 +7,15 @@ synthetic test set. Writes ``shortcut_results.csv``, ``verification.json``,
 ``data/*.parquet`` and both models (``original/model``, ``mixed/model``).
 ``-m shortcut=st,tic,op dataset=...`` sweeps; each job also refreshes the sweep's
 combined table (``<sweep dir>/shortcut_table.md``).
+
+Reads no run: the source ``dataset`` and the ``shortcut`` kind (st, tic, op).
+
+Main options: ``shortcut``, ``dataset``, ``model``, ``method`` (the method list),
+``trainer``, ``explain.n_samples``.
+
+Example::
+
+    saleval-shortcut shortcut=st dataset=sst2 model=minilm
 """
 
 from __future__ import annotations

@@ -3,6 +3,13 @@
 Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain``;
 writes ``tasks.csv``, ``bundles.csv``, ``bundles_wide.csv`` (platform upload),
 ``bundles_long.csv`` and ``instructions.md`` into the run dir, all logged to MLflow.
+
+Main options: ``inputs.explain``, ``study`` (main, forward, misclassified, smoke), ``kgrid``
+(paper, smoke: the top-k values shown), ``seed``.
+
+Example::
+
+    saleval-tasks inputs.explain=latest study=main
 """
 
 from __future__ import annotations

@@ -3,6 +3,16 @@
 Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
 (``val_accuracy``, ``test_accuracy``, ``n_train``, ``seconds``) into the run dir. Under
 ``trainer=ddp`` Lightning re-runs this script for ranks > 0; only rank 0 writes and logs.
+
+Reads no run: the splits of ``dataset`` (``dataset.max_train``, ``dataset.max_validation``,
+``dataset.max_test`` cap them).
+
+Main options: ``dataset`` (ag_news, imdb, sst2, ...), ``model`` (bert_base, minilm, tiny),
+``trainer`` (default, cpu, gpu, ddp), ``trainer.max_epochs``, ``seed``.
+
+Example::
+
+    saleval-train dataset=imdb model=bert_base trainer=gpu
 """
 
 from __future__ import annotations
