@@ -150,6 +150,8 @@ def quiet_libraries() -> None:
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("lightning").propagate = False
+    # MLflow sets its logger's level when imported (the stages import it lazily): its switch
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     # raised inside Lightning on torch >= 2.9; nothing a user of saleval can change
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
@@ -195,12 +197,16 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         register_configs()
         args = sys.argv[1:]
-        if any(a in HELP_FLAGS for a in args) and all(
-            a in HELP_FLAGS or not a.startswith("-") for a in args
+        wants_help = any(a in HELP_FLAGS for a in args)
+        # a command line of overrides only (no other flag: --config-dir, -m, --cfg...) is
+        # composed here first: for --help, and so a bad override is one line (Hydra's own
+        # report spans several); anything else goes to Hydra unchanged
+        if all(a in HELP_FLAGS or not a.startswith("-") for a in args) and (
+            wants_help or not full_error()
         ):
-            text = render_help(config_name, [a for a in args if a not in HELP_FLAGS])
-            if text is not None:
-                print(text)
+            cfg = compose_or_exit(config_name, [a for a in args if a not in HELP_FLAGS])
+            if wants_help:
+                print(render_help(cfg))
                 return None
         app = hydra.main(
             config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3"
@@ -228,27 +234,63 @@ def config_groups(hydra_groups: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_help(config_name: str, overrides: list[str]) -> str | None:
-    """``--help`` as Hydra would print it from ``hydra.help.template``, with one composition.
-
-    Hydra's own ``--help`` lists the config groups by composing once per group (several
-    seconds here); this fills the same template from :func:`config_groups`. None when the
-    config does not compose: Hydra then runs and reports the error its way.
-    """
-    import string
-
+def compose_or_exit(config_name: str, overrides: list[str]) -> DictConfig:
+    """The config a command line composes (with its ``hydra`` node), or one line on stderr
+    and exit status 2 when it does not compose (an unknown key, a bad value, a missing
+    option), unless ``HYDRA_FULL_ERROR=1``."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-            HydraConfig.instance().set_config(cfg)
-            template = str(cfg.hydra.help.template)
-    except Exception:
-        return None
+            return compose(config_name, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        if full_error():
+            raise
+        print(f"saleval-{config_name}: {composition_error(err)}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USER_ERROR) from None
+
+
+#: OmegaConf's detail lines under an error message
+_DETAIL = re.compile(r"\s*(full_key|object_type|reference_type)\s*[:=]")
+
+
+def composition_error(err: BaseException) -> str:
+    """Hydra's composition error and its causes as one line, without OmegaConf's
+    ``full_key:``/``object_type=`` detail lines (the message names the key already).
+
+    >>> from omegaconf import OmegaConf
+    >>> cfg = OmegaConf.create({"a": 1}); OmegaConf.set_struct(cfg, True)
+    >>> try:
+    ...     cfg.merge_with({"b": 2})
+    ... except Exception as err:
+    ...     print(composition_error(err))
+    Key 'b' is not in struct
+    """
+    parts: list[str] = []
+    e: BaseException | None = err
+    while e is not None and len(parts) < 4:
+        lines = [
+            line.strip() for line in str(e).splitlines() if line.strip() and not _DETAIL.match(line)
+        ]
+        text = " ".join(lines).split(" Config search path:")[0]  # Hydra's dirs: noise
+        if text and text not in parts:
+            parts.append(text)
+        e = e.__cause__
+    return "; ".join(parts) or type(err).__name__
+
+
+def render_help(cfg: DictConfig) -> str:
+    """``--help`` from ``hydra.help.template`` filled as Hydra fills it, but from one
+    composition: Hydra's own ``--help`` lists the config groups by composing once per group
+    (seconds); :func:`config_groups` reads them from the directory tree."""
+    import string
+
+    from hydra._internal.utils import get_args_parser
+    from omegaconf import open_dict
+
+    template = str(cfg.hydra.help.template)
     with open_dict(cfg):
         del cfg["hydra"]
     flags = get_args_parser()

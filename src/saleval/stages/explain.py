@@ -28,11 +28,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from saleval import tables, views
-from saleval.attribution import explain_frame
+from saleval import tables
 from saleval.data import DataError, load_dataset
-from saleval.inference import predict_proba
-from saleval.models import align_labels, checkpoint_name, load_trained
 from saleval.stage import InputError, Stage, given_input, hydra_main, run_or_checkpoint
 from saleval.vocab import Population, Target
 
@@ -74,6 +71,8 @@ def filter_population(
     model: Any, tokenizer: Any, df: pd.DataFrame, population: Population, max_length: int
 ) -> pd.DataFrame:
     """Keep the samples the model classifies correctly / wrongly (SPEC §4 study pools)."""
+    from saleval.inference import predict_proba
+
     population = Population(population)
     if population == Population.all:
         return df
@@ -99,6 +98,11 @@ def _metrics(
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    from saleval import views
+    from saleval.attribution import explain_frame
+    from saleval.models import align_labels, checkpoint_name, load_trained
+
     spec = given_input(cfg, "model")
     if spec is None:
         raise InputError(

@@ -19,22 +19,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
-from saleval.faithfulness import (
-    Explanation,
-    MetricsConfig,
-    evaluate,
-    explanations_from_tables,
-    summarize,
-)
-from saleval.inference import use_bf16
+from saleval.metrics_config import MetricsConfig
 from saleval.metrics_registry import import_plugins
-from saleval.models import align_labels, checkpoint_name, load_trained
 from saleval.stage import (
     InputError,
     Stage,
@@ -43,6 +35,9 @@ from saleval.stage import (
     read_run_info,
     run_or_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from saleval.faithfulness import Explanation
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +117,11 @@ INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length":
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers load when a run starts, not on import (saleval.cli)
+    from saleval.faithfulness import evaluate, explanations_from_tables, summarize
+    from saleval.inference import use_bf16
+    from saleval.models import align_labels, checkpoint_name, load_trained
+
     mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
     import_plugins(mcfg.plugins)  # a user's own metrics register themselves
     spec = given_input(cfg, "model")

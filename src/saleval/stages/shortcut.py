@@ -26,10 +26,6 @@ from typing import Any
 from omegaconf import DictConfig
 
 from saleval import tables
-from saleval.models import load_trained
-from saleval.shortcut import experiment as ex
-from saleval.shortcut.report import combine_runs, published_table, to_markdown
-from saleval.shortcut.verify import require
 from saleval.stage import Stage, hydra_main
 from saleval.vocab import Target
 
@@ -42,6 +38,12 @@ def dataset_label(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    from saleval.models import load_trained
+    from saleval.shortcut import experiment as ex
+    from saleval.shortcut.report import published_table, to_markdown
+    from saleval.shortcut.verify import require
+
     kind = str(cfg.shortcut.kind)
     with Stage(cfg, "shortcut", tags={"shortcut": kind}) as st:
         data, tokenizer = ex.prepare_data(cfg)
@@ -106,6 +108,8 @@ def _refresh_sweep_table(st: Stage) -> None:
     """In a Hydra multirun, rebuild the combined table of every finished job so far."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+
+    from saleval.shortcut.report import combine_runs, published_table, to_markdown
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return

@@ -21,8 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
 from saleval.crowd.config import StudyConfig
-from saleval.crowd.design import DesignError, build_study
-from saleval.crowd.exports import write_exports
+from saleval.crowd.errors import DesignError
 from saleval.schema import to_schema
 from saleval.stage import Stage, hydra_main
 
@@ -42,6 +41,10 @@ def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[s
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # transformers loads when a run starts, not on import (saleval.cli)
+    from saleval.crowd.design import build_study
+    from saleval.crowd.exports import write_exports
+
     with Stage(cfg, "tasks", {"explain": cfg.inputs.explain}, requires=["dataset"]) as st:
         explain = st.inputs["explain"]
         preds = tables.PREDICTIONS.read(explain)

@@ -21,16 +21,19 @@ import json
 import time
 from typing import Any
 
-import lightning as L
 from omegaconf import DictConfig
 
 from saleval.data import load_dataset
-from saleval.models import MODEL_DIR, build_model, load_tokenizer
 from saleval.stage import Stage, hydra_main
-from saleval.training import TextDataModule, fit
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    import lightning as L
+
+    from saleval.models import MODEL_DIR, build_model, load_tokenizer
+    from saleval.training import TextDataModule, fit
+
     with Stage(cfg, "train") as st:
         t0 = time.perf_counter()
         L.seed_everything(int(cfg.seed), workers=True)
