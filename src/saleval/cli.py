@@ -3,7 +3,7 @@
 Each script (``pyproject.toml``) is a function here that composes the stage's config with
 Hydra and imports the stage module (``saleval.stages.<stage>``, whose ``run(cfg)`` does the
 work) only once the job starts, so ``--help`` and ``--cfg job`` answer without loading
-torch, MLflow or pandas. ``--help`` shows the stage module's docstring (what the stage
+torch, Lightning, transformers or MLflow. ``--help`` shows the stage module's docstring (what the stage
 reads, writes, its main options and an example; read from the source file, not imported)
 above Hydra's lists of config groups and the composed config (the ``help`` node of
 ``conf/hydra/default.yaml``).
@@ -88,8 +88,10 @@ def stage_help(stage: str) -> str:
     >>> print(stage_help("simulate").splitlines()[0])  # doctest: +ELLIPSIS
     saleval-simulate: a SIMULATED crowd answers a task run's bundles...
     """
-    module = STAGES.get(stage, stage)
-    spec = importlib.util.find_spec(module)
+    try:
+        spec = importlib.util.find_spec(STAGES.get(stage, stage))
+    except (ImportError, ValueError):  # a config's task_name that names no module
+        spec = None
     if spec is None or spec.origin is None:
         return f"saleval-{stage}"
     with open(spec.origin, encoding="utf-8") as fh:
@@ -119,8 +121,8 @@ def one_line(err: BaseException) -> str:
 
 
 def full_error() -> bool:
-    """``HYDRA_FULL_ERROR=1``: show every traceback (Hydra's own switch)."""
-    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
+    """``HYDRA_FULL_ERROR=1``: show every traceback (Hydra's own switch, read as Hydra does)."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
 class JobFailed(CompactHydraException):
