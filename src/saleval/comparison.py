@@ -35,6 +35,7 @@ from scipy import stats
 import saleval.faithfulness
 import saleval.plausibility  # noqa: F401  (registers the plausibility metrics)
 from saleval import metrics_registry
+from saleval.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def metric_directions() -> dict[str, bool]:
 HumanScoreFn = Callable[[pd.DataFrame], pd.Series]
 
 
-class ComparisonError(ValueError):
+class ComparisonError(UserError, ValueError):
     """Human and automated results cannot be compared (no common methods, ...)."""
 
 

@@ -38,13 +38,14 @@ from sklearn.model_selection import train_test_split
 
 from saleval.config import to_schema
 from saleval.config.dataset import DatasetConfig, DataSource
+from saleval.errors import UserError
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """A dataset cannot be loaded; the message names the file, row or package."""
 
 

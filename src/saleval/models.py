@@ -33,11 +33,12 @@ from transformers import (
 
 from saleval.config import to_schema
 from saleval.config.model import ModelConfig
+from saleval.errors import UserError
 
 MODEL_DIR = "model"
 
 
-class ModelError(RuntimeError):
+class ModelError(UserError, RuntimeError):
     """A model or tokenizer cannot be loaded; the message says what to install or set."""
 
 

@@ -30,10 +30,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from saleval.errors import UserError
 from saleval.vocab import Population, Target
 
 
-class ProvenanceError(ValueError):
+class ProvenanceError(UserError, ValueError):
     """Runs that are chained together describe different data, models or studies."""
 
 

@@ -1,7 +1,8 @@
 """The stage contract (docs/architecture.md) in one place.
 
 Every stage module defines ``run(cfg) -> dict`` (tests call it) and
-``main = hydra_main("<config name>", run)`` (the console script). Inside ``run``::
+``main = hydra_main("<config name>", run)`` (the console script; ``saleval-<stage>`` runs it
+through :mod:`saleval.cli`, which imports the module only when the job starts). Inside ``run``::
 
     with Stage(cfg, "score", inputs={"crowd": cfg.inputs.crowd}) as st:
         df = tables.AGGREGATED.read(st.inputs["crowd"])
@@ -22,15 +23,13 @@ ends it, marking it FAILED on an exception. In the extra processes of a multi-pr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 import os
 import socket
 import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,31 +38,16 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import merge, paths, tracking
-from saleval.config import DatasetConfig, register_configs
+from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
+from saleval.config import DatasetConfig
 from saleval.data import complete_label_names
+from saleval.errors import UserError
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
 log = logging.getLogger(__name__)
 
 RUN_JSON = "run.json"
-
-
-def _register_resolvers() -> None:
-    if not OmegaConf.has_resolver("saleval.root"):
-        OmegaConf.register_new_resolver("saleval.root", lambda: str(paths.project_root()))
-    if not OmegaConf.has_resolver("saleval.data_root"):
-        OmegaConf.register_new_resolver("saleval.data_root", lambda: str(paths.default_data_root()))
-
-
-_register_resolvers()
-
-# conf/hydra/launcher/joblib.yaml replaces the joblib plugin's config of the same name (to
-# set a sensible n_jobs) and lists every field, so Hydra's deprecated merge with the
-# plugin's schema of that name is harmless; its warning on every multirun job is noise.
-warnings.filterwarnings(
-    "ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema"
-)
 
 
 #: where launchers put a process's rank: Lightning's ``ddp`` launcher (``LOCAL_RANK``,
@@ -81,7 +65,7 @@ def is_main_process() -> bool:
     return all(os.environ.get(v, "0").strip() in ("", "0") for v in _RANK_VARS)
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """An ``inputs.<name>`` value does not point at a usable run."""
 
 
@@ -627,25 +611,3 @@ def _sweep_tags() -> dict[str, str]:
         "sweep.job": str(hc.job.num),
         "sweep.overrides": ",".join(hc.overrides.task)[:5000],
     }
-
-
-def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
-    """Wrap ``run`` as a console script whose config is ``conf/<config_name>.yaml``."""
-    import hydra
-
-    register_configs()
-
-    @hydra.main(config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3")
-    def _main(cfg: DictConfig) -> Any:
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        result = run(cfg)
-        if isinstance(result, dict) and "objective" in result:
-            return result["objective"]
-        return None
-
-    @functools.wraps(run)
-    def main() -> Any:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        return _main()
-
-    return main

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from saleval.errors import UserError
 
-class TableError(ValueError):
+
+class TableError(UserError, ValueError):
     """A table on disk or in memory does not match its declaration."""
 
 

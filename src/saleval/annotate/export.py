@@ -15,12 +15,13 @@ import pandas as pd
 from saleval import tables
 from saleval.annotate.store import AnnotationStore
 from saleval.annotate.study import Study
+from saleval.errors import UserError
 
 COMPLETIONS = "completions.csv"
 RELEASED = "released.csv"
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """The store holds answers that do not fit the served task set."""
 
 

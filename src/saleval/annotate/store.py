@@ -41,6 +41,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from saleval.errors import UserError
+
 SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -128,7 +130,7 @@ def _iso(t: datetime) -> str:
     return t.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The database does not match what the app serves (e.g. a changed task set)."""
 
 

@@ -17,11 +17,12 @@ from omegaconf import OmegaConf
 
 from saleval import tables
 from saleval.crowd.answers import IDK
+from saleval.errors import UserError
 
 INSTRUCTIONS = "instructions.md"
 
 
-class StudyError(ValueError):
+class StudyError(UserError, ValueError):
     """A task run dir cannot be served as it is."""
 
 

@@ -22,11 +22,12 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.errors import UserError
 from saleval.inference import attention_implementation, n_labels_of
 from saleval.words import REDUCERS, Segmentation, token_to_word_scores
 
 
-class AttributionError(ValueError):
+class AttributionError(UserError, ValueError):
     """A method config or an attribution input is unusable; the message says which."""
 
 

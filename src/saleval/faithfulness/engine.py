@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.errors import UserError
 from saleval.faithfulness.formulas import (
     grid_average,
     n_words_for_fraction,
@@ -326,7 +327,7 @@ def evaluate(
     )
 
 
-class AlignmentError(ValueError):
+class AlignmentError(UserError, ValueError):
     """Attribution rows do not match the words the model's tokenizer gives the text."""
 
 

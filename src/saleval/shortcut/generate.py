@@ -36,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from saleval.config import to_schema
 from saleval.config.shortcut import ShortcutConfig
 from saleval.data import DatasetSplits
+from saleval.errors import UserError
 from saleval.words import segment
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ _CHUNK = re.compile(r"\S+")
 ROLE_ORIGINAL, ROLE_DISTRACTOR, ROLE_SYNTHETIC = "original", "distractor", "synthetic"
 
 
-class ShortcutError(ValueError):
+class ShortcutError(UserError, ValueError):
     """A shortcut configuration or a source dataset cannot be used as asked."""
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.errors import UserError
 from saleval.inference import predict_proba
 
 DEFAULT_THRESHOLDS = {
@@ -74,7 +75,7 @@ class VerificationReport:
         return [why[name] for name, ok in self.checks.items() if not ok]
 
 
-class VerificationError(RuntimeError):
+class VerificationError(UserError, RuntimeError):
     """The mixed model does not (only) use the shortcut: saliency would measure nothing."""
 
     def __init__(self, report: VerificationReport) -> None:

@@ -9,6 +9,15 @@ reads the database, so an archived or read-only copy exports too. ``action=backu
 copies the live database with SQLite's online backup API. Serve and export share the
 database ``annotate.db``; the admin token (from ``SALEVAL_ANNOTATE_TOKEN`` or
 ``annotate.admin_token_file``) never reaches the run dir or MLflow. See docs/annotate.md.
+
+Main options: ``inputs.tasks``, ``action`` (serve, export, backup), ``annotate.host``,
+``annotate.port``, ``annotate.db``, ``annotate.lease_minutes``,
+``annotate.completion_url``, ``annotate.backup_to``.
+
+Example::
+
+    saleval-annotate inputs.tasks=latest annotate.port=8000
+    saleval-annotate inputs.tasks=latest action=export
 """
 
 from __future__ import annotations

@@ -1,13 +1,19 @@
 """``saleval-compare``: human scores next to automated metrics, for one dataset (docs/metrics.md).
 
-Reads a score run (``scores.csv`` and the ``aggregated.csv`` it scored, found in
-the run dir or its import parent) and a metrics run (``metrics.csv``,
+Reads a score run ``inputs.score`` (``scores.csv`` and the ``aggregated.csv`` it scored, found in
+the run dir or its import parent) and a metrics run ``inputs.metrics`` (``metrics.csv``,
 ``metrics_per_example.parquet``, and through its explain parent the classifier's
 predictions); either input may be several runs of disjoint methods (a list or a sweep
 dir, merged: ``docs/sweeps.md``). Writes ``comparison.csv``, ``correlations.csv``, ``comparison.md``,
 ``rank_vs_rank.png``, ``ols.txt`` and ``instance_level.parquet``, in one MLflow
 run tagged with every run of both chains (``link.<stage>``). A simulated crowd
 anywhere upstream is said in the title, a ``simulated`` column and the run's tag.
+
+Main options: ``inputs.score``, ``inputs.metrics``, ``compare.bootstrap.n``.
+
+Example::
+
+    saleval-compare inputs.score=latest inputs.metrics=latest
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, merge, scoring, tables, tracking
+from saleval import merge, scoring, tables, tracking
 from saleval.metrics_registry import import_plugins
 from saleval.stage import Stage, hydra_main, read_run_info
 
@@ -98,6 +104,9 @@ def method_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch and transformers (the metrics' registry) load when a run starts (saleval.cli)
+    from saleval import comparison
+
     # both chains must be about one dataset (and one model, where both name one): the
     # provenance rule fails naming both runs otherwise
     inputs = {"score": cfg.inputs.score, "metrics": cfg.inputs.metrics}

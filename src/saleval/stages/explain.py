@@ -10,6 +10,14 @@ and ``predictions.parquet``; logs the explained samples as the run's input, per 
 (one child run each) wall time, examples/s and IG/DeepLIFT convergence deltas, and the
 views (``views/highlights.html``, ``views/overlap.csv``,
 ``views/overlap.png``).
+
+Main options: ``inputs.model``, ``method`` (the list of methods; ``method=[lime,occlusion]``),
+``data.n_samples``, ``data.population``, ``data.split``, ``trainer`` (cpu, gpu, ddp),
+``progress``.
+
+Example::
+
+    saleval-explain inputs.model=latest data.n_samples=40 data.population=correct
 """
 
 from __future__ import annotations
@@ -21,12 +29,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from saleval import tables, tracking, views
-from saleval.attribution import explain_frame
-from saleval.attribution.base import method_name
+from saleval import tables, tracking
 from saleval.data import DataError, load_dataset
-from saleval.inference import predict_proba
-from saleval.models import align_labels, checkpoint_name, load_trained
 from saleval.stage import InputError, Stage, given_input, hydra_main, run_or_checkpoint
 from saleval.vocab import Population, Target
 
@@ -68,6 +72,8 @@ def filter_population(
     model: Any, tokenizer: Any, df: pd.DataFrame, population: Population, max_length: int
 ) -> pd.DataFrame:
     """Keep the samples the model classifies correctly / wrongly (docs/study-design.md#samples)."""
+    from saleval.inference import predict_proba
+
     population = Population(population)
     if population == Population.all:
         return df
@@ -104,6 +110,12 @@ def method_rows(
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    from saleval import views
+    from saleval.attribution import explain_frame
+    from saleval.attribution.base import method_name
+    from saleval.models import align_labels, checkpoint_name, load_trained
+
     spec = given_input(cfg, "model")
     if spec is None:
         raise InputError(

@@ -13,6 +13,9 @@ Writes ``annotations.parquet`` (accepted answers that passed the quality filters
 and ``import_report.json`` (hashes, counts, filters, agreement, expert check).
 ``inputs.answers`` may be a plain file: its path and sha256 become params and tags;
 when it sits in a run dir, that run is recorded as the ``answers`` parent.
+
+Main options: ``inputs.tasks``, ``inputs.answers``, ``crowd`` (answers, lu2024),
+``crowd.filters.*`` (the quality filters), ``crowd.aggregator``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,33 @@
 """``saleval-metrics``: faithfulness and plausibility of every method's scores (docs/metrics.md).
 
-Reads the explain run (``attributions.parquet``, ``predictions.parquet``, its
-``max_length`` and dataset; or several explain runs of disjoint methods, a list or a sweep
-dir, merged: ``docs/sweeps.md``) and the train run's model; writes ``metrics.csv``
-(means per method, metric, k), ``metrics_per_example.parquet`` (what the
-instance-level comparison needs) and ``metric_timings.csv`` (wall time and
-forward passes per metric family), and logs every mean as ``<metric>/<method>``
-(``<metric>/<method>/k<k>`` per k) so the MLflow UI charts them.
+Reads the explain run ``inputs.explain`` (``attributions.parquet``, ``predictions.parquet``,
+its ``max_length`` and dataset; or several explain runs of disjoint methods, a list or a
+sweep dir, merged: ``docs/sweeps.md``) and the train run's model ``inputs.model``; writes
+``metrics.csv`` (means per method, metric, k), ``metrics_per_example.parquet`` (what the
+instance-level comparison needs) and ``metric_timings.csv`` (wall time and forward passes
+per metric family), and logs one MLflow child run per method with the same keys
+(``<metric>`` and ``<metric>_k<k>``; docs/tracking.md) so the UI puts methods in rows.
+
+Main options: ``inputs.model``, ``inputs.explain``, ``metrics`` (default, quick, mask, unk),
+``kgrid`` (paper, smoke), ``progress``.
+
+Example::
+
+    saleval-metrics inputs.model=latest inputs.explain=latest metrics=quick
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
-from saleval.faithfulness import (
-    Explanation,
-    MetricsConfig,
-    evaluate,
-    explanations_from_tables,
-    summarize,
-)
-from saleval.inference import use_bf16
+from saleval.metrics_config import MetricsConfig
 from saleval.metrics_registry import import_plugins
-from saleval.models import align_labels, checkpoint_name, load_trained
 from saleval.stage import (
     InputError,
     Stage,
@@ -36,6 +35,9 @@ from saleval.stage import (
     hydra_main,
     run_or_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from saleval.faithfulness import Explanation
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,11 @@ INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length":
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers load when a run starts, not on import (saleval.cli)
+    from saleval.faithfulness import evaluate, explanations_from_tables, summarize
+    from saleval.inference import use_bf16
+    from saleval.models import align_labels, checkpoint_name, load_trained
+
     mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
     import_plugins(mcfg.plugins)  # a user's own metrics register themselves
     spec = given_input(cfg, "model")

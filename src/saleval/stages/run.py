@@ -10,6 +10,15 @@ profile fails at once, naming the stage and the key. Stages chain through
 Resumable: before running a stage its fingerprint (config + parents'
 fingerprints, see :func:`saleval.stage.stage_fingerprint`) is looked up among
 finished runs in the MLflow store; a match whose run dir still exists is reused.
+
+Reads no run unless given one per stage (``+inputs.<stage>=<run dir>``); writes one run dir
+per stage under its own run dir, and ``pipeline.json`` (the stages' runs and wall times).
+
+Main options: ``profile`` (default, paper, smoke), ``profile.stages_to_run``, ``reuse``.
+
+Example::
+
+    saleval-run profile=smoke
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
 from saleval.config import register_configs
+from saleval.errors import UserError
 from saleval.jsonfiles import write_json
 from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
 
@@ -60,7 +70,7 @@ def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
         return compose(config_name, overrides=overrides)
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError, ValueError):
     """A profile's overrides do not compose for some stage (named in the message)."""
 
 

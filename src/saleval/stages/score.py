@@ -14,6 +14,9 @@ Writes ``accuracy.csv``, ``scores.csv``, ``flips.csv``, ``flip_histogram.csv``,
 ``score_report.json`` and a copy of the scored ``aggregated.csv`` (and the import's
 ``annotations.parquet``) so a score run is self-contained for the comparison stage;
 misclassified studies add ``counts.csv``, forward-prediction studies ``outcomes.csv``.
+
+Main options: ``inputs.crowd``, ``crowd=lu2024`` with ``crowd.path`` and ``dataset``,
+``scoring.bootstrap.n``, ``scoring.test_resamples``, ``scoring.baseline``.
 """
 
 from __future__ import annotations

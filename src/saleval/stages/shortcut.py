@@ -8,6 +8,15 @@ synthetic test set. Writes ``shortcut_results.csv``, ``verification.json``,
 ``data/*.parquet`` and both models (``original/model``, ``mixed/model``).
 ``-m shortcut=st,tic,op dataset=...`` sweeps; each job also refreshes the sweep's
 combined table (``<sweep dir>/shortcut_table.md``).
+
+Reads no run: the source ``dataset`` and the ``shortcut`` kind (st, tic, op).
+
+Main options: ``shortcut``, ``dataset``, ``model``, ``method`` (the method list),
+``trainer``, ``explain.n_samples``.
+
+Example::
+
+    saleval-shortcut shortcut=st dataset=sst2 model=minilm
 """
 
 from __future__ import annotations
@@ -18,17 +27,6 @@ from omegaconf import DictConfig
 
 from saleval import tables
 from saleval.jsonfiles import write_json
-from saleval.models import load_trained
-from saleval.shortcut import experiment as ex
-from saleval.shortcut.report import (
-    beside_reference,
-    combine_runs,
-    published_table,
-    read_reference,
-    to_markdown,
-    uncertainty_markdown,
-)
-from saleval.shortcut.verify import require
 from saleval.stage import Stage, hydra_main
 from saleval.vocab import Target
 
@@ -41,6 +39,12 @@ def dataset_label(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    from saleval.models import load_trained
+    from saleval.shortcut import experiment as ex
+    from saleval.shortcut.report import published_table, to_markdown, uncertainty_markdown
+    from saleval.shortcut.verify import require
+
     kind = str(cfg.shortcut.kind)
     with Stage(cfg, "shortcut", tags={"shortcut": kind, "unit": str(cfg.shortcut.unit)}) as st:
         reference = _reference(cfg)
@@ -105,11 +109,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _reference(cfg: DictConfig) -> Any:
     """The ``reference`` file, read (and checked) before any model is trained."""
+    from saleval.shortcut.report import read_reference
+
     return read_reference(cfg.reference) if cfg.get("reference") else None
 
 
 def _reference_markdown(cfg: DictConfig, reference: Any, results: Any) -> str:
     """Published results beside ours when ``reference`` names a file (else nothing)."""
+    from saleval.shortcut.report import beside_reference
+
     if reference is None:
         return ""
     return beside_reference(results, reference, str(cfg.reference))
@@ -123,6 +131,13 @@ def _refresh_sweep_table(st: Stage, cfg: DictConfig, reference: Any) -> None:
     """In a Hydra multirun, rebuild the combined table of every finished job so far."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+
+    from saleval.shortcut.report import (
+        combine_runs,
+        published_table,
+        to_markdown,
+        uncertainty_markdown,
+    )
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return

@@ -5,6 +5,12 @@ Reads ``tasks.csv`` and ``bundles.csv`` of ``inputs.tasks``; writes ``answers.cs
 (the import format, ``simulated=true`` on every row), ``workers.csv`` (who was a
 spammer, each worker's noise rate) and ``SIMULATED.md``. The MLflow run is tagged
 ``simulated=true``; ``run.json`` carries it so every child run inherits it.
+
+Main options: ``inputs.tasks``, ``simulation`` (default, ideal, noisy), ``seed``.
+
+Example::
+
+    saleval-simulate inputs.tasks=latest simulation=noisy
 """
 
 from __future__ import annotations

@@ -5,6 +5,13 @@ Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain``
 or several with disjoint methods: a list or a sweep dir, ``docs/sweeps.md``);
 writes ``tasks.csv``, ``bundles.csv``, ``bundles_wide.csv`` (platform upload),
 ``bundles_long.csv`` and ``instructions.md`` into the run dir, all logged to MLflow.
+
+Main options: ``inputs.explain``, ``study`` (main, forward, misclassified, smoke), ``kgrid``
+(paper, smoke: the top-k values shown), ``seed``.
+
+Example::
+
+    saleval-tasks inputs.explain=latest study=main
 """
 
 from __future__ import annotations
@@ -16,8 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
 from saleval.crowd.config import StudyConfig
-from saleval.crowd.design import DesignError, build_study
-from saleval.crowd.exports import write_exports
+from saleval.crowd.errors import DesignError
 from saleval.schema import to_schema
 from saleval.stage import Stage, hydra_main
 
@@ -37,6 +43,10 @@ def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[s
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # transformers loads when a run starts, not on import (saleval.cli)
+    from saleval.crowd.design import build_study
+    from saleval.crowd.exports import write_exports
+
     with Stage(cfg, "tasks", {"explain": cfg.inputs.explain}, requires=["dataset"]) as st:
         explain = st.inputs["explain"]
         preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given

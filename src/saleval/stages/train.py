@@ -6,6 +6,16 @@ Writes ``model/`` (save_pretrained: weights + tokenizer) and ``metrics.json``
 the three splits as the run's inputs and (``tracking.log_model``, on by default) the
 classifier as an MLflow model (``docs/tracking.md``). Under
 ``trainer=ddp`` Lightning re-runs this script for ranks > 0; only rank 0 writes and logs.
+
+Reads no run: the splits of ``dataset`` (``dataset.max_train``, ``dataset.max_validation``,
+``dataset.max_test`` cap them).
+
+Main options: ``dataset`` (ag_news, imdb, sst2, ...), ``model`` (bert_base, minilm, tiny),
+``trainer`` (default, cpu, gpu, ddp), ``trainer.max_epochs``, ``seed``.
+
+Example::
+
+    saleval-train dataset=imdb model=bert_base trainer=gpu
 """
 
 from __future__ import annotations
@@ -13,15 +23,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import lightning as L
 from omegaconf import DictConfig
 
 from saleval import tracking
 from saleval.data import load_dataset
 from saleval.jsonfiles import write_json
-from saleval.models import MODEL_DIR, build_model, load_tokenizer
 from saleval.stage import Stage, hydra_main
-from saleval.training import TextDataModule, fit
 
 
 def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -42,6 +49,12 @@ def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    import lightning as L
+
+    from saleval.models import MODEL_DIR, build_model, load_tokenizer
+    from saleval.training import TextDataModule, fit
+
     with Stage(cfg, "train") as st:
         t0 = time.perf_counter()
         L.seed_everything(int(cfg.seed), workers=True)

@@ -1,0 +1,327 @@
+"""The console scripts ``saleval-<stage>``: quick to answer, self-describing, quiet on user errors.
+
+Each script (``pyproject.toml``) is a function here that composes the stage's config with
+Hydra and imports the stage module (``saleval.stages.<stage>``, whose ``run(cfg)`` does the
+work) only once the job starts, so ``--help`` and ``--cfg job`` answer without loading
+torch, Lightning, transformers or MLflow. ``--help`` shows the stage module's docstring (what the stage
+reads, writes, its main options and an example; read from the source file, not imported)
+above Hydra's lists of config groups and the composed config (the ``help`` node of
+``conf/hydra/default.yaml``).
+
+A :class:`saleval.errors.UserError` raised by a stage (or a required key left unset) ends
+the job with one line on stderr that says what to fix, exit status 2; with
+``HYDRA_FULL_ERROR=1`` it keeps its traceback, like any other exception. In a ``-m``
+multirun the failing job's line is reported by Hydra once the sweep ends, as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import importlib.util
+import logging
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, ValidationError
+
+from saleval import paths
+from saleval.errors import EXIT_USER_ERROR, UserError
+
+#: each console script's stage -> the module whose ``run(cfg)`` it calls (its config:
+#: ``conf/<stage>.yaml``)
+STAGES: dict[str, str] = {
+    "train": "saleval.stages.train",
+    "explain": "saleval.stages.explain",
+    "tasks": "saleval.stages.tasks",
+    "simulate": "saleval.stages.simulate",
+    "annotate": "saleval.stages.annotate",
+    "import": "saleval.stages.import_",
+    "score": "saleval.stages.score",
+    "metrics": "saleval.stages.metrics",
+    "compare": "saleval.stages.compare",
+    "shortcut": "saleval.stages.shortcut",
+    "run": "saleval.stages.run",
+    "report": "saleval.stages.report",
+}
+
+#: the errors a user fixes from the message alone: one line, no traceback
+EXPECTED: tuple[type[BaseException], ...] = (UserError, MissingMandatoryValue, ValidationError)
+
+HELP_RESOLVER = "saleval.help"
+
+
+def register_resolvers() -> None:
+    """The ``${saleval.*:}`` resolvers the configs use; idempotent."""
+    if not OmegaConf.has_resolver("saleval.root"):
+        OmegaConf.register_new_resolver("saleval.root", lambda: str(paths.project_root()))
+    if not OmegaConf.has_resolver("saleval.data_root"):
+        OmegaConf.register_new_resolver("saleval.data_root", lambda: str(paths.default_data_root()))
+    if not OmegaConf.has_resolver(HELP_RESOLVER):
+        # Hydra fills the help template with string.Template: a literal $ must be doubled
+        OmegaConf.register_new_resolver(HELP_RESOLVER, lambda s: stage_help(s).replace("$", "$$"))
+
+
+register_resolvers()
+
+# conf/hydra/launcher/joblib.yaml replaces the joblib plugin's config of the same name (to
+# set a sensible n_jobs) and lists every field, so Hydra's deprecated merge with the
+# plugin's schema of that name is harmless; its warning on every multirun job is noise.
+warnings.filterwarnings(
+    "ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema"
+)
+
+
+def stage_help(stage: str) -> str:
+    """The help text of ``saleval-<stage>``: its module's docstring, as plain text.
+
+    Read with :mod:`ast` from the source, so asking for help imports none of the stage's
+    libraries. reST markup is dropped (````x```` becomes ``x``, a ``::`` that opens an example
+    becomes ``:``).
+
+    >>> print(stage_help("simulate").splitlines()[0])  # doctest: +ELLIPSIS
+    saleval-simulate: a SIMULATED crowd answers a task run's bundles...
+    """
+    try:
+        spec = importlib.util.find_spec(STAGES.get(stage, stage))
+    except (ImportError, ValueError):  # a config's task_name that names no module
+        spec = None
+    if spec is None or spec.origin is None:
+        return f"saleval-{stage}"
+    with open(spec.origin, encoding="utf-8") as fh:
+        doc = ast.get_docstring(ast.parse(fh.read())) or f"saleval-{stage}"
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)  # :mod:`x` -> x
+    doc = doc.replace("``", "")
+    return re.sub(r"(?<=\S)::$", ":", doc, flags=re.M).replace("\n::\n", "\n")
+
+
+def one_line(err: BaseException) -> str:
+    """An expected error as one line: its message, or for an unset required key the fix.
+
+    >>> from omegaconf import OmegaConf
+    >>> try:
+    ...     OmegaConf.create({"inputs": {"crowd": "???"}}).inputs.crowd
+    ... except Exception as err:
+    ...     print(one_line(err))
+    inputs.crowd is required: pass inputs.crowd=<value> (--help says what it takes)
+    """
+    if isinstance(err, MissingMandatoryValue) and err.full_key:
+        key = err.full_key
+        return f"{key} is required: pass {key}=<value> (--help says what it takes)"
+    if isinstance(err, ValidationError):
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return f"{err.full_key}: {text}" if err.full_key else text
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def full_error() -> bool:
+    """``HYDRA_FULL_ERROR=1``: show every traceback (Hydra's own switch, read as Hydra does)."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+class JobFailed(CompactHydraException):
+    """An expected error in one job of a multirun: Hydra reports its one line (no traceback)
+    when the sweep ends, and the other jobs still run."""
+
+
+def _multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def quiet_libraries() -> None:
+    """Lightning's info lines restate the config (devices available, limits at their
+    defaults, the seed) or advertise its cloud products; its warnings still show.
+
+    Lightning's ``lightning`` logger has its own console handler and also propagates to the
+    root logger, which a Hydra app gives a console handler too: every line came twice.
+    The loggers are set before Lightning is imported (the stages import it lazily).
+    """
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.fabric.utilities.seed",
+    ):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("lightning").propagate = False
+    # MLflow sets its logger's level when imported (the stages import it lazily): its switch
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # raised inside Lightning on torch >= 2.9; nothing a user of saleval can change
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+def lazy_run(module: str) -> Callable[[DictConfig], Any]:
+    """``module``'s ``run``, imported on the first call."""
+
+    def run(cfg: DictConfig) -> Any:
+        return importlib.import_module(module).run(cfg)
+
+    return run
+
+
+def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+    """Wrap ``run`` as a console script whose config is ``conf/<config_name>.yaml``.
+
+    Nothing happens until the script is called: building one imports nothing.
+    """
+
+    def task(cfg: DictConfig) -> Any:
+        quiet_libraries()
+        try:
+            result = run(cfg)
+        except EXPECTED as err:
+            if full_error():
+                raise
+            message = f"saleval-{config_name}: {one_line(err)}"
+            if _multirun():
+                raise JobFailed(message) from err
+            print(message, file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_USER_ERROR) from None
+        if isinstance(result, dict) and "objective" in result:
+            return result["objective"]  # what a Hydra sweeper optimises
+        return None
+
+    @functools.wraps(run)
+    def main() -> Any:
+        import hydra
+
+        from saleval.config import register_configs
+
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        register_configs()
+        args = sys.argv[1:]
+        wants_help = any(a in HELP_FLAGS for a in args)
+        # a command line of overrides only (no other flag: --config-dir, -m, --cfg...) is
+        # composed here first: for --help, and so a bad override is one line (Hydra's own
+        # report spans several); anything else goes to Hydra unchanged
+        if all(a in HELP_FLAGS or not a.startswith("-") for a in args) and (
+            wants_help or not full_error()
+        ):
+            cfg = compose_or_exit(config_name, [a for a in args if a not in HELP_FLAGS])
+            if wants_help:
+                print(render_help(cfg))
+                return None
+        app = hydra.main(
+            config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3"
+        )(task)
+        return app()
+
+    return main
+
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def config_groups(hydra_groups: bool = False) -> str:
+    """``group: option, ...`` per line for the config groups under ``conf/`` (Hydra's
+    ``$APP_CONFIG_GROUPS``, or with ``hydra_groups`` its ``$HYDRA_CONFIG_GROUPS``), read from
+    the directory tree: Hydra's own listing copies its config store once per group, seconds.
+    """
+    root = paths.conf_dir()
+    lines = []
+    for d in sorted(p for p in root.rglob("*") if p.is_dir()):
+        group = d.relative_to(root).as_posix()
+        options = sorted(f.stem for f in d.glob("*.yaml"))
+        if options and (group.split("/")[0] == "hydra") == hydra_groups:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines) + "\n"
+
+
+def compose_or_exit(config_name: str, overrides: list[str]) -> DictConfig:
+    """The config a command line composes (with its ``hydra`` node), or one line on stderr
+    and exit status 2 when it does not compose (an unknown key, a bad value, a missing
+    option), unless ``HYDRA_FULL_ERROR=1``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+            return compose(config_name, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        if full_error():
+            raise
+        print(f"saleval-{config_name}: {composition_error(err)}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USER_ERROR) from None
+
+
+#: OmegaConf's detail lines under an error message
+_DETAIL = re.compile(r"\s*(full_key|object_type|reference_type)\s*[:=]")
+
+
+def composition_error(err: BaseException) -> str:
+    """Hydra's composition error and its causes as one line, without OmegaConf's
+    ``full_key:``/``object_type=`` detail lines (the message names the key already).
+
+    >>> from omegaconf import OmegaConf
+    >>> cfg = OmegaConf.create({"a": 1}); OmegaConf.set_struct(cfg, True)
+    >>> try:
+    ...     cfg.merge_with({"b": 2})
+    ... except Exception as err:
+    ...     print(composition_error(err))
+    Key 'b' is not in struct
+    """
+    parts: list[str] = []
+    e: BaseException | None = err
+    while e is not None and len(parts) < 4:
+        lines = [
+            line.strip() for line in str(e).splitlines() if line.strip() and not _DETAIL.match(line)
+        ]
+        text = " ".join(lines).split(" Config search path:")[0]  # Hydra's dirs: noise
+        if text and text not in parts:
+            parts.append(text)
+        e = e.__cause__
+    return "; ".join(parts) or type(err).__name__
+
+
+def render_help(cfg: DictConfig) -> str:
+    """``--help`` from ``hydra.help.template`` filled as Hydra fills it, but from one
+    composition: Hydra's own ``--help`` lists the config groups by composing once per group
+    (seconds); :func:`config_groups` reads them from the directory tree."""
+    import string
+
+    from hydra._internal.utils import get_args_parser
+    from omegaconf import open_dict
+
+    template = str(cfg.hydra.help.template)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    flags = get_args_parser()
+    return string.Template(template).substitute(
+        FLAGS_HELP="\n".join(
+            f"{','.join(a.option_strings)} : {a.help}" for a in flags._actions if a.option_strings
+        ),
+        HYDRA_CONFIG_GROUPS=config_groups(hydra_groups=True),
+        APP_CONFIG_GROUPS=config_groups(),
+        CONFIG=OmegaConf.to_yaml(cfg),
+    )
+
+
+def _script(stage: str) -> Callable[[], Any]:
+    main = hydra_main(stage, lazy_run(STAGES[stage]))
+    main.__name__ = main.__qualname__ = stage
+    return main
+
+
+train = _script("train")
+explain = _script("explain")
+tasks = _script("tasks")
+simulate = _script("simulate")
+annotate = _script("annotate")
+import_ = _script("import")
+score = _script("score")
+metrics = _script("metrics")
+compare = _script("compare")
+shortcut = _script("shortcut")
+run = _script("run")
+report = _script("report")

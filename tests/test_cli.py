@@ -1,0 +1,259 @@
+"""The console scripts' manners: a --help that says what a stage reads and writes, module
+imports that leave torch alone, one line for a user's error, and quiet Lightning.
+
+Each script is run as pip's launcher runs it (``from saleval.cli import <name>``, called
+with the command line), in a subprocess, so the installed copy of the scripts is not what
+is tested.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from saleval import cli, paths
+from tests.conftest import compose_config
+
+ROOT = paths.project_root()
+SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+#: a file (or dir) each stage writes, as its help must name it
+WRITES = {
+    "train": ["model/", "metrics.json"],
+    "explain": ["attributions.parquet", "predictions.parquet"],
+    "tasks": ["tasks.csv", "bundles.csv"],
+    "simulate": ["answers.csv", "workers.csv"],
+    "annotate": ["answers.csv"],
+    "import": ["annotations.parquet", "aggregated.csv"],
+    "score": ["scores.csv", "accuracy.csv"],
+    "metrics": ["metrics.csv", "metrics_per_example.parquet"],
+    "compare": ["comparison.csv", "comparison.md"],
+    "shortcut": ["shortcut_results.csv"],
+    "run": ["pipeline.json"],
+}
+LIGHTNING_CHATTER = ("Tip:", "GPU available", "TPU available", "HPU available", "was configured")
+
+
+def script(
+    stage: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``saleval-<stage> args...`` through the function pyproject.toml names."""
+    module, attr = SCRIPTS[f"saleval-{stage}"].split(":")
+    code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=environment(env),
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This interpreter's import path, no HYDRA_FULL_ERROR unless ``extra`` sets it."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return {**env, "PYTHONPATH": os.pathsep.join(sys.path), **(extra or {})}
+
+
+def scratch(tmp_path: Path) -> list[str]:
+    """Overrides that keep run dirs and the MLflow store out of the repository."""
+    return [f"paths.output_root={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/ml.db"]
+
+
+def test_every_script_is_a_stage_of_saleval_cli() -> None:
+    assert set(SCRIPTS) == {f"saleval-{s}" for s in cli.STAGES}
+    for name, target in SCRIPTS.items():
+        module, attr = target.split(":")
+        assert module == "saleval.cli", name
+        assert callable(getattr(cli, attr)), name
+    for module in cli.STAGES.values():
+        assert importlib.util.find_spec(module) is not None, module
+
+
+@pytest.mark.parametrize("stage", sorted(cli.STAGES))
+def test_help_says_what_the_stage_reads_and_writes(stage: str) -> None:
+    done = script(stage, "--help", timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    about, _, rest = text.partition("== Config groups ==")
+    assert rest, text  # the groups and the composed config follow the description
+    assert about.startswith(f"saleval-{stage}:"), about[:200]
+    assert "powered by Hydra" not in text
+    assert "``" not in about  # reST markup is gone
+    inputs = compose_config(stage).get("inputs") or {}
+    for key in inputs:
+        assert f"inputs.{key}" in about, (stage, key)
+    for name in WRITES[stage]:
+        assert name in about, (stage, name)
+    assert "Main options:" in about and f"saleval-{stage} " in about  # an example command
+    assert f"task_name: {stage}" in rest  # the composed config, as --cfg job shows it
+    assert re.search(r"^dataset: .*imdb", rest, re.M)  # config groups with their options
+
+
+def _main_options(stage: str) -> list[str]:
+    spec = importlib.util.find_spec(cli.STAGES[stage])
+    assert spec is not None and spec.origin is not None
+    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text())) or ""
+    paragraph = doc.partition("Main options:")[2].partition("\n\n")[0]
+    return re.findall(r"``([^`]+)``", paragraph)
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if node is None:  # under a group left null (e.g. crowd=lu2024 names it): nothing to check
+        return True
+    # `leaf in node` is False for a key left at ???
+    return isinstance(node, DictConfig) and leaf in node.keys()  # noqa: SIM118
+
+
+@pytest.mark.parametrize("stage", sorted(cli.STAGES))
+def test_the_main_options_a_help_names_exist(stage: str) -> None:
+    options = _main_options(stage)
+    assert options, stage
+    cfg = compose_config(stage)
+    for option in options:
+        key = option.split("=")[0].removesuffix(".*")
+        assert _has_key(cfg, key), (stage, option)
+
+
+@pytest.mark.parametrize("module", sorted({*cli.STAGES.values(), "saleval.cli"}))
+def test_importing_a_stage_leaves_torch_lightning_and_transformers_unloaded(module: str) -> None:
+    heavy = ("torch", "lightning", "transformers") + (
+        ("mlflow",) if module == "saleval.cli" else ()
+    )
+    code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", module
+
+
+def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_traceback(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "no_such_run"
+    done = script("score", f"inputs.crowd={missing}", *scratch(tmp_path))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"saleval-score: inputs.crowd={missing}: not a directory"], done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    full = script(
+        "score", f"inputs.crowd={missing}", *scratch(tmp_path), env={"HYDRA_FULL_ERROR": "1"}
+    )
+    assert full.returncode != 0
+    assert "Traceback" in full.stderr and "InputError" in full.stderr
+
+
+@pytest.mark.parametrize(
+    "stage,args,says",
+    [
+        ("score", ["no_such_key=1"], "Key 'no_such_key' not in 'ScoreStageConfig'"),
+        ("train", ["trainer.max_epochs=many"], "trainer.max_epochs=many"),
+        ("train", ["trainer=no_such_trainer"], "Could not find 'trainer/no_such_trainer'"),
+        ("tasks", [], "inputs.explain is required: pass inputs.explain=<value>"),
+    ],
+)
+def test_config_errors_are_one_line(tmp_path: Path, stage: str, args: list[str], says: str) -> None:
+    done = script(stage, *args, *scratch(tmp_path))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"saleval-{stage}: "), done.stderr
+    assert says in lines[0]
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def _wrapped(raises: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    """A stage whose run raises ``raises``, run through :func:`saleval.cli.hydra_main`."""
+    code = (
+        "import sys\nfrom saleval.cli import hydra_main\nfrom saleval.errors import UserError\n"
+        f"def run(cfg):\n    raise {raises}('the message')\n"
+        "sys.exit(hydra_main('score', run)())"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args, "inputs.crowd=x", *scratch(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=environment(env),
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_only_user_errors_lose_their_traceback(tmp_path: Path) -> None:
+    user = _wrapped("UserError", tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    assert user.returncode == 2
+    assert user.stderr.strip() == "saleval-score: the message"
+    bug = _wrapped("RuntimeError", tmp_path)
+    assert bug.returncode == 1
+    assert "Traceback" in bug.stderr and "RuntimeError: the message" in bug.stderr
+    full = _wrapped("UserError", tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert full.returncode == 1 and "Traceback" in full.stderr
+
+
+def test_a_user_error_in_a_multirun_job_is_one_line_after_every_job_ran(tmp_path: Path) -> None:
+    done = _wrapped("UserError", tmp_path, "-m", "seed=1,2")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("saleval-score: the message") == 1, done.stderr
+    sweeps = list((tmp_path / "out" / "score" / "multirun").iterdir())
+    assert len(sweeps) == 1 and {p.name for p in sweeps[0].iterdir()} >= {"0", "1"}
+
+
+def _messages(output: str) -> list[str]:
+    """Output lines without progress bars, log prefixes and blank lines."""
+    out = []
+    for line in output.replace("\r", "\n").splitlines():
+        if not line.strip() or "it/s]" in line or "?it/s" in line or "s/it]" in line:
+            continue
+        line = re.sub(r"^\[[^]]+\]\[[^]]+\]\[\w+\] - ", "", line)  # Hydra's log format
+        out.append(re.sub(r"^(INFO|WARNING|DEBUG): ", "", line))  # Lightning's own handler
+    return out
+
+
+@pytest.mark.slow
+def test_a_tiny_train_and_explain_print_no_lightning_chatter_and_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    train = script(
+        "train",
+        "model=tiny",
+        "trainer=smoke",
+        "trainer.progress_bar=true",
+        "dataset=ag_news",
+        "dataset.max_train=64",
+        "dataset.max_validation=32",
+        "dataset.max_test=32",
+        "tracking.log_model=false",
+        f"run_dir={tmp_path / 'train'}",
+        *scratch(tmp_path),
+        timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    explain = script(
+        "explain",
+        f"inputs.model={tmp_path / 'train'}",
+        "data.n_samples=4",
+        "method=[random,occlusion]",
+        f"run_dir={tmp_path / 'explain'}",
+        *scratch(tmp_path),
+        timeout=600,
+    )
+    assert explain.returncode == 0, explain.stderr[-3000:]
+    for done in (train, explain):
+        output = done.stdout + done.stderr
+        assert not [c for c in LIGHTNING_CHATTER if c in output], output
+        twice = [m for m, n in Counter(_messages(output)).items() if n > 1]
+        assert not twice, output
+    assert "Epoch 0" in train.stdout + train.stderr  # the progress bar still shows
+    assert "[saleval-explain] finished:" in explain.stdout
