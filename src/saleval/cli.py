@@ -209,7 +209,10 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
         ):
             cfg = compose_or_exit(config_name, [a for a in args if a not in HELP_FLAGS])
             if wants_help:
-                print(render_help(cfg))
+                try:
+                    print(render_help(cfg))
+                except BrokenPipeError:  # `--help | head`: the reader has seen enough
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 return None
         app = hydra.main(
             config_path=str(paths.conf_dir()), config_name=config_name, version_base="1.3"
