@@ -40,6 +40,7 @@ WRITES = {
     "compare": ["comparison.csv", "comparison.md"],
     "shortcut": ["shortcut_results.csv"],
     "run": ["pipeline.json"],
+    "report": ["report.csv", "report_correlations.csv"],
 }
 LIGHTNING_CHATTER = ("Tip:", "GPU available", "TPU available", "HPU available", "was configured")
 

@@ -13,6 +13,13 @@ say beyond the dataset and model (``docs/sweeps.md``).
 Reads the runs' tables (``comparison.csv``, ``scores.csv``, ``metrics.csv``), never their
 MLflow metric keys. Writes ``report.csv``, ``report_correlations.csv``,
 ``report_runs.csv``, ``report.md``, ``rank_heatmap.png`` and ``correlation_heatmap.png``.
+
+Main options: ``inputs.runs``, ``search.experiments``, ``search.filter``,
+``report.rank_within``.
+
+Example::
+
+    saleval-report inputs.runs=outputs/run/multirun/<date_time>
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, merge, tables, tracking
+from saleval import merge, tables, tracking
 from saleval.metrics_registry import import_plugins
 from saleval.provenance import Provenance
 from saleval.stage import (
@@ -40,6 +47,19 @@ from saleval.stage import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class _Comparison:
+    """:mod:`saleval.comparison`, imported on first use: it registers the metrics, which
+    loads torch, and ``saleval-report --help`` should not wait for that (saleval.cli)."""
+
+    def __getattr__(self, name: str) -> Any:
+        from saleval import comparison as module
+
+        return getattr(module, name)
+
+
+comparison: Any = _Comparison()
 
 #: the stages whose tables a report gathers
 GATHERED = ("compare", "score", "metrics")
