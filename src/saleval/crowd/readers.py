@@ -1,0 +1,133 @@
+"""The simulated workers' reading models: what a worker "understands" of a display text.
+
+A reader learns from full texts of a split disjoint from the study's samples and then
+returns class probabilities for display texts (shown words, each hidden word as one
+"."). ``simulation.reader`` names one with ``_target_`` and its parameters; the node is
+merged into the class's own dataclass fields first (:func:`build_reader`), so defaults
+are declared once, here, and an unknown key fails naming it.
+
+* :class:`BowReader` — TF-IDF + logistic regression (scikit-learn). With
+  ``dot_weight > 0`` the hidden words count: the view's TF-IDF vector is divided by
+  ``sqrt(|x|² + (dot_weight · n_hidden)²)`` instead of ``|x|``, so five words shown out
+  of four hundred are weak evidence, as they are to a person, rather than as strong as
+  the whole text (plain L2 normalisation, ``dot_weight = 0``, the former default).
+* :class:`FinetunedReader` — a transformer classifier (the embedded MiniLM by default)
+  fine-tuned on the same texts, reading the dotted text as it is.
+
+How these were chosen and how close each comes to real workers: ``docs/simulated-crowd.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+
+from saleval.crowd.config import ReaderConfig
+from saleval.crowd.errors import SimulationError
+
+log = logging.getLogger(__name__)
+
+
+class Reader(Protocol):
+    """What the simulated crowd needs of a reading model."""
+
+    split: str
+    max_train: int | None
+
+    def fit(self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int) -> Any: ...
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def build_reader(node: Mapping[str, Any] | Any) -> Reader:
+    """The reader ``simulation.reader`` names, its node checked against the class's fields."""
+    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    if not isinstance(container, dict) or not container.get("_target_"):
+        raise SimulationError(
+            "simulation.reader names no _target_; e.g. simulation/reader=bow or "
+            "simulation/reader=finetuned"
+        )
+    try:
+        cls = get_class(str(container["_target_"]))
+    except Exception as err:
+        raise SimulationError(
+            f"simulation.reader._target_={container['_target_']!r} is not a class: {err}"
+        ) from err
+    typed = OmegaConf.merge(OmegaConf.structured(cls), container)
+    reader = instantiate(typed, _convert_="object", _recursive_=False)
+    if not (hasattr(reader, "fit") and hasattr(reader, "predict_proba")):
+        raise SimulationError(
+            f"simulation.reader._target_={container['_target_']} has no fit/predict_proba"
+        )
+    return reader  # type: ignore[no-any-return]
+
+
+def n_hidden(texts: Sequence[str]) -> np.ndarray:
+    """Hidden words per display text: its "." characters outside shown words.
+
+    >>> n_hidden(["..match .won ", "full text."]).tolist()
+    [3, 0]
+    """
+    return np.array([_dots(t) for t in texts], dtype=np.int64)
+
+
+def _dots(text: str) -> int:
+    """Leading dots of each space-separated chunk (``render`` puts hidden words before
+    the shown word that follows them); a full text's sentence stops do not count."""
+    return sum(len(w) - len(w.lstrip(".")) for w in text.split(" "))
+
+
+@dataclass
+class BowReader(ReaderConfig):
+    """TF-IDF + logistic regression; ``dot_weight`` makes hidden words dilute the evidence."""
+
+    _target_: str = "saleval.crowd.readers.BowReader"
+    ngram_max: int = 1
+    min_df: int = 2
+    max_features: int | None = 50000
+    sublinear_tf: bool = True
+    C: float = 10.0  # inverse L2 strength of the logistic regression
+    solver: str = "saga"  # fast on sparse TF-IDF; lbfgs is ~8x slower here
+    max_iter: int = 1000
+    # weight of one hidden word in the view's normalisation (TF-IDF units; 0: plain L2)
+    dot_weight: float = 0.0
+
+    def fit(
+        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+    ) -> BowReader:
+        """Fit on full texts; TF-IDF's token pattern ignores the dots of a display text."""
+        self._vec = TfidfVectorizer(
+            lowercase=True,
+            ngram_range=(1, int(self.ngram_max)),
+            min_df=int(self.min_df),
+            max_features=None if self.max_features is None else int(self.max_features),
+            sublinear_tf=bool(self.sublinear_tf),
+            norm=None,
+        )
+        x = self._vec.fit_transform(list(texts))
+        self._lr = LogisticRegression(
+            C=float(self.C), solver=str(self.solver), max_iter=int(self.max_iter), random_state=seed
+        )
+        self._lr.fit(self._normalise(x, np.zeros(x.shape[0])), np.asarray(labels, dtype=np.int64))
+        self._n_labels = int(n_labels)
+        return self
+
+    def _normalise(self, x: sp.csr_matrix, hidden: np.ndarray) -> sp.csr_matrix:
+        sq = np.asarray(x.multiply(x).sum(axis=1)).ravel() + (float(self.dot_weight) * hidden) ** 2
+        scale = np.where(sq > 0, 1.0 / np.sqrt(np.where(sq > 0, sq, 1.0)), 0.0)
+        return sp.csr_matrix(sp.diags(scale) @ x)
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        x = self._normalise(self._vec.transform(list(texts)), n_hidden(texts).astype(float))
+        out = np.zeros((len(texts), self._n_labels))
+        out[:, self._lr.classes_] = self._lr.predict_proba(x)
+        return out
