@@ -83,7 +83,7 @@ def text_key(text: str, n_tokens: int = KEY_TOKENS) -> str:
     """A text's first ``n_tokens`` lower-cased ASCII alphanumeric tokens: equal for a
     text and its published (uncased word-piece) spelling."""
     flat = (
-        unicodedata.normalize("NFKD", _decode_entities(text))
+        unicodedata.normalize("NFKD", join_word_pieces(text))
         .encode("ascii", "ignore")
         .decode()
         .lower()
@@ -208,3 +208,41 @@ def study_bundles(study: PublishedStudy, repeats: int, bundle_size: int, seed: i
     methods = sorted(study.tasks["method"].unique())
     ks = sorted(int(k) for k in study.tasks["k"].unique())
     return assign_bundles(study.tasks, orders, methods, ks, bundle_size, repeats, seed)
+
+
+LU2024_READERS = {
+    "saleval.crowd.published.read_lu2024_imdb": "imdb",
+    "saleval.crowd.published.read_lu2024_ag_news": "ag_news",
+}
+"""The dataset readers whose test split is a published study (``conf/dataset/lu2024_*``)."""
+
+
+def published_ranking_agreement(score_dir: str | Path) -> dict[str, Any] | None:
+    """Spearman's rho between a score run's method scores and the published crowd's on
+    the same samples, over the methods both have; None when the run's dataset is not one
+    of the published studies (``conf/dataset/lu2024_*.yaml``)."""
+    from omegaconf import OmegaConf
+    from scipy import stats
+
+    from saleval import scoring
+    from saleval.crowd.lu2024 import read_lu2024
+    from saleval.data import dataset_config
+
+    score_dir = Path(score_dir)
+    node = OmegaConf.select(OmegaConf.load(score_dir / "config.yaml"), "dataset")
+    if node is None or str(node.get("_target_")) not in LU2024_READERS:
+        return None
+    dc = dataset_config(node)
+    published, _, _ = read_lu2024(_file(dc, "test"), dc.label_names, dc.name)
+    theirs = scoring.score(published, n_bootstrap=10, n_resamples=9).scores.set_index("method")
+    ours = tables.SCORES.read(score_dir).set_index("method")
+    common = [m for m in theirs.index if m in ours.index]
+    if len(common) < 3:
+        return {"methods": common, "spearman": None}
+    rho = stats.spearmanr(ours.loc[common, "score"], theirs.loc[common, "score"]).statistic
+    return {
+        "methods": common,
+        "spearman": float(rho),
+        "simulated": {m: float(ours.loc[m, "score"]) for m in common},
+        "published": {m: float(theirs.loc[m, "score"]) for m in common},
+    }

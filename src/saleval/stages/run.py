@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
 from saleval.config import register_configs
+from saleval.crowd.published import published_ranking_agreement
 from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
 
 log = logging.getLogger(__name__)
@@ -214,9 +215,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "tracking_uri": uri,
             "profile": str(profile.name),
         }
+        if "score" in dirs:
+            agreement = published_ranking_agreement(dirs["score"])
+            if agreement is not None:
+                summary["published_ranking"] = agreement
+                if agreement["spearman"] is not None:
+                    tracking.log_metrics({"published_spearman": agreement["spearman"]})
         (out_root / "pipeline.json").write_text(json.dumps(summary, indent=2))
         mlflow.log_artifact(str(out_root / "pipeline.json"))
-    _final_report(dirs, timings, uri)
+    _final_report(dirs, timings, uri, summary.get("published_ranking"))
     return summary
 
 
@@ -227,7 +234,10 @@ def _hydra_dir() -> Path:
 
 
 def _final_report(
-    dirs: Mapping[str, Path], timings: Mapping[str, Mapping[str, Any]], uri: str
+    dirs: Mapping[str, Path],
+    timings: Mapping[str, Mapping[str, Any]],
+    uri: str,
+    published: Mapping[str, Any] | None = None,
 ) -> None:
     total = sum(float(t["seconds"]) for t in timings.values())
     print("\n== saleval-run: wall time per stage ==")
@@ -243,6 +253,13 @@ def _final_report(
         print(
             "NOTE: the human scores above come from the SIMULATED crowd (saleval-simulate), "
             "not from people. See README: 'Real answers' to swap in real crowd answers."
+        )
+    if published is not None:
+        rho = published["spearman"]
+        print(
+            "Method ranking vs the original study's real crowd on the same samples: Spearman "
+            f"{'n/a' if rho is None else f'{rho:.2f}'} over {len(published['methods'])} methods"
+            + (" (our side SIMULATED)" if "simulate" in dirs else "")
         )
     if uri.startswith("sqlite:///"):
         print(f"\nOpen the runs side by side:\n  .venv/bin/mlflow ui --backend-store-uri {uri}\n")

@@ -58,7 +58,7 @@ def calibration_note(sim: SimulationConfig) -> str:
     if not v:
         return "Validation against real workers: none recorded for this worker model."
     return (
-        f"Validated against the original study's real crowd (docs/simulated-crowd.md): "
+        "Validated against the original study's real crowd (docs/simulated-crowd.md): "
         + "; ".join(f"{k} {val}" for k, val in v.items())
         + "."
     )
