@@ -99,9 +99,11 @@ def main() -> None:
     ap.add_argument("--out", default="calibration.csv")
     ap.add_argument("--data-root", default=os.environ.get("SALEVAL_DATA_ROOT", "../shared/data"))
     ap.add_argument("--replicates", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=42, help="the reader's seed (simulation.seed)")
+    ap.add_argument("--holdout", type=float, default=0.2, help="BowReader.calibration_holdout")
     args = ap.parse_args()
     root = Path(args.data_root)
-    grid_reader = {"C": [1.0, 10.0], "dot_weight": [0.0, 0.5, 1.0, 2.0, 3.0, 5.0]}
+    grid_reader = {"C": [10.0], "dot_weight": [0.0, 0.5, 1.0, 2.0, 3.0, 5.0]}
     grid_worker = {
         "lapse_mean": [0.05, 0.1, 0.2, 0.3],
         "idk": [0.0, 0.1, 0.2, 0.3, 0.45, 0.6],
@@ -128,8 +130,8 @@ def main() -> None:
         tasks = study.tasks.set_index(key).loc[pd.MultiIndex.from_frame(real[key])].reset_index()
         y = tasks["label"].to_numpy()
         for c_reg in grid_reader["C"]:
-            reader = BowReader(C=c_reg).fit(
-                train["text"].tolist(), train["label"].tolist(), len(labels)
+            reader = BowReader(C=c_reg, calibration_holdout=args.holdout).fit(
+                train["text"].tolist(), train["label"].tolist(), len(labels), args.seed
             )
             for dw in grid_reader["dot_weight"]:
                 reader.dot_weight = dw

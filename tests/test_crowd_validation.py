@@ -89,14 +89,18 @@ def test_dot_weight_zero_is_plain_tfidf_and_hidden_words_dilute() -> None:
     texts = ["good great fine", "bad awful poor", "great good nice", "poor bad worse"] * 5
     labels = [1, 0, 1, 0] * 5
     views = ["great ..........", "great ", "..bad .awful ......", "bad awful "]
-    plain = BowReader(C=10.0, min_df=1, solver="lbfgs").fit(texts, labels, 2)
+    plain = BowReader(
+        C=10.0, min_df=1, solver="lbfgs", dot_weight=0.0, calibration_holdout=0.0
+    ).fit(texts, labels, 2)
     ref = make_pipeline(
         TfidfVectorizer(min_df=1, sublinear_tf=True, max_features=50000),
         LogisticRegression(C=10.0, solver="lbfgs", max_iter=1000),
     ).fit(texts, labels)
     np.testing.assert_allclose(plain.predict_proba(views), ref.predict_proba(views), atol=1e-6)
     assert n_hidden(views).tolist() == [10, 0, 9, 0]
-    diluted = BowReader(C=10.0, min_df=1, solver="lbfgs", dot_weight=1.0).fit(texts, labels, 2)
+    diluted = BowReader(
+        C=10.0, min_df=1, solver="lbfgs", dot_weight=1.0, calibration_holdout=0.0
+    ).fit(texts, labels, 2)
     p = diluted.predict_proba(views)
     conf = np.abs(p[:, 1] - 0.5)
     assert conf[0] < conf[1] and conf[2] < conf[3]  # hidden words weaken the same evidence
@@ -163,14 +167,22 @@ def test_validate_writes_tables_and_reproduces_published_accuracy(
     # the real column is the published study's accuracy, as scoring computes it
     agg, _, _ = read_lu2024(PUBLISHED / fname, IMDB_LABELS, dataset)
     published = scoring.score(agg, n_bootstrap=10, n_resamples=9).accuracy
-    want = published.set_index(["method", "k"])["accuracy"]
-    got = table.set_index(["method", "k"])["real"]
-    pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
+    want = published.set_index(["method", "k"])["accuracy"].to_dict()
+    got = table.set_index(["method", "k"])["real"].to_dict()
+    assert got.keys() == want.keys() and got == pytest.approx(want, rel=1e-12, abs=0)
     report = json.loads((run / "validation.json").read_text())
     assert report["simulated"] is True and report["n_tasks"] == 4000
     assert report["curve"]["5"]["real"] == pytest.approx(52.625)
-    assert out["reader_excluded_study_texts"] == 0
-    assert "SIMULATED" in (run / "SIMULATED.md").read_text()
+    assert out["reader_excluded_study_texts"] == 0 and report["n_simulated_crowds"] == 5
+    notice = (run / "SIMULATED.md").read_text()
+    assert "SIMULATED" in notice and "validated against real workers" in notice
+    # the simulated crowd's scores say SIMULATED and the validation error in use
+    from saleval.stages import score
+
+    scored = Path(score.run(make_cfg("score", [f"inputs.crowd={run}"]))["run_dir"])
+    md = (scored / "scores.md").read_text()
+    assert "SIMULATED" in md and "validated against real workers" in md and "imdb:" in md
+    assert "validated against real workers" in (scored / "scores.tex").read_text()
 
 
 def test_validate_needs_the_published_file(make_cfg: Callable[..., DictConfig]) -> None:

@@ -119,6 +119,9 @@ class PublishedTasksConfig:
     """How a simulated crowd answers the published study's tasks (``crowd=lu2024``)."""
 
     repeats: int = 5  # workers per task, as in the original study
+    # action=validate: simulated crowds (seeds simulation.seed, +1, ...) averaged, so the
+    # comparison measures the worker model rather than one crowd's binomial noise
+    replicates: int = 5
     bundle_size: int = 100  # tasks per simulated worker
     # the dataset splits the reader learns from, the study's samples removed by text
     reader_splits: list[str] = field(default_factory=lambda: ["train", "validation", "test"])

@@ -122,7 +122,7 @@ class NoiseConfig:
 
     distribution: NoiseDistribution = NoiseDistribution.beta
     a: float = 2.0
-    b: float = 18.0
+    b: float = 8.0
     low: float | None = None
     high: float | None = None
     value: float | None = None
@@ -208,19 +208,20 @@ class SimulationConfig:
 
     name: str = "default"
     seed: int = 42
-    noise: NoiseConfig = field(default_factory=NoiseConfig)  # mean lapse rate 2/(2+18) = 0.1
-    idk_threshold: float = 0.25
+    # calibrated against the original study's crowd (docs/simulated-crowd.md)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)  # mean lapse rate 2/(2+8) = 0.2
+    idk_threshold: float = 0.2
     idk_jitter: float = 0.05
     decision: Decision = Decision.sample
-    # decision=sample: < 1 sharper (the model's raw probabilities are soft), > 1 flatter
-    temperature: float = 0.5
+    # decision=sample: < 1 sharper, > 1 flatter than the reader's (calibrated) probabilities
+    temperature: float = 1.0
     spammers: SpammersConfig = field(default_factory=SpammersConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     # the reading model: _target_ + its parameters (options: conf/simulation/reader/*.yaml)
     reader: dict[str, Any] = field(default_factory=lambda: {"_target_": BOW_READER})
     # what validating this worker model against the original study's real crowd measured
     # (docs/simulated-crowd.md); every SIMULATED notice repeats it. Empty: not validated.
-    validation: dict[str, str] = field(default_factory=dict)
+    validation: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         try:

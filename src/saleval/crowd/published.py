@@ -19,7 +19,7 @@ word-piece spelling.
 >>> join_word_pieces("the wine ##ries are homo ##gen ##ized , don ' t you think ?")
 "the wineries are homogenized, don't you think?"
 >>> text_key("The wineries are homogenized, don't you think?")
-'the wineries are homogenized don t you'
+'the wineries are homogenized don t you think'
 """
 
 from __future__ import annotations

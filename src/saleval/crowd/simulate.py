@@ -226,8 +226,13 @@ def simulate_crowd(
     train: pd.DataFrame,
     label_names: Sequence[str],
     cfg: SimulationConfig,
+    read: tuple[np.ndarray, dict[str, float]] | None = None,
 ) -> SimulatedCrowd:
-    """Train the reading model on ``train`` and let one worker answer each bundle."""
+    """Train the reading model on ``train`` and let one worker answer each bundle.
+
+    ``read``: the reading model's output for ``tasks`` (:func:`read_tasks`) when it was
+    already computed, so several crowds (seeds) can answer what one reader read.
+    """
     overlap = sorted(set(tasks["sample_id"]) & set(train["sample_id"]))
     if overlap:
         split = cfg.reader.get("split", "train")
@@ -243,7 +248,7 @@ def simulate_crowd(
             f"tasks: row {row + 1}, field label: {tasks['label'].iloc[row]!r} is not an index of "
             f"dataset.label_names {list(label_names)}"
         )
-    probs, reader_info = read_tasks(tasks, train, label_names, cfg)
+    probs, reader_info = read if read is not None else read_tasks(tasks, train, label_names, cfg)
     bundle_ids = sorted(bundles["bundle_id"].unique())
     workers = draw_workers(bundle_ids, len(label_names), cfg)
     answers = simulate_answers(tasks, bundles, probs, workers, label_names, cfg)

@@ -15,6 +15,7 @@ published verdicts (:mod:`saleval.crowd.validation`): ``validation.csv``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,12 @@ from saleval.crowd.config import SimulationConfig
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.published import exclude_texts, read_study, study_bundles
 from saleval.crowd.reading import enforce_policy, sha256_file
-from saleval.crowd.simulate import SimulatedCrowd, simulate_crowd
+from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.crowd.validation import (
     VALIDATION_FILE,
     VALIDATION_JSON,
     VALIDATION_PLOT,
+    calibration_note,
     compare_crowds,
     plot_validation,
 )
@@ -51,19 +53,6 @@ never as evidence about how people judge explanations.
 {calibration}"""
 
 
-def calibration_note(sim: SimulationConfig) -> str:
-    """What the configured worker model's validation against real people says, for every
-    SIMULATED notice (``simulation.validation``; docs/simulated-crowd.md)."""
-    v = sim.validation
-    if not v:
-        return "Validation against real workers: none recorded for this worker model."
-    return (
-        "Validated against the original study's real crowd (docs/simulated-crowd.md): "
-        + "; ".join(f"{k} {val}" for k, val in v.items())
-        + "."
-    )
-
-
 def _write_notice(
     st: Stage, cfg: DictConfig, sim: SimulationConfig, crowd: SimulatedCrowd, trained_on: str
 ) -> None:
@@ -74,7 +63,7 @@ def _write_notice(
             dataset=cfg.dataset.name,
             n_spam=int(crowd.summary["sim_n_spammers"]),
             n_workers=int(crowd.summary["sim_n_workers"]),
-            calibration=calibration_note(sim),
+            calibration=calibration_note(sim.validation),
         )
     )
     crowd.workers.to_csv(st.path("workers.csv"), index=False)
@@ -146,14 +135,26 @@ def run_published(
         bundles = study_bundles(
             study, int(cfg.published.repeats), int(cfg.published.bundle_size), int(sim.seed)
         )
-        crowd = simulate_crowd(study.tasks, bundles, train, labels, sim)
+        read = read_tasks(study.tasks, train, labels, sim)
+        n_crowds = int(cfg.published.replicates) if action == SimulateAction.validate else 1
+        crowds: list[pd.DataFrame] = []
+        for r in range(max(1, n_crowds)):
+            sim_r = dataclasses.replace(sim, seed=int(sim.seed) + r)
+            crowd_r = simulate_crowd(study.tasks, bundles, train, labels, sim_r, read=read)
+            answers_path = st.path(f"answers_{r}.csv")
+            tables.ANSWERS.validate(crowd_r.answers, where="simulate").to_csv(
+                answers_path, index=False
+            )
+            imported = AnswersSource().import_(answers_path, study.tasks, bundles, labels)
+            crowds.append(imported.aggregated)
+            if r == 0:
+                crowd = crowd_r
+                aggregated = imported.aggregated
+            answers_path.unlink()
         st.write(tables.TASKS, study.tasks)
         st.write(tables.BUNDLES, bundles)
         st.write(tables.ANSWERS, crowd.answers)
-        imported = AnswersSource().import_(
-            tables.ANSWERS.path(st.run_dir), study.tasks, bundles, labels
-        )
-        st.write(tables.AGGREGATED, imported.aggregated)
+        st.write(tables.AGGREGATED, aggregated)
         trained_on = f"the {', '.join(splits)} splits (the study's samples removed)"
         _write_notice(st, cfg, sim, crowd, trained_on)
         summary: dict[str, Any] = {
@@ -165,12 +166,16 @@ def run_published(
         st.log_metrics(summary)
         out: dict[str, Any] = {"run_dir": str(st.run_dir), "run_id": st.run_id, **summary}
         if action == SimulateAction.validate:
-            out["validation"] = _validate(st, study.aggregated, imported.aggregated, dataset, sim)
+            out["validation"] = _validate(st, study.aggregated, crowds, dataset, sim)
         return out
 
 
 def _validate(
-    st: Stage, real: pd.DataFrame, simulated: pd.DataFrame, dataset: str, sim: SimulationConfig
+    st: Stage,
+    real: pd.DataFrame,
+    simulated: list[pd.DataFrame],
+    dataset: str,
+    sim: SimulationConfig,
 ) -> dict[str, Any]:
     v = compare_crowds(real, simulated)
     v.table.to_csv(st.path(VALIDATION_FILE), index=False)
@@ -180,7 +185,7 @@ def _validate(
         "simulated": True,
         "simulation": sim.name,
         "reader": sim.reader,
-        "calibration_in_use": dict(sim.validation),
+        "calibration_in_use": dict(sim.validation or {}),
         **v.summary,
         "methods": v.methods.to_dict(orient="records"),
     }
