@@ -203,23 +203,32 @@ def plot_validation(table: pd.DataFrame, path: str | Path, caption: str, note: s
     return Path(path)
 
 
-def calibration_note(validation: Mapping[str, str] | None) -> str:
+def calibration_note(validation: Mapping[str, str] | None, short: bool = False) -> str:
     """One line on how close the worker model in use came to real people: what every
-    SIMULATED table, notice and plot says besides SIMULATED (``simulation.validation``).
+    SIMULATED table, notice and plot says besides SIMULATED (``simulation.validation``);
+    ``short`` for a plot that already says SIMULATED in its title.
 
     >>> calibration_note({"imdb": "cell MAE 6.6 pts"})
     'SIMULATED crowd validated against real workers (docs/simulated-crowd.md): imdb: cell MAE 6.6 pts'
+    >>> calibration_note(None, short=True)
+    'crowd model not validated against real workers'
     """
     if not validation:
+        if short:
+            return "crowd model not validated against real workers"
         return f"{SIMULATED} crowd: this worker model was not validated against real workers"
     parts = "; ".join(f"{k}: {v}" for k, v in validation.items())
+    if short:
+        return f"validated vs real workers: {parts}"
     return f"{SIMULATED} crowd validated against real workers (docs/simulated-crowd.md): {parts}"
 
 
-def upstream_calibration_note(run_dirs: Iterable[str | Path], max_depth: int = 6) -> str | None:
-    """The :func:`calibration_note` of the simulated crowd upstream of ``run_dirs`` (the
-    nearest ``saleval-simulate`` ancestor, found through each run's ``run.json``); None
-    when no ancestor is a simulate run."""
+def upstream_validation(
+    run_dirs: Iterable[str | Path], max_depth: int = 6
+) -> dict[str, str] | None:
+    """``simulation.validation`` of the simulated crowd upstream of ``run_dirs`` (the
+    nearest ``saleval-simulate`` ancestor, found through each run's ``run.json``): {}
+    when it was not validated, None when no ancestor is a simulate run."""
     frontier = [Path(d) for d in run_dirs]
     seen: set[Path] = set()
     for _ in range(max_depth):
@@ -232,12 +241,9 @@ def upstream_calibration_note(run_dirs: Iterable[str | Path], max_depth: int = 6
             if info.get("stage") == "simulate" and (d / "config.yaml").is_file():
                 node = OmegaConf.select(OmegaConf.load(d / "config.yaml"), "simulation.validation")
                 container = OmegaConf.to_container(node) if node is not None else None
-                note = (
-                    {str(k): str(v) for k, v in container.items()}
-                    if isinstance(container, dict)
-                    else None
-                )
-                return calibration_note(note)
+                if not isinstance(container, dict):
+                    return {}
+                return {str(k): str(v) for k, v in container.items()}
             nxt.extend(Path(p) for p in (info.get("parent_dirs") or {}).values())
         frontier = nxt
     return None

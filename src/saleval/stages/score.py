@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval import reports, scoring, tables, tracking
 from saleval.crowd.importer import PublishedSource, crowd_source
 from saleval.crowd.reading import sha256_file
-from saleval.crowd.validation import upstream_calibration_note
+from saleval.crowd.validation import calibration_note, upstream_validation
 from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
@@ -139,7 +139,8 @@ def score_outputs(
         result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
     )
     # a simulated crowd's tables and plots also say how close it came to real people
-    note = upstream_calibration_note(st.inputs.values()) if simulated else None
+    validation = upstream_validation(st.inputs.values()) if simulated else None
+    note = None if validation is None else calibration_note(validation)
     if note:
         md += f"\n> {note}\n"
         info = {**info, "simulated_crowd_validation": note}
@@ -150,7 +151,8 @@ def score_outputs(
     if note:
         tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
     st.path("scores.tex").write_text(tex)
-    suffix = f"\n{textwrap.shorten(note, 110)}" if note else ""
+    short = "" if validation is None else calibration_note(validation, short=True)
+    suffix = "\n" + textwrap.fill(short, 72) if short else ""
     reports.plot_accuracy_vs_k(
         result.accuracy,
         st.path("accuracy_vs_k.png"),
