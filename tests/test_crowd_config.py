@@ -44,7 +44,7 @@ def _base(group: str, defaults: list[Any]) -> DictConfig:
     """What a group file starts from: its defaults list without itself (schemas, parents)."""
     base = OmegaConf.create({})
     for entry in defaults:
-        if entry == "_self_" or isinstance(entry, dict):  # a nested group choice
+        if entry == "_self_" or isinstance(entry, dict | DictConfig):  # a nested group choice
             continue
         schema = SCHEMAS.get((group, entry))
         if schema is not None:

@@ -20,6 +20,7 @@ from saleval import tables
 from saleval.crowd.answers import IDK
 from saleval.crowd.config import SimulationConfig
 from saleval.crowd.errors import SimulationError
+from saleval.crowd.readers import build_reader
 from saleval.crowd.simulate import simulate_crowd
 from saleval.data import load_dataset
 from saleval.schema import to_schema
@@ -184,7 +185,9 @@ def test_simulation_options_compose() -> None:
     for name in ("default", "ideal", "noisy"):
         cfg = compose_config("simulate", [f"simulation={name}"])
         sim = to_schema(SimulationConfig, cfg.simulation)
-        assert sim.seed == 42 and sim.bow.split == "train" and sim.name == name
+        assert sim.seed == 42 and build_reader(sim.reader).split == "train" and sim.name == name
+    tuned = compose_config("simulate", ["simulation/reader=finetuned"]).simulation.reader
+    assert tuned["_target_"] == "saleval.crowd.readers.FinetunedReader"
     ideal = compose_config("simulate", ["simulation=ideal"])
     assert (
         ideal.simulation.spammers.fraction == 0.0

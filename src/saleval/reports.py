@@ -148,7 +148,7 @@ def scores_markdown(
     return "\n".join(out)
 
 
-def _tex_escape(s: str) -> str:
+def tex_escape(s: str) -> str:
     for a, b in (
         ("\\", r"\textbackslash{}"),
         ("&", r"\&"),
@@ -173,14 +173,14 @@ def scores_latex(
         scores,
         bold=lambda s: rf"\textbf{{{s}}}",
         under=lambda s: rf"\underline{{{s}}}",
-        name=_tex_escape,
+        name=tex_escape,
     )
     header = [h.replace("k=", "$k$=") for h in header]
     spec = "l" + "r" * (len(header) - 1)
     lines = [
         r"\begin{table}[t]",
         r"\centering",
-        rf"\caption{{{_tex_escape(title(caption, simulated))}. Accuracy (\%) with rank per $k$ "
+        rf"\caption{{{tex_escape(title(caption, simulated))}. Accuracy (\%) with rank per $k$ "
         r"and weighted score; best in bold, 2nd and 3rd underlined.}",
         rf"\label{{{label}}}",
         rf"\begin{{tabular}}{{{spec}}}",

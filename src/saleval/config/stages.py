@@ -8,6 +8,7 @@ nodes are typed, so an unknown key in any group file (the project's or one found
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from omegaconf import MISSING
@@ -107,10 +108,34 @@ class TaskRunInputs:
     tasks: str = MISSING  # a saleval-tasks run dir or runs:/<id>
 
 
+class SimulateAction(StrEnum):
+    """``saleval-simulate action=...``."""
+
+    simulate = "simulate"  # answer the tasks (a task run's, or the published study's)
+    validate = "validate"  # answer the published tasks and compare with the real crowd
+
+
+@dataclass
+class PublishedTasksConfig:
+    """How a simulated crowd answers the published study's tasks (``crowd=lu2024``)."""
+
+    repeats: int = 5  # workers per task, as in the original study
+    # action=validate: simulated crowds (seeds simulation.seed, +1, ...) averaged, so the
+    # comparison measures the worker model rather than one crowd's binomial noise
+    replicates: int = 5
+    bundle_size: int = 100  # tasks per simulated worker
+    # the dataset splits the reader learns from, the study's samples removed by text
+    reader_splits: list[str] = field(default_factory=lambda: ["train", "validation", "test"])
+
+
 @dataclass
 class SimulateStageConfig(StageConfig):
     dataset: DatasetConfig | None = None  # null: the task run's (saleval.provenance)
     simulation: SimulationConfig = MISSING
+    action: SimulateAction = SimulateAction.simulate
+    # crowd=lu2024 crowd.path=<published file>: answer the original study's own tasks
+    crowd: Any = None
+    published: PublishedTasksConfig = field(default_factory=PublishedTasksConfig)
     inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
 
 

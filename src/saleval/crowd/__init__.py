@@ -12,7 +12,10 @@ checks that no cycle exists):
 3. :mod:`~saleval.crowd.config` (the schemas of ``study``, ``simulation``, ``crowd``);
 4. :mod:`~saleval.crowd.quality` (filters), :mod:`~saleval.crowd.aggregation`,
    :mod:`~saleval.crowd.design` (tasks and bundles), :mod:`~saleval.crowd.exports`,
-   :mod:`~saleval.crowd.simulate` (the simulated crowd);
+   :mod:`~saleval.crowd.readers` (the simulated workers' reading models),
+   :mod:`~saleval.crowd.simulate` (the simulated crowd), :mod:`~saleval.crowd.published`
+   (the published study's tasks and samples as tasks and datasets),
+   :mod:`~saleval.crowd.validation` (simulated vs real crowd);
 5. :mod:`~saleval.crowd.importer` (import orchestration: the crowd sources that
    ``crowd._target_`` names).
 """

@@ -47,6 +47,20 @@ def read_lu2024(
     its sample's, known method, integer k, Correct in {0, 1}, no repeated (method, k)
     within a sample, and no more shown words than k.
     """
+    agg, rejects, info = _read_blocks(path, label_names, dataset, methods, encoding)
+    info.pop("samples")
+    return agg.drop(columns=["n_words_shown", "display_text"]), rejects, info
+
+
+def _read_blocks(
+    path: str | Path,
+    label_names: Sequence[str],
+    dataset: str,
+    methods: Mapping[str, str] = LU2024_METHODS,
+    encoding: str = "utf-8",
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """:func:`read_lu2024` keeping what workers saw (``display_text``, ``n_words_shown``)
+    and the samples' texts and labels (``info["samples"]``: id -> (label, text))."""
     path = Path(path)
     header, rows, undecodable = read_rows(
         path, delimiter="\t", quoting=csv.QUOTE_NONE, encoding=encoding
@@ -67,6 +81,8 @@ def read_lu2024(
     block_row = 0
     seen: dict[tuple[int, str, int], int] = {}
     n_samples = 0
+    sample_text = ""
+    samples: dict[str, tuple[int, str]] = {}
     for r, values in enumerate(rows, start=1):
         if r in undecodable:
             rejects.add(r, *undecodable[r])
@@ -87,6 +103,7 @@ def read_lu2024(
             block_row = r
             block_ok = label is not None
             block_label = -1 if label is None else label
+            sample_text = values[col["Text"]]
             if label is None:
                 rejects.add(r, "Label", f"not a label index 0..{n_labels - 1}: {get['Label']!r}")
             else:
@@ -139,10 +156,13 @@ def read_lu2024(
                 "correct": int(get["Correct"]),
                 "label": label,
                 "n_words_shown": shown,
+                "display_text": values[col["Text"]],
             }
         )
+        samples.setdefault(f"lu2024-{dataset}-{block}", (block_label, sample_text))
     agg = pd.DataFrame(
-        out, columns=["sample_id", "method", "k", "correct", "label", "n_words_shown"]
+        out,
+        columns=["sample_id", "method", "k", "correct", "label", "n_words_shown", "display_text"],
     )
     cells = agg.groupby("sample_id").size()
     grid = agg[["method", "k"]].drop_duplicates()
@@ -155,5 +175,6 @@ def read_lu2024(
         "ks": sorted(int(k) for k in agg["k"].unique()),
         "incomplete_samples": sorted(cells[cells < len(grid)].index.tolist()),
         "columns": header,
+        "samples": samples,
     }
-    return agg.drop(columns="n_words_shown"), rejects.frame(), info
+    return agg, rejects.frame(), info

@@ -2,9 +2,10 @@
 and is tested without people. Everything it produces is SIMULATED and says so.
 
 A simulated worker reads only a task's ``display_text``. Its "understanding" is a
-bag-of-words classifier (TF-IDF + logistic regression, scikit-learn) trained on a
-split of the dataset disjoint from the explained samples, so it never saw the
-explained classifier nor the study texts. Per task a worker
+reading model (``simulation.reader``, :mod:`saleval.crowd.readers`; by default TF-IDF +
+logistic regression whose evidence is diluted by the hidden words) trained on a split of
+the dataset disjoint from the explained samples, so it never saw the explained
+classifier nor the study texts. Per task a worker
 
 1. lapses with its own noise rate (drawn per worker from a configured
    distribution) and then picks a label uniformly at random;
@@ -18,6 +19,9 @@ A configured fraction of workers are spammers who answer fast and ignore the tex
 uniformly random labels, "I don't know" throughout, or one constant label. The
 quality filters of docs/aggregation.md (bundle under 2 minutes, all "I don't know", gold
 accuracy) have them to find; ``workers.csv`` says who they are.
+
+How close this comes to real people, and how the defaults were chosen:
+``docs/simulated-crowd.md``.
 """
 
 from __future__ import annotations
@@ -30,52 +34,43 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline, make_pipeline
 from tqdm.auto import tqdm
 
 from saleval.crowd.answers import IDK
 from saleval.crowd.config import (
     SPAMMER_KINDS,
-    BowConfig,
     Decision,
     NoiseConfig,
     NoiseDistribution,
     SimulationConfig,
 )
 from saleval.crowd.errors import SimulationError
+from saleval.crowd.readers import build_reader
 from saleval.crowd.seeding import seeded_rng
 
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------
-# The reading model
+# The reading model (saleval.crowd.readers)
 # ---------------------------------------------------------------------------------
 
 
-def train_bow(
-    texts: Sequence[str], labels: Sequence[int], cfg: BowConfig, seed: int = 0
-) -> Pipeline:
-    """TF-IDF + logistic regression on full texts of the training split.
-
-    TF-IDF's default token pattern ignores the dots of the display text, so a
-    rendered view reads as the bag of its shown words.
-    """
-    model = make_pipeline(
-        TfidfVectorizer(
-            lowercase=True,
-            ngram_range=(1, int(cfg.ngram_max)),
-            min_df=int(cfg.min_df),
-            max_features=None if cfg.max_features is None else int(cfg.max_features),
-            sublinear_tf=bool(cfg.sublinear_tf),
-        ),
-        LogisticRegression(
-            C=float(cfg.C), solver=str(cfg.solver), max_iter=int(cfg.max_iter), random_state=seed
-        ),
+def read_tasks(
+    tasks: pd.DataFrame, train: pd.DataFrame, label_names: Sequence[str], cfg: SimulationConfig
+) -> tuple[np.ndarray, dict[str, float]]:
+    """The reading model (``simulation.reader``) learns from ``train`` and returns its class
+    probabilities for every task's ``display_text``, with what it was trained on."""
+    reader = build_reader(cfg.reader)
+    if reader.max_train and len(train) > int(reader.max_train):
+        train = train.sample(n=int(reader.max_train), random_state=int(cfg.seed))
+    reader.fit(
+        train["text"].astype(str).tolist(),
+        train["label"].astype(int).tolist(),
+        len(label_names),
+        int(cfg.seed),
     )
-    model.fit(list(texts), np.asarray(labels, dtype=np.int64))
-    return model
+    probs = reader.predict_proba(tasks["display_text"].astype(str).tolist())
+    return probs, {"reader_train_size": float(len(train))}
 
 
 def normalised_confidence(probs: np.ndarray) -> np.ndarray:
@@ -231,14 +226,20 @@ def simulate_crowd(
     train: pd.DataFrame,
     label_names: Sequence[str],
     cfg: SimulationConfig,
+    read: tuple[np.ndarray, dict[str, float]] | None = None,
 ) -> SimulatedCrowd:
-    """Train the reading model on ``train`` and let one worker answer each bundle."""
+    """Train the reading model on ``train`` and let one worker answer each bundle.
+
+    ``read``: the reading model's output for ``tasks`` (:func:`read_tasks`) when it was
+    already computed, so several crowds (seeds) can answer what one reader read.
+    """
     overlap = sorted(set(tasks["sample_id"]) & set(train["sample_id"]))
     if overlap:
+        split = cfg.reader.get("split", "train")
         raise SimulationError(
             f"{len(overlap)} task samples (e.g. {overlap[:3]}) are in the simulated workers' "
-            f"training split {cfg.bow.split!r}; the reading model must not have seen study texts "
-            "(explain test samples, or set simulation.bow.split to a disjoint split)"
+            f"training split {split!r}; the reading model must not have seen study texts "
+            "(explain test samples, or set simulation.reader.split to a disjoint split)"
         )
     bad = ~tasks["label"].between(0, len(label_names) - 1)
     if bad.any():
@@ -247,18 +248,12 @@ def simulate_crowd(
             f"tasks: row {row + 1}, field label: {tasks['label'].iloc[row]!r} is not an index of "
             f"dataset.label_names {list(label_names)}"
         )
-    if cfg.bow.max_train and len(train) > int(cfg.bow.max_train):
-        train = train.sample(n=int(cfg.bow.max_train), random_state=int(cfg.seed))
-    model = train_bow(
-        train["text"].astype(str).tolist(), train["label"].tolist(), cfg.bow, int(cfg.seed)
-    )
-    probs = np.zeros((len(tasks), len(label_names)))
-    probs[:, model.classes_] = model.predict_proba(tasks["display_text"].astype(str).tolist())
+    probs, reader_info = read if read is not None else read_tasks(tasks, train, label_names, cfg)
     bundle_ids = sorted(bundles["bundle_id"].unique())
     workers = draw_workers(bundle_ids, len(label_names), cfg)
     answers = simulate_answers(tasks, bundles, probs, workers, label_names, cfg)
     summary, by_k = summarise(answers, tasks, workers, label_names)
-    summary["bow_train_size"] = float(len(train))
+    summary.update(reader_info)
     log.info("SIMULATED crowd: %s", summary)
     return SimulatedCrowd(answers, workers, summary, by_k)
 

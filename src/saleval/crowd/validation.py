@@ -1,0 +1,249 @@
+"""How close a simulated crowd comes to real people on the same tasks.
+
+Both sides are A[i, j, k] tables (``tables.AGGREGATED``): the published verdicts of the
+original study's workers and the simulated crowd's, on the very texts those workers saw.
+Every score comes from :mod:`saleval.scoring`, the code that scores any crowd result:
+
+* per (method, k): accuracy real vs simulated, and the mean absolute cell error;
+* per k: the accuracy-vs-k curve (mean over methods) and its largest gap;
+* per method: the scores s_j, their ranks and Spearman's rho; flips and aids;
+* per task: discrimination (ROC AUC of the simulated share of correct answers against
+  the real verdict), calibration (Brier score of that share), and the correlation of
+  the two verdicts.
+
+The figures of the shipped calibration are in ``docs/simulated-crowd.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+from scipy import stats
+from sklearn.metrics import brier_score_loss, roc_auc_score
+
+from saleval import scoring, tables
+from saleval.reports import SIMULATED, display_name
+
+VALIDATION_FILE = "validation.csv"
+VALIDATION_JSON = "validation.json"
+VALIDATION_PLOT = "validation.png"
+
+
+@dataclass
+class Validation:
+    """``table``: method, k, real, simulated, n (accuracy in percent); ``summary``: the
+    figures (JSON-ready); ``methods``: per method real/simulated score, rank, flips, aids."""
+
+    table: pd.DataFrame
+    methods: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def _cube(aggregated: pd.DataFrame, like: scoring.Cube | None = None) -> scoring.Cube:
+    cube = scoring.Cube.from_aggregated(aggregated)
+    if like is None:
+        return cube
+    idx = pd.MultiIndex.from_product(
+        [like.samples, like.methods, like.ks], names=["sample_id", "method", "k"]
+    )
+    a = aggregated.set_index(["sample_id", "method", "k"])["correct"].astype("float64")
+    a = a.reindex(idx)
+    shape = (len(like.samples), len(like.methods), len(like.ks))
+    return scoring.Cube(a.to_numpy().reshape(shape), like.samples, like.methods, like.ks)
+
+
+def compare_crowds(
+    real: pd.DataFrame, simulated: pd.DataFrame | Sequence[pd.DataFrame]
+) -> Validation:
+    """Compare simulated A with the real A on the real one's samples, methods and ks.
+
+    ``simulated`` may hold several simulated crowds (seeds) on the same tasks: cell
+    accuracies, scores and flips are then their means, and a task's simulated verdict is
+    the share of crowds that recognised it. One real crowd of 100 samples carries about
+    3.5 points of binomial noise per cell; averaging the simulated side keeps it from
+    adding as much again.
+
+    >>> real = pd.DataFrame({"sample_id": ["a", "a", "b", "b"], "method": ["m", "random"] * 2,
+    ...                      "k": [5] * 4, "correct": [1, 0, 1, 1]})
+    >>> v = compare_crowds(real, real.assign(frac_correct=real["correct"] * 1.0))
+    >>> v.summary["mae_cell"], v.summary["task_auc"]
+    (0.0, 1.0)
+    """
+    real = tables.AGGREGATED.validate(real, where="validation (real)")
+    sims = [simulated] if isinstance(simulated, pd.DataFrame) else list(simulated)
+    sims = [tables.AGGREGATED.validate(s, where="validation (simulated)") for s in sims]
+    rc = _cube(real)
+    cubes = [_cube(s, like=rc) for s in sims]
+    if not cubes or any(np.isnan(c.A).all() for c in cubes):
+        raise ValueError(
+            "validation: a simulated crowd answered none of the real tasks "
+            "(no common sample_id, method, k)"
+        )
+    p_real = scoring.accuracy(rc.A)
+    p_sim = np.mean([scoring.accuracy(c.A) for c in cubes], axis=0)
+    n = (~np.isnan(rc.A) & ~np.isnan(cubes[0].A)).sum(axis=0)
+    table = pd.DataFrame(
+        [
+            {
+                "method": m,
+                "k": k,
+                "real": 100 * p_real[j, c],
+                "simulated": 100 * p_sim[j, c],
+                "n": int(n[j, c]),
+            }
+            for j, m in enumerate(rc.methods)
+            for c, k in enumerate(rc.ks)
+        ]
+    )
+    err = np.abs(table["real"] - table["simulated"])
+    curve = table.groupby("k")[["real", "simulated"]].mean()
+    gap = (curve["simulated"] - curve["real"]).abs()
+    s_real = scoring.method_scores(np.nan_to_num(p_real))
+    s_sim = scoring.method_scores(np.nan_to_num(p_sim))
+    f_real = scoring.flip_analysis(rc.A)
+    f_each = [scoring.flip_analysis(c.A) for c in cubes]
+    f_sim = {key: np.mean([f[key] for f in f_each], axis=0) for key in ("flips", "aids")}
+    methods = pd.DataFrame(
+        {
+            "method": rc.methods,
+            "score_real": 100 * s_real,
+            "score_simulated": 100 * s_sim,
+            "rank_real": scoring.rank_desc(s_real),
+            "rank_simulated": scoring.rank_desc(s_sim),
+            "flips_real": f_real["flips"],
+            "flips_simulated": f_sim["flips"],
+            "aids_real": f_real["aids"],
+            "aids_simulated": f_sim["aids"],
+        }
+    )
+    summary: dict[str, Any] = {
+        "n_tasks": int(n.sum()),
+        "n_simulated_crowds": len(cubes),
+        "mae_cell": float(err.mean()),
+        "max_cell_error": float(err.max()),
+        "accuracy_real": float(table["real"].mean()),
+        "accuracy_simulated": float(table["simulated"].mean()),
+        "curve": {
+            int(k): {"real": float(r.real), "simulated": float(r.simulated)}
+            for k, r in curve.iterrows()
+        },
+        "curve_max_gap": float(gap.max()),
+        "score_spearman": _spearman(s_real, s_sim),
+        "score_mae": float(np.mean(np.abs(s_real - s_sim)) * 100),
+        "flips_total": {
+            "real": int(f_real["flips"].sum()),
+            "simulated": float(f_sim["flips"].sum()),
+        },
+        "aids_total": {"real": int(f_real["aids"].sum()), "simulated": float(f_sim["aids"].sum())},
+        **_task_level(real, sims),
+    }
+    return Validation(table, methods, summary)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return None
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def _task_level(real: pd.DataFrame, sims: Sequence[pd.DataFrame]) -> dict[str, Any]:
+    """Task-level agreement: does the simulated crowd find the same tasks hard? The
+    simulated verdict of a task is the share of simulated crowds that recognised it."""
+    key = ["sample_id", "method", "k"]
+    stacked = pd.concat([s[[*key, "correct"]] for s in sims], ignore_index=True)
+    share = stacked.groupby(key, as_index=False)["correct"].mean()
+    both = real[[*key, "correct"]].merge(share, on=key, suffixes=("_real", "_sim"))
+    y = both["correct_real"].to_numpy()
+    v = both["correct_sim"].to_numpy(dtype=np.float64)
+    out: dict[str, Any] = {
+        "task_agreement": float(1.0 - np.abs(y - v).mean()),
+        "task_correlation": float(np.corrcoef(y, v)[0, 1]) if np.ptp(y) and np.ptp(v) else None,
+    }
+    if np.ptp(y):
+        out["task_auc"] = float(roc_auc_score(y, v))
+        out["task_brier"] = float(brier_score_loss(y, v))
+    else:
+        out["task_auc"] = out["task_brier"] = None
+    return out
+
+
+def plot_validation(table: pd.DataFrame, path: str | Path, caption: str, note: str = "") -> Path:
+    """Real (solid) and simulated (dashed) accuracy against k, one panel per method."""
+    methods = scoring.order_methods(table["method"])
+    cols = min(4, len(methods))
+    rows = -(-len(methods) // cols)
+    fig = Figure(figsize=(3.2 * cols, 2.6 * rows + 0.6))
+    ks = sorted(table["k"].unique())
+    for i, m in enumerate(methods):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        d = table[table["method"] == m].sort_values("k")
+        ax.plot(d["k"], d["real"], "-o", color="#222222", label="real crowd", ms=4)
+        ax.plot(d["k"], d["simulated"], "--s", color="#c44e52", label="SIMULATED", ms=4)
+        ax.set_title(display_name(m), fontsize=9)
+        ax.set_ylim(0, 100)
+        ax.set_xticks(ks)
+        ax.grid(alpha=0.3)
+        if i % cols == 0:
+            ax.set_ylabel("accuracy (%)")
+        if i == 0:
+            ax.legend(fontsize=7)
+    fig.suptitle(
+        f"{SIMULATED} vs real crowd: {caption}" + (f"\n{note}" if note else ""), fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def calibration_note(validation: Mapping[str, str] | None, short: bool = False) -> str:
+    """One line on how close the worker model in use came to real people: what every
+    SIMULATED table, notice and plot says besides SIMULATED (``simulation.validation``);
+    ``short`` for a plot that already says SIMULATED in its title.
+
+    >>> calibration_note({"imdb": "cell MAE 6.6 pts"})
+    'SIMULATED crowd validated against real workers (docs/simulated-crowd.md): imdb: cell MAE 6.6 pts'
+    >>> calibration_note(None, short=True)
+    'crowd model not validated against real workers'
+    """
+    if not validation:
+        if short:
+            return "crowd model not validated against real workers"
+        return f"{SIMULATED} crowd: this worker model was not validated against real workers"
+    parts = "; ".join(f"{k}: {v}" for k, v in validation.items())
+    if short:
+        return f"validated vs real workers: {parts}"
+    return f"{SIMULATED} crowd validated against real workers (docs/simulated-crowd.md): {parts}"
+
+
+def upstream_validation(
+    run_dirs: Iterable[str | Path], max_depth: int = 6
+) -> dict[str, str] | None:
+    """``simulation.validation`` of the simulated crowd upstream of ``run_dirs`` (the
+    nearest ``saleval-simulate`` ancestor, found through each run's ``run.json``): {}
+    when it was not validated, None when no ancestor is a simulate run."""
+    frontier = [Path(d) for d in run_dirs]
+    seen: set[Path] = set()
+    for _ in range(max_depth):
+        nxt: list[Path] = []
+        for d in frontier:
+            if d in seen or not (d / "run.json").is_file():
+                continue
+            seen.add(d)
+            info = json.loads((d / "run.json").read_text())
+            if info.get("stage") == "simulate" and (d / "config.yaml").is_file():
+                node = OmegaConf.select(OmegaConf.load(d / "config.yaml"), "simulation.validation")
+                container = OmegaConf.to_container(node) if node is not None else None
+                if not isinstance(container, dict):
+                    return {}
+                return {str(k): str(v) for k, v in container.items()}
+            nxt.extend(Path(p) for p in (info.get("parent_dirs") or {}).values())
+        frontier = nxt
+    return None
