@@ -296,7 +296,7 @@ def _final_report(
     if "simulate" in dirs:
         print(
             "NOTE: the human scores above come from the SIMULATED crowd (saleval-simulate), "
-            "not from people. See README: 'Real answers' to swap in real crowd answers."
+            "not from people. See README, 'Real crowd answers', to swap in people's answers."
         )
     if published is not None:
         rho = published["spearman"]
