@@ -22,9 +22,12 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # only a type here: the CLI imports this without loading transformers
+    from transformers import PreTrainedTokenizerFast
 
 _CHUNK = re.compile(r"\S+")
 _MARKUP_BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
