@@ -22,7 +22,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -86,8 +86,9 @@ class Segmentation:
         return out
 
 
-def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> Segmentation:
-    """Tokenize ``text`` (with truncation) and map its tokens onto its words."""
+def _encode(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> tuple[Any, int]:
+    """The truncated encoding with offsets and special-token mask, and the untruncated
+    length (so a segmentation knows whether the text was cut)."""
     enc = tokenizer(
         text,
         truncation=True,
@@ -95,7 +96,12 @@ def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> S
         return_offsets_mapping=True,
         return_special_tokens_mask=True,
     )
-    full_len = len(tokenizer(text, truncation=False, add_special_tokens=True)["input_ids"])
+    return enc, len(tokenizer(text, truncation=False, add_special_tokens=True)["input_ids"])
+
+
+def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> Segmentation:
+    """Tokenize ``text`` (with truncation) and map its tokens onto its words."""
+    enc, full_len = _encode(text, tokenizer, max_length)
     ids: list[int] = enc["input_ids"]
     offsets: list[tuple[int, int]] = enc["offset_mapping"]
     special: list[int] = enc["special_tokens_mask"]
@@ -130,6 +136,34 @@ def segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> S
         words=[text[s:e] for s, e in kept_spans],
         spans=kept_spans,
         truncated=truncated,
+    )
+
+
+def piece_segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> Segmentation:
+    """``text`` segmented so that every non-special word piece is a unit of its own.
+
+    The piece unit of Bastings et al. (2022), who rank word pieces: every saliency method
+    then scores (and LIME and occlusion perturb) single pieces, punctuation pieces
+    included; ``[CLS]``/``[SEP]`` are never ranked. ``words`` holds the pieces' strings.
+    """
+    enc, full_len = _encode(text, tokenizer, max_length)
+    ids: list[int] = enc["input_ids"]
+    special = [bool(x) for x in enc["special_tokens_mask"]]
+    pieces = [t for t, sp in enumerate(special) if not sp]
+    token_word = [-1] * len(ids)
+    for i, t in enumerate(pieces):
+        token_word[t] = i
+    offsets = [tuple(enc["offset_mapping"][t]) for t in pieces]
+    words = tokenizer.convert_ids_to_tokens([ids[t] for t in pieces])
+    assert isinstance(words, list)  # a list of ids gives a list of tokens
+    return Segmentation(
+        text=text,
+        input_ids=ids,
+        token_word=token_word,
+        special=special,
+        words=words,
+        spans=[(int(a), int(b)) for a, b in offsets],
+        truncated=full_len > len(ids),
     )
 
 

@@ -44,7 +44,7 @@ from saleval.shortcut.metrics import (
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
 from saleval.stage import fingerprint
 from saleval.training import TextDataModule, fit
-from saleval.words import Segmentation, rank_words, segment
+from saleval.words import Segmentation, piece_segment, rank_words, segment
 
 log = logging.getLogger(__name__)
 
@@ -299,41 +299,6 @@ def select_methods(
     if not out:
         raise ValueError(f"no method configuration left after explain.skip={list(skip)}")
     return out
-
-
-def piece_segment(text: str, tokenizer: PreTrainedTokenizerFast, max_length: int) -> Segmentation:
-    """``text`` segmented so that every non-special word piece is a unit of its own.
-
-    The piece unit of Bastings et al. (2022), who rank word pieces: every saliency method
-    then scores (and LIME and occlusion perturb) single pieces, punctuation pieces
-    included; ``[CLS]``/``[SEP]`` are never ranked. ``words`` holds the pieces' strings.
-    """
-    enc = tokenizer(
-        text,
-        truncation=True,
-        max_length=max_length,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
-    ids: list[int] = enc["input_ids"]
-    special = [bool(x) for x in enc["special_tokens_mask"]]
-    pieces = [t for t, sp in enumerate(special) if not sp]
-    full_len = len(tokenizer(text, truncation=False, add_special_tokens=True)["input_ids"])
-    token_word = [-1] * len(ids)
-    for i, t in enumerate(pieces):
-        token_word[t] = i
-    offsets = [tuple(enc["offset_mapping"][t]) for t in pieces]
-    words = tokenizer.convert_ids_to_tokens([ids[t] for t in pieces])
-    assert isinstance(words, list)  # a list of ids gives a list of tokens
-    return Segmentation(
-        text=text,
-        input_ids=ids,
-        token_word=token_word,
-        special=special,
-        words=words,
-        spans=[(int(a), int(b)) for a, b in offsets],
-        truncated=full_len > len(ids),
-    )
 
 
 def piece_truth(seg: Segmentation, gt_tokens: Sequence[int]) -> list[int]:
