@@ -27,7 +27,7 @@ from scipy import stats
 from saleval import scoring
 from saleval.crowd.published import exclude_texts, read_study
 from saleval.crowd.readers import BowReader
-from saleval.crowd.simulate import normalised_confidence
+from saleval.crowd.simulate import normalised_confidence, tempered
 from saleval.data import load_dataset
 
 DATASETS = {
@@ -52,9 +52,7 @@ def fast_crowd(
     true label (label 0 after reindexing: ``probs[:, 0]`` is the true class)."""
     t, c = probs.shape
     conf = normalised_confidence(probs)
-    tempered = np.power(np.clip(probs, 1e-12, 1.0), 1.0 / temperature)
-    tempered /= tempered.sum(axis=1, keepdims=True)
-    cum = np.cumsum(tempered, axis=1)
+    cum = np.cumsum(tempered(probs, temperature), axis=1)
     shape = (replicates, t, workers)
     b = lapse_a / max(lapse_mean, 1e-6) - lapse_a
     lapse = rng.beta(lapse_a, b, size=shape)

@@ -79,6 +79,13 @@ def normalised_confidence(probs: np.ndarray) -> np.ndarray:
     return (probs.max(axis=1) - 1.0 / c) / (1.0 - 1.0 / c)
 
 
+def tempered(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """Each row ∝ p^(1/T), renormalised: T < 1 sharpens, T > 1 flattens the reader's
+    probabilities before a worker draws a label from them."""
+    out = np.power(np.clip(probs, 1e-12, 1.0), 1.0 / temperature)
+    return out / out.sum(axis=1, keepdims=True)
+
+
 # ---------------------------------------------------------------------------------
 # Workers
 # ---------------------------------------------------------------------------------
@@ -148,8 +155,7 @@ def simulate_answers(
     row_of = {t: i for i, t in enumerate(tasks["task_id"])}
     conf = normalised_confidence(probs)
     if cfg.decision == Decision.sample:
-        tempered = np.power(np.clip(probs, 1e-12, 1.0), 1.0 / float(cfg.temperature))
-        tempered /= tempered.sum(axis=1, keepdims=True)
+        draw_p = tempered(probs, float(cfg.temperature))
     n_shown = tasks["n_words_shown"].to_numpy(dtype=np.float64)
     timing, spam = cfg.timing, cfg.spammers
     start0 = datetime.fromisoformat(str(timing.start))
@@ -175,7 +181,7 @@ def simulate_answers(
                 elif conf[i] < w.idk_threshold:
                     answer = IDK
                 elif cfg.decision == Decision.sample:
-                    answer = label_names[int(r.choice(n_labels, p=tempered[i]))]
+                    answer = label_names[int(r.choice(n_labels, p=draw_p[i]))]
                 else:
                     answer = label_names[int(np.argmax(probs[i]))]
                 seconds = w.speed * (float(timing.base_s) + float(timing.per_word_s) * n_shown[i])
