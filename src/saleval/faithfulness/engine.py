@@ -17,11 +17,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.errors import UserError
 from saleval.faithfulness.formulas import (
@@ -30,11 +29,13 @@ from saleval.faithfulness.formulas import (
     only_words,
     without_words,
 )
-from saleval.inference import n_labels_of, parse_bf16, predict_proba
 from saleval.metrics_config import MetricsConfig
 from saleval.metrics_registry import Metric, registered
 from saleval.vocab import Removal
 from saleval.words import Segmentation, rank_words
+
+if TYPE_CHECKING:  # types only: the metrics register without loading torch (saleval.cli)
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class ProbabilityCache:
         config: MetricsConfig,
         progress: bool = False,
     ) -> None:
+        from saleval.inference import parse_bf16
+
         self.model = model
         self.pad_token_id = pad_token_id
         self.config = config
@@ -110,6 +113,8 @@ class ProbabilityCache:
         ).digest()
 
     def __call__(self, sequences: Sequence[Sequence[int]], desc: str = "forward") -> np.ndarray:
+        from saleval.inference import n_labels_of, predict_proba
+
         keys = [self.key(s) for s in sequences]
         first: dict[bytes, int] = {}
         for i, k in enumerate(keys):

@@ -7,14 +7,16 @@ Also the two perturbations every metric builds on, always on token ids
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerFast
 
 from saleval.metrics_config import n_words_for_fraction
 from saleval.vocab import Removal
 from saleval.words import Segmentation, perturb_ids
+
+if TYPE_CHECKING:  # a type only: the formulas need no transformers at import
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = [
     "aopc",

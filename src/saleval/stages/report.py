@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import merge, tables, tracking
+from saleval import comparison, merge, tables, tracking
 from saleval.metrics_registry import import_plugins
 from saleval.provenance import Provenance
 from saleval.stage import (
@@ -48,18 +48,6 @@ from saleval.stage import (
 
 log = logging.getLogger(__name__)
 
-
-class _Comparison:
-    """:mod:`saleval.comparison`, imported on first use: it registers the metrics, which
-    loads torch, and ``saleval-report --help`` should not wait for that (saleval.cli)."""
-
-    def __getattr__(self, name: str) -> Any:
-        from saleval import comparison as module
-
-        return getattr(module, name)
-
-
-comparison: Any = _Comparison()
 
 #: the stages whose tables a report gathers
 GATHERED = ("compare", "score", "metrics")
