@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import merge, scoring, tables, tracking
+from saleval import comparison, merge, scoring, tables, tracking
 from saleval.metrics_registry import import_plugins
 from saleval.stage import Stage, hydra_main, read_run_info
 
@@ -104,9 +104,6 @@ def method_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    # torch and transformers (the metrics' registry) load when a run starts (saleval.cli)
-    from saleval import comparison
-
     # both chains must be about one dataset (and one model, where both name one): the
     # provenance rule fails naming both runs otherwise
     inputs = {"score": cfg.inputs.score, "metrics": cfg.inputs.metrics}
