@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
@@ -85,6 +86,51 @@ def name_cell(page: Any, run_id: str) -> Any:
     return page.locator(f'[role=row][row-id="{run_id}"] [{NAME}]')
 
 
+def walk_runs_table(
+    page: Any, parent_id: str, compare: Any, children: pd.Series, human: pd.Series
+) -> None:
+    """What a researcher does and sees, from the opened link to the human_score column."""
+    # the runs table, not the GenAI traces page
+    page.get_by_role("heading", name="Runs", exact=True).wait_for()
+    assert page.get_by_role("heading", name="Traces", exact=True).count() == 0
+    assert "/runs" in page.url
+    close = page.get_by_role("button", name="Close")  # the assistant side panel
+    if close.count():
+        close.first.click()
+    search = page.get_by_placeholder(re.compile("metrics"))
+    search.fill("tags.stage = 'compare'")
+    search.press("Enter")
+
+    # the pipeline's run, expanded, lists the compare run by name; expanded, its methods
+    name_cell(page, parent_id).locator("button").click()
+    cell = name_cell(page, compare.info.run_id)
+    cell.wait_for()
+    assert compare.info.run_name.startswith("compare · ag_news · tiny · 9 methods")
+    assert compare.info.run_name in cell.inner_text()
+    cell.locator("button").click()
+    for method, run_id in children.items():
+        name_cell(page, run_id).get_by_text(f"{method} · compare").wait_for()
+    shown = {
+        row.get_attribute("row-id"): row.locator(f"[{NAME}]").inner_text()
+        for row in page.locator(f"[role=row]:has([{NAME}])").all()
+    }
+    rows = {rid: name for rid, name in shown.items() if name.endswith(" · compare")}
+    assert sorted(rows) == sorted(children), "one child row per method, and no other"
+    assert sorted(n.split("\n")[-1].split(" · ")[0] for n in rows.values()) == sorted(human.index)
+
+    # the human_score column, added from the Columns menu, shows each method's score
+    page.get_by_role("button", name="Columns").first.click()
+    page.get_by_placeholder("Search columns").fill("human_score")
+    page.get_by_text("human_score", exact=True).click()
+    page.keyboard.press("Escape")
+    header = page.get_by_role("columnheader").filter(has_text="human_score").first
+    header.wait_for()
+    header.scroll_into_view_if_needed()
+    for method, run_id in children.items():
+        value = page.locator(f'[role=row][row-id="{run_id}"] [{HUMAN}]').inner_text()
+        assert float(value) == pytest.approx(human[method]), method
+
+
 def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
     smoke_pipeline: FinishedPipeline, mlflow_uri: str, tmp_path: Path
 ) -> None:
@@ -107,52 +153,12 @@ def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
         ctx.set_default_timeout(60_000)  # the first page load compiles MLflow's bundle
         page = ctx.new_page()
         page.goto(base + printed[-1])
-
-        # the runs table, not the GenAI traces page
-        page.get_by_role("heading", name="Runs", exact=True).wait_for()
-        assert page.get_by_role("heading", name="Traces", exact=True).count() == 0
-        assert "/runs" in page.url
-        close = page.get_by_role("button", name="Close")  # the assistant side panel
-        if close.count():
-            close.first.click()
-        search = page.get_by_placeholder(re.compile("metrics"))
-        search.fill("tags.stage = 'compare'")
-        search.press("Enter")
-
-        # the pipeline's run, expanded, lists the compare run by name; expanded, its methods
-        name_cell(page, parent_id).locator("button").click()
-        cell = name_cell(page, compare.info.run_id)
-        cell.wait_for()
-        assert compare.info.run_name.startswith("compare · ag_news · tiny · 9 methods")
-        assert compare.info.run_name in cell.inner_text()
-        cell.locator("button").click()
-        for method, run_id in children.items():
-            name_cell(page, run_id).get_by_text(f"{method} · compare").wait_for()
-        shown = {
-            row.get_attribute("row-id"): row.locator(f"[{NAME}]").inner_text()
-            for row in page.locator(f"[role=row]:has([{NAME}])").all()
-        }
-        rows = {rid: name for rid, name in shown.items() if name.endswith(" · compare")}
-        assert sorted(rows) == sorted(children), "one child row per method, and no other"
-        assert sorted(n.split("\n")[-1].split(" · ")[0] for n in rows.values()) == sorted(
-            human.index
-        )
-
-        # the human_score column, added from the Columns menu, shows each method's score
-        page.get_by_role("button", name="Columns").first.click()
-        page.get_by_placeholder("Search columns").fill("human_score")
-        page.get_by_text("human_score", exact=True).click()
-        page.keyboard.press("Escape")
-        header = page.get_by_role("columnheader").filter(has_text="human_score").first
-        header.wait_for()
-        header.scroll_into_view_if_needed()
-        for method, run_id in children.items():
-            value = page.locator(f'[role=row][row-id="{run_id}"] [{HUMAN}]').inner_text()
-            assert float(value) == pytest.approx(human[method]), method
-
         shot = tmp_path / "mlflow_runs.png"
-        page.screenshot(path=str(shot), full_page=True)
-        browser.close()
+        try:
+            walk_runs_table(page, parent_id, compare, children, human)
+        finally:  # on a failure too: what the page showed
+            page.screenshot(path=str(shot), full_page=True)
+            browser.close()
 
     assert shot.stat().st_size > 20_000
     pixels = np.asarray(Image.open(shot).convert("L"))
