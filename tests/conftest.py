@@ -6,9 +6,13 @@ the embedded tokenizer, and data comes from ../shared/data or is made in the tes
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -89,3 +93,26 @@ def tiny_train_run(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) ->
     run_dir = tmp_path_factory.mktemp("tiny_train") / "run"
     train.run(compose_config("train", TINY_TRAIN, run_dir))
     return run_dir
+
+
+@dataclass
+class FinishedPipeline:
+    """A finished ``saleval-run profile=smoke``: what it returned and printed."""
+
+    summary: dict[str, Any]
+    dirs: dict[str, Path]  # stage → run dir
+    out: str  # its stdout
+
+
+@pytest.fixture(scope="session")
+def smoke_pipeline(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> FinishedPipeline:
+    """Every stage of ``profile=smoke`` run once for the session (tiny BERT, simulated crowd),
+    into the session's MLflow store; the pipeline test and the MLflow UI test read it."""
+    from saleval.stages import run as pipeline
+
+    root = tmp_path_factory.mktemp("smoke_pipeline")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        summary = pipeline.run(compose_config("run", ["profile=smoke"], root / "run1"))
+    dirs = {k: Path(v["run_dir"]) for k, v in summary["stages"].items()}
+    return FinishedPipeline(summary, dirs, out.getvalue())

@@ -545,7 +545,9 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
     assert run.data.params["trainer.accelerator"]
     (explained,) = run.inputs.dataset_inputs
     assert explained.dataset.name == "ag_news/test" and explained.dataset.profile
-    assert run.data.params["method.lime.num_samples"] == "20"
+    assert not [k for k in run.data.params if k.startswith("method.")]  # on the children:
+    lime = MlflowClient().get_run(rows.loc["lime_20", "run_id"]).data.params
+    assert lime["method.num_samples"] == "20" and lime["method"] == "lime_20"
     arts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id)}
     assert {"attributions.parquet", "predictions.parquet", "views"} <= arts
 

@@ -13,20 +13,18 @@ from mlflow.tracking import MlflowClient
 from saleval import tables
 from saleval.stages import run as pipeline
 from saleval.tracking import method_rows
-from tests.conftest import compose_config
+from tests.conftest import FinishedPipeline, compose_config
 
 STAGES = ["train", "explain", "tasks", "simulate", "import", "score", "metrics", "compare"]
 
 
 @pytest.mark.slow
 def test_smoke_profile_runs_every_stage_then_reuses_them(
-    tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, smoke_pipeline: FinishedPipeline
 ) -> None:
-    cfg = compose_config("run", ["profile=smoke"], tmp_path / "run1")
-    summary = pipeline.run(cfg)
+    summary, dirs = smoke_pipeline.summary, smoke_pipeline.dirs
     assert list(summary["stages"]) == STAGES
     assert not any(s["reused"] for s in summary["stages"].values())
-    dirs = {k: Path(v["run_dir"]) for k, v in summary["stages"].items()}
 
     # every stage wrote its contract files
     assert (dirs["train"] / "model" / "config.json").is_file()
@@ -63,7 +61,7 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
     )
     for stage in ("simulate", "import", "score", "compare"):
         assert client.get_run(infos[stage]["run_id"]).data.tags.get("simulated") == "true", stage
-    out = capsys.readouterr().out
+    out = smoke_pipeline.out
     assert "SIMULATED" in out and "mlflow ui --backend-store-uri" in out
     assert "runs?workflowType=machine_learning" in out  # the UI opens on the runs table
 
@@ -76,6 +74,15 @@ def test_smoke_profile_runs_every_stage_then_reuses_them(
         assert (run.data.params["dataset"], run.data.params["model"]) == ("ag_news", "tiny")
         if stage != "train":
             assert set(run.data.params["methods"].split(",")) == set(scores["method"]), stage
+    # params: what runs are compared by; a method's settings are its child run's params
+    for stage, run in runs.items():
+        odd = [
+            k for k in run.data.params if k.startswith(("method.", "dataset.label", "model.name"))
+        ]
+        assert not odd and not [k for k in run.data.params if k.endswith("_target_")], stage
+    assert runs["train"].data.params["dataset.max_train"] == "320"
+    lime = method_rows(infos["explain"]["run_id"]).set_index("method").loc["lime", "run_id"]
+    assert client.get_run(lime).data.params["method.num_samples"] == "64"
     # methods in rows: one child run per method, the same metric keys in each
     for stage in ("explain", "score", "metrics", "compare"):
         rows = method_rows(infos[stage]["run_id"])

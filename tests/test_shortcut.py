@@ -571,8 +571,16 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
     assert "intervals per cell" in table_md and "| vanilla_gradient | sst2 " in table_md
     run = MlflowClient().get_run(out["run_id"])
     assert run.data.tags["shortcut"] == "st" and run.data.tags["verification"] == "passed"
+    # params: what shortcut runs are compared by; each configuration's settings on its child
+    assert run.data.params["methods"] == "random,vanilla_gradient"
+    assert not [k for k in run.data.params if k.startswith("method.")]
+    assert run.data.params["shortcut.kind"] == "st" and run.data.params["explain.n_samples"] == "10"
+    assert run.data.params["dataset"] == "sst2" and run.data.params["dataset.max_train"] == "96"
+    assert "dataset.label_descriptions.negative" not in run.data.params
     rows = method_rows(out["run_id"]).set_index("method")  # a child run per configuration
     assert rows["precision"].to_dict() == res.set_index("config")["precision"].to_dict()
+    grad = MlflowClient().get_run(rows.loc["vanilla_gradient", "run_id"]).data.params
+    assert grad["method.reduction"] == "l1" and grad["method.output"] == "logits"
     children = MlflowClient().search_runs(
         [run.info.experiment_id], f"tags.mlflow.parentRunId = '{out['run_id']}'"
     )

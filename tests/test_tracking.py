@@ -100,6 +100,69 @@ def test_classifier_is_an_mlflow_model_that_downloads_as_a_checkpoint(
     assert again.config.id2label == model.config.id2label
 
 
+#: the dataset keys that tell two runs on one dataset apart; the rest of the node says
+#: how the files are read and described (the run's config.yaml has it)
+DATASET_PARAMS = {
+    "dataset.files.train",
+    "dataset.files.validation",
+    "dataset.files.test",
+    "dataset.files.all",
+    "dataset.split_fractions.validation",
+    "dataset.split_fractions.test",
+    "dataset.seed",
+    "dataset.max_train",
+    "dataset.max_validation",
+    "dataset.max_test",
+}
+
+
+def test_shortcut_params_are_what_runs_are_compared_by() -> None:
+    """The shortcut stage's 34 method configurations are its ``methods`` and its child
+    runs, not 208 ``method.*`` params on the stage run; the dataset is its name and sizes."""
+    cfg = compose_config("shortcut", ["shortcut=tic"])
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    params = tracking.stage_params("shortcut", resolved, "sqlite:///x.db")
+    assert not [k for k in params if k.startswith("method")]
+    assert {k for k in params if k.startswith("dataset")} == DATASET_PARAMS
+    assert not [k for k in params if k.endswith("_target_") or k.startswith("model.name")]
+    assert params["shortcut.kind"] == "tic" and params["shortcut.unit"] == "word"
+    assert params["explain.n_samples"] == 50 and params["explain.budget"]
+    assert params["model.max_length"] == 256 and params["trainer.optimizer.lr"] == 5e-5
+    assert "original_cache" not in params  # where the original model is cached
+    assert len(params) < 70  # it was 286
+    # each configuration's settings belong to its child run, with keys shared across them
+    settings = tracking.method_settings(resolved["method"])
+    assert len(settings) == len(resolved["method"]) > 30
+    assert settings["ig_zero_100_logits"] == {
+        "method.baseline": "zero",
+        "method.n_steps": 100,
+        "method.method": "gausslegendre",
+        "method.internal_batch_size": 100,
+        "method.output": "logits",
+        "method.batch_size": 4,
+    }
+
+
+def test_method_settings_are_params_of_the_method_child_runs(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    tracking.setup(None, "settings", str(tmp_path / "artifacts"))
+    rows = pd.DataFrame({"method": ["lime_20", "occlusion"], "seconds": [1.0, 2.0]})
+    group = {"lime_20": {"_target_": "x.Lime", "num_samples": 20}, "occlusion": "occlusion"}
+    with mlflow.start_run():
+        ids = tracking.log_method_rows(
+            rows, "explain", params={"dataset": "x"}, settings=tracking.method_settings(group)
+        )
+    client = MlflowClient()
+    assert client.get_run(ids["lime_20"]).data.params == {
+        "method": "lime_20",
+        "dataset": "x",
+        "method.num_samples": "20",
+    }
+    assert client.get_run(ids["occlusion"]).data.params == {"method": "occlusion", "dataset": "x"}
+
+
 def test_metric_keys_follow_one_style() -> None:
     for name in ("seconds.lime", "aopc_most/lime/k10", "filter/min seconds/workers"):
         assert "/" not in tracking.metric_key(name) and "." not in tracking.metric_key(name)

@@ -576,8 +576,10 @@ class Stage:
 
     def log_method_rows(self, rows: pd.DataFrame, table: str | None = None) -> dict[str, str]:
         """One nested child run per method (:func:`saleval.tracking.log_method_rows`),
-        tagged with this run's dataset, model and ``simulated``; the rows' methods become
-        the run's ``methods`` when not given yet. Returns method → child run id."""
+        tagged with this run's dataset, model and ``simulated``, with the method's own
+        settings from the ``method`` group as params (:func:`saleval.tracking.method_settings`);
+        the rows' methods become the run's ``methods`` when not given yet. Returns method →
+        child run id."""
         if not self.is_main or self.run_id is None:
             return {}
         if self.methods is None:
@@ -585,7 +587,10 @@ class Stage:
         keep = ("dataset", "model", "simulated")
         tags = {k: v for k, v in self.tags.items() if k in keep}
         params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
-        return tracking.log_method_rows(rows, self.stage, table=table, tags=tags, params=params)
+        settings = tracking.method_settings(self.resolved.get("method"))
+        return tracking.log_method_rows(
+            rows, self.stage, table=table, tags=tags, params=params, settings=settings
+        )
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)

@@ -11,8 +11,9 @@
   run id of each input run, ``run_dir``, ``fingerprint``, ``host`` and ``simulated``
   where it applies; jobs of a ``-m`` multirun add ``sweep``, ``sweep.job`` and
   ``sweep.overrides``. Inside ``saleval-run`` each stage is a nested child of the
-  pipeline's parent run. Params: ``dataset``, ``model``, ``methods`` and the config
-  groups the stage uses (:func:`stage_params`), as dotted override paths.
+  pipeline's parent run. Params: ``dataset``, ``model``, ``methods`` and what runs are
+  compared by in the config groups the stage uses (:func:`stage_params`), as dotted
+  override paths; a method's settings are params of its child run (:func:`method_settings`).
 * Metric keys are snake_case words joined by ``_`` (no ``/``, no ``.``;
   :func:`metric_key` enforces it). Per-method numbers never go into a key: the score,
   metrics, compare and explain stages log one nested child run per method
@@ -187,37 +188,85 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 #: top-level config keys that say where things go or how the console looks, not what is
-#: computed (the run dir and the inputs are tags; ``hydra`` is Hydra's own)
-_NOT_PARAMS = ("hydra", "paths", "run_dir", "task_name", "progress")
+#: computed (the run dir and the inputs are tags; ``hydra`` is Hydra's own;
+#: ``original_cache``: where ``saleval-shortcut`` keeps the original model between runs)
+_NOT_PARAMS = ("hydra", "paths", "run_dir", "task_name", "progress", "original_cache")
 #: the params that say what a run is about (:func:`run_name`'s parts)
 IDENTITY = ("dataset", "model", "methods", "method")
+#: config groups that name a thing whose name is a param of its own (:data:`IDENTITY`):
+#: of such a group only the keys that make two runs of one name differ are params (how
+#: the data is read and described stays in the run's ``config.yaml``). The ``method``
+#: group is the ``methods`` param; each method's settings are params of its child run
+#: (:func:`method_settings`), where methods are compared
+_COMPARED: dict[str, tuple[str, ...]] = {
+    "dataset": ("files", "split_fractions", "seed", "max_train", "max_validation", "max_test"),
+    "method": (),
+}
 #: per stage, the config groups it composes but reads only in part: the keys it reads
 #: (``saleval-explain`` runs a predict-only Trainer: only where it runs, not how to train)
 _PARAMS_USED: dict[str, dict[str, tuple[str, ...]]] = {
     "explain": {"trainer": ("accelerator", "devices", "num_nodes", "strategy")},
 }
+#: the key naming the code that builds a config node: the group's name already says it
+_TARGET = "_target_"
 
 
 def stage_params(stage: str, resolved: Mapping[str, Any], uri: str) -> dict[str, Any]:
-    """The params of a stage run: the config groups the stage uses, flattened into
-    dotted override paths, with the tracking URI actually used.
+    """The params of a stage run: what a researcher compares across runs of the stage,
+    as dotted override paths, with the tracking URI actually used.
 
-    >>> stage_params("explain", {"seed": 1, "paths": {"root_dir": "/x"}, "model": None,
+    That is the config groups the stage uses, less where things go (:data:`_NOT_PARAMS`),
+    the keys of a group the stage does not read (:data:`_PARAMS_USED`), ``_target_``, the
+    ``name`` of a dataset or model (the ``dataset`` and ``model`` params) and, of a group
+    with a name (dataset, method), whatever does not tell two runs of one name apart
+    (:data:`_COMPARED`). The full config is the run's ``config.yaml``.
+
+    >>> stage_params("explain", {"seed": 1, "paths": {"root_dir": "/x"},
     ...     "trainer": {"accelerator": "cpu", "optimizer": {"lr": 0.1}},
+    ...     "dataset": {"_target_": "read", "name": "sst2", "max_test": 64},
+    ...     "model": {"_target_": "x.Source", "name": "tiny", "max_length": 64},
+    ...     "method": {"lime": {"num_samples": 20}},
     ...     "tracking": {"uri": "sqlite:///a.db"}}, "file:/b")
-    {'seed': 1, 'trainer.accelerator': 'cpu', 'tracking.uri': 'file:/b'}
+    {'seed': 1, 'trainer.accelerator': 'cpu', 'dataset.max_test': 64, 'model.max_length': 64, \
+'tracking.uri': 'file:/b'}
     """
-    used = _PARAMS_USED.get(stage, {})
+    used = {**_COMPARED, **_PARAMS_USED.get(stage, {})}
     out: dict[str, Any] = {}
     for key, value in resolved.items():
         if key in _NOT_PARAMS or (key in IDENTITY and not isinstance(value, Mapping)):
             continue  # an unset dataset/model group: the param of that name says it
-        if key in used and isinstance(value, Mapping):
+        if isinstance(value, Mapping) and key in used:
             value = {k: v for k, v in value.items() if k in used[key]}
+        elif isinstance(value, Mapping) and key in IDENTITY:  # `model.name` is `model`
+            value = {k: v for k, v in value.items() if k != "name"}
+        if isinstance(value, Mapping) and not value:
+            continue
         if key == "tracking" and isinstance(value, Mapping):
             value = {**value, "uri": uri}
         out[key] = value
-    return flatten(out)
+    return {k: v for k, v in flatten(out).items() if k.rpartition(".")[2] != _TARGET}
+
+
+def method_settings(group: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Each method's settings as the params of its child run: ``method.<key>`` (the
+    override ``method.<name>.<key>`` less the name, so every child has the same keys for
+    the same kind of setting), found under the config key and under an explicit ``name``
+    (the name the attributions table uses).
+
+    >>> method_settings({"lime_20": {"_target_": "x.Lime", "num_samples": 20},
+    ...                  "occ": {"name": "occlusion", "window": {"size": 1}}, "random": "random"})
+    {'lime_20': {'method.num_samples': 20}, 'occ': {'method.window.size': 1}, \
+'occlusion': {'method.window.size': 1}}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key, node in (group or {}).items():
+        if not isinstance(node, Mapping):
+            continue  # a registry name: no settings
+        flat = flatten({k: v for k, v in node.items() if k not in (_TARGET, "name")}, METHOD + ".")
+        out[str(key)] = flat
+        if node.get("name"):
+            out[str(node["name"])] = flat
+    return out
 
 
 def log_params(params: Mapping[str, Any]) -> None:
@@ -284,6 +333,7 @@ def log_method_rows(
     table: str | None = None,
     tags: Mapping[str, str] | None = None,
     params: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, str]:
     """One nested child run per method under the active (stage) run; returns their ids.
 
@@ -291,8 +341,10 @@ def log_method_rows(
     become the metric keys (:func:`metric_key`), the same in every child so the UI puts
     methods in rows (an empty cell, e.g. the baseline's test against itself, is NaN).
     Each child is named ``<method> · <stage>`` and carries the tag and param ``method``,
-    the tag ``stage``, ``tags`` (dataset, model, simulated...) and ``params``. ``table``: the rows also go to the stage run as an MLflow
-    table (``tables/<table>.json``), shown in the UI's artifact view.
+    the tag ``stage``, ``tags`` (dataset, model, simulated...), ``params`` and its own
+    ``settings[method]`` as params (:func:`method_settings`). ``table``: the rows also go
+    to the stage run as an MLflow table (``tables/<table>.json``), shown in the UI's
+    artifact view.
     """
     parent = mlflow.active_run()
     if parent is None:
@@ -318,8 +370,10 @@ def log_method_rows(
             Metric(metric_key(str(k)), float(v) if _finite(v) else math.nan, now, 0)
             for k, v in row.items()
         ]
+        own = (settings or {}).get(method, {})
         run_params = [
-            Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in {**(params or {}), METHOD: method}.items()
+            Param(param_key(k), str(v)[:_MAX_PARAM_LEN])
+            for k, v in {**own, **(params or {}), METHOD: method}.items()
         ]
         for j in range(0, max(len(metrics), 1), _BATCH):
             client.log_batch(

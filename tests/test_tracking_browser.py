@@ -1,0 +1,165 @@
+"""The MLflow UI as a researcher sees it (docs/tracking.md): the real ``mlflow server`` on a
+finished smoke pipeline's store, opened in headless Chromium at the link saleval prints.
+
+What is asserted comes from the rendered page, not from the MLflow client: the link opens
+the runs table (not the GenAI traces page); the compare run is listed under its name;
+expanding it shows one child row per method, named ``<method> · compare``; adding the
+``human_score`` column (the *Columns* menu, as a user would) shows each method's score,
+equal to ``comparison.csv``'s. Rows are found by their ``row-id``, which MLflow's grid sets
+to the run id, and cells by their ``col-id`` (``attributes.`Run Name```,
+``metrics.`human_score```): the names of MLflow's own DOM, the one thing here that may
+need updating with a new MLflow release. The page is filtered to ``tags.stage =
+'compare'`` first, so the rows sought are on the first page whatever other tests of the
+session logged to the same store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+from PIL import Image
+
+from saleval import tables
+from saleval.stage import read_run_info
+from saleval.testing.annotate_load import free_port, stop
+from saleval.tracking import method_rows
+from tests.annotate_support import launch_chromium, needs_chromium
+from tests.conftest import FinishedPipeline
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+#: the link every stage prints for a local store (saleval.tracking.ui_url)
+PRINTED = re.compile(r"http://127\.0\.0\.1:5000(/#/experiments/\d+/runs\?workflowType=\S+)")
+NAME = 'col-id="attributes.`Run Name`"'
+HUMAN = 'col-id="metrics.`human_score`"'
+
+
+@contextmanager
+def mlflow_server(uri: str, log: Path) -> Iterator[str]:
+    """``mlflow server`` on ``uri`` at a free loopback port, until it answers ``/health``;
+    always stopped (its process group) on the way out. No job runner: nothing here needs
+    one, and it would start a dozen more processes."""
+    port = free_port()
+    exe = Path(sys.executable).with_name("mlflow")
+    cmd = [str(exe), "server", "--backend-store-uri", uri]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"mlflow server exited with {proc.returncode}: {log}")
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"mlflow server did not answer in 180 s: {log}")
+                time.sleep(0.2)
+            yield base
+        finally:
+            stop(proc)
+
+
+def name_cell(page: Any, run_id: str) -> Any:
+    return page.locator(f'[role=row][row-id="{run_id}"] [{NAME}]')
+
+
+def walk_runs_table(
+    page: Any, parent_id: str, compare: Any, children: pd.Series, human: pd.Series
+) -> None:
+    """What a researcher does and sees, from the opened link to the human_score column."""
+    # the runs table, not the GenAI traces page
+    page.get_by_role("heading", name="Runs", exact=True).wait_for()
+    assert page.get_by_role("heading", name="Traces", exact=True).count() == 0
+    assert "/runs" in page.url
+    close = page.get_by_role("button", name="Close")  # the assistant side panel
+    if close.count():
+        close.first.click()
+    search = page.get_by_placeholder(re.compile("metrics"))
+    search.fill("tags.stage = 'compare'")
+    search.press("Enter")
+
+    # the pipeline's run, expanded, lists the compare run by name; expanded, its methods
+    name_cell(page, parent_id).locator("button").click()
+    cell = name_cell(page, compare.info.run_id)
+    cell.wait_for()
+    assert compare.info.run_name.startswith("compare · ag_news · tiny · 9 methods")
+    assert compare.info.run_name in cell.inner_text()
+    cell.locator("button").click()
+    for method, run_id in children.items():
+        name_cell(page, run_id).get_by_text(f"{method} · compare").wait_for()
+    shown = {
+        row.get_attribute("row-id"): row.locator(f"[{NAME}]").inner_text()
+        for row in page.locator(f"[role=row]:has([{NAME}])").all()
+    }
+    rows = {rid: name for rid, name in shown.items() if name.endswith(" · compare")}
+    assert sorted(rows) == sorted(children), "one child row per method, and no other"
+    assert sorted(n.split("\n")[-1].split(" · ")[0] for n in rows.values()) == sorted(human.index)
+
+    # the human_score column, added from the Columns menu, shows each method's score
+    page.get_by_role("button", name="Columns").first.click()
+    page.get_by_placeholder("Search columns").fill("human_score")
+    page.get_by_text("human_score", exact=True).click()
+    page.keyboard.press("Escape")
+    header = page.get_by_role("columnheader").filter(has_text="human_score").first
+    header.wait_for()
+    header.scroll_into_view_if_needed()
+    for method, run_id in children.items():
+        value = page.locator(f'[role=row][row-id="{run_id}"] [{HUMAN}]').inner_text()
+        assert float(value) == pytest.approx(human[method]), method
+
+
+def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
+    smoke_pipeline: FinishedPipeline, mlflow_uri: str, tmp_path: Path
+) -> None:
+    client = MlflowClient()
+    compare = client.get_run(read_run_info(smoke_pipeline.dirs["compare"])["run_id"])
+    parent_id = smoke_pipeline.summary["parent_run_id"]
+    children = method_rows(compare.info.run_id).set_index("method")["run_id"]
+    human = tables.COMPARISON.read(smoke_pipeline.dirs["compare"]).set_index("method")
+    human = human["human_score"]
+    assert len(children) == len(human) == 9
+    printed = PRINTED.findall(smoke_pipeline.out)
+    assert printed, "saleval-run printed no link to the runs table"
+
+    with (
+        mlflow_server(mlflow_uri, tmp_path / "mlflow_server.log") as base,
+        sync_api.sync_playwright() as pw,
+    ):
+        browser = launch_chromium(pw)
+        ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+        ctx.set_default_timeout(60_000)  # the first page load compiles MLflow's bundle
+        page = ctx.new_page()
+        page.goto(base + printed[-1])
+        shot = tmp_path / "mlflow_runs.png"
+        try:
+            walk_runs_table(page, parent_id, compare, children, human)
+        finally:  # on a failure too: what the page showed
+            page.screenshot(path=str(shot), full_page=True)
+            browser.close()
+
+    assert shot.stat().st_size > 20_000
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    assert pixels.std() > 10 and len(np.unique(pixels)) > 50  # drawn, not a blank page
