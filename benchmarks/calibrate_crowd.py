@@ -32,7 +32,7 @@ from scipy import stats
 
 from saleval import scoring
 from saleval.crowd.published import exclude_texts, read_study
-from saleval.crowd.readers import BowReader, EmbeddingReader
+from saleval.crowd.readers import BowReader, EmbeddingReader, shared_encoder
 from saleval.crowd.simulate import normalised_confidence, tempered
 from saleval.data import load_dataset
 
@@ -165,9 +165,16 @@ def main() -> None:
     ap.add_argument("--replicates", type=int, default=8)
     ap.add_argument("--seed", type=int, default=42, help="the reader's seed (simulation.seed)")
     ap.add_argument("--holdout", type=float, default=0.2, help="calibration_holdout")
+    ap.add_argument(
+        "--embedding-cache", default=None, help="embedding: .npz of encoded texts, read and updated"
+    )
     args = ap.parse_args()
     root = Path(args.data_root)
     grid = dict(READER_GRIDS[args.reader])
+    default = EmbeddingReader()
+    encoder = shared_encoder(default.package, default.max_length)
+    if args.embedding_cache and Path(args.embedding_cache).is_file():
+        print(f"{encoder.load(args.embedding_cache)} encoded texts read", flush=True)
     for key, val in (
         ("dots", None if args.dots is None else args.dots.split(",")),
         ("dot_weight", _floats(args.dot_weights)),
@@ -226,6 +233,8 @@ def main() -> None:
                     }
                 )
             print(f"  {params}: {n_enc} texts encoded", flush=True)
+        if args.embedding_cache and args.reader == "embedding":
+            encoder.save(args.embedding_cache)
     out = pd.DataFrame(rows)
     out.to_csv(args.out, index=False)
     params = [*grid, *WORKER_GRID]

