@@ -62,8 +62,8 @@ def build_reader(node: Mapping[str, Any] | Any) -> Reader:
     container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     if not isinstance(container, dict) or not container.get("_target_"):
         raise SimulationError(
-            "simulation.reader names no _target_; e.g. simulation/reader=bow or "
-            "simulation/reader=finetuned"
+            "simulation.reader names no _target_; e.g. simulation/reader=bow, "
+            "simulation/reader=embedding or simulation/reader=finetuned"
         )
     try:
         cls = get_class(str(container["_target_"]))
