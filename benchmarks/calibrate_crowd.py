@@ -1,9 +1,13 @@
 """Calibrate the simulated crowd's worker model against the original study's real crowd.
 
-    python -m benchmarks.calibrate_crowd [--out calibration.csv] [--data-root DIR]
+    python -m benchmarks.calibrate_crowd [--reader bow|embedding] [--out calibration.csv]
+        [--data-root DIR]
 
 For each dataset (IMDB, AG News) the reader learns from the shared dataset's texts with
-the study's samples removed, then reads every published task once per reader setting.
+the study's samples removed (at most the reader's ``max_train`` of them, drawn as
+``saleval-simulate`` draws them), then reads every published task once per reader
+setting (the reader grid: ``READER_GRIDS``, narrowed by ``--dots``, ``--dot-weights``,
+``--bow-weights``, ``--views``).
 A vectorised twin of the worker model (:mod:`saleval.crowd.simulate`: per answer a lapse
 drawn from Beta, an "I don't know" threshold with jitter, a label drawn from the tempered
 probabilities; a spammer's answer dropped, as the import's speed filter drops them; the
@@ -18,7 +22,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,7 +32,7 @@ from scipy import stats
 
 from saleval import scoring
 from saleval.crowd.published import exclude_texts, read_study
-from saleval.crowd.readers import BowReader
+from saleval.crowd.readers import BowReader, EmbeddingReader, shared_encoder
 from saleval.crowd.simulate import normalised_confidence, tempered
 from saleval.data import load_dataset
 
@@ -34,6 +40,56 @@ DATASETS = {
     "imdb": ("IMDB.csv", ["negative", "positive"]),
     "ag_news": ("AGNEWS.csv", ["World", "Sports", "Business", "Sci/Tech"]),
 }
+
+
+# The reader settings tried per dataset (fields of the reader class); the worker grid is
+# the same for every reader.
+READER_GRIDS: dict[str, dict[str, list[Any]]] = {
+    "bow": {"C": [10.0], "dot_weight": [0.0, 0.5, 1.0, 2.0, 3.0, 5.0]},
+    "embedding": {
+        "dots": ["collapse", "keep"],
+        "dot_weight": [0.0, 0.5, 1.0, 2.0, 3.0],
+        "bow_weight": [0.0, 0.5],
+        "dotted_views": [1],
+    },
+}
+WORKER_GRID: dict[str, list[float]] = {
+    "lapse_mean": [0.05, 0.1, 0.2, 0.3],
+    "idk": [0.0, 0.1, 0.2, 0.3, 0.45, 0.6],
+    "temperature": [0.5, 1.0, 2.0],
+}
+
+
+def read_all(
+    kind: str,
+    grid: dict[str, list[Any]],
+    texts: list[str],
+    labels: list[int],
+    n_labels: int,
+    tasks: list[str],
+    seed: int,
+    holdout: float,
+) -> Iterator[tuple[dict[str, Any], np.ndarray, int]]:
+    """Per reader setting: its fields, its probabilities for ``tasks`` and how many texts
+    the encoder ran on for it (0 for BoW). BoW fits once per C: ``dot_weight`` only acts
+    when reading a view."""
+    fitted: dict[float, BowReader] = {}
+    for values in itertools.product(*grid.values()):
+        params = dict(zip(grid, values))
+        if kind == "bow":
+            c_reg = float(params["C"])
+            if c_reg not in fitted:
+                fitted[c_reg] = BowReader(C=c_reg, calibration_holdout=holdout).fit(
+                    texts, labels, n_labels, seed
+                )
+            bow = fitted[c_reg]
+            bow.dot_weight = float(params["dot_weight"])
+            yield params, bow.predict_proba(tasks), 0
+        else:
+            emb = EmbeddingReader(calibration_holdout=holdout, **params)
+            emb.fit(texts, labels, n_labels, seed)
+            probs = emb.predict_proba(tasks)
+            yield params, probs, emb.n_encoded
 
 
 def fast_crowd(
@@ -92,21 +148,44 @@ def evaluate(real: pd.DataFrame, expected: np.ndarray) -> dict[str, float]:
     return {"mae": mae, "gap": gap, "rho": rho, "bias": bias, "objective": mae + gap}
 
 
+def _floats(text: str | None) -> list[float] | None:
+    return None if text is None else [float(v) for v in text.split(",")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="calibration.csv")
     ap.add_argument("--data-root", default=os.environ.get("SALEVAL_DATA_ROOT", "../shared/data"))
+    ap.add_argument("--reader", choices=sorted(READER_GRIDS), default="bow")
+    ap.add_argument("--max-train", type=int, default=None, help="default: the reader's own")
+    ap.add_argument("--dots", default=None, help="embedding: comma-separated renderings")
+    ap.add_argument("--dot-weights", default=None, help="comma-separated dot_weight values")
+    ap.add_argument("--bow-weights", default=None, help="embedding: comma-separated bow_weight")
+    ap.add_argument("--views", default=None, help="embedding: comma-separated dotted_views")
     ap.add_argument("--replicates", type=int, default=8)
     ap.add_argument("--seed", type=int, default=42, help="the reader's seed (simulation.seed)")
-    ap.add_argument("--holdout", type=float, default=0.2, help="BowReader.calibration_holdout")
+    ap.add_argument("--holdout", type=float, default=0.2, help="calibration_holdout")
+    ap.add_argument(
+        "--embedding-cache", default=None, help="embedding: .npz of encoded texts, read and updated"
+    )
     args = ap.parse_args()
     root = Path(args.data_root)
-    grid_reader = {"C": [10.0], "dot_weight": [0.0, 0.5, 1.0, 2.0, 3.0, 5.0]}
-    grid_worker = {
-        "lapse_mean": [0.05, 0.1, 0.2, 0.3],
-        "idk": [0.0, 0.1, 0.2, 0.3, 0.45, 0.6],
-        "temperature": [0.5, 1.0, 2.0],
-    }
+    grid = dict(READER_GRIDS[args.reader])
+    default = EmbeddingReader()
+    encoder = shared_encoder(default.package, default.max_length)
+    if args.embedding_cache and Path(args.embedding_cache).is_file():
+        print(f"{encoder.load(args.embedding_cache)} encoded texts read", flush=True)
+    for key, val in (
+        ("dots", None if args.dots is None else args.dots.split(",")),
+        ("dot_weight", _floats(args.dot_weights)),
+        ("bow_weight", _floats(args.bow_weights)),
+        ("dotted_views", None if args.views is None else [int(v) for v in args.views.split(",")]),
+    ):
+        if val is not None and key in grid:
+            grid[key] = val
+    max_train = args.max_train
+    if max_train is None:
+        max_train = (BowReader if args.reader == "bow" else EmbeddingReader)().max_train
     rows = []
     for name, (file, labels) in DATASETS.items():
         study = read_study(root / "published/lu2024" / file, labels, name)
@@ -122,36 +201,43 @@ def main() -> None:
         data = load_dataset(ds_cfg)
         pool = pd.concat([data[s] for s in ("train", "validation", "test")], ignore_index=True)
         train, n_excl = exclude_texts(pool, study.samples["text"])
+        if max_train and len(train) > max_train:  # as saleval.crowd.simulate.read_tasks draws
+            train = train.sample(n=max_train, random_state=args.seed)
         print(f"{name}: {len(train)} training texts, {n_excl} study texts excluded", flush=True)
         key = ["sample_id", "method", "k"]
         real = study.aggregated.sort_values(key).reset_index(drop=True)
         tasks = study.tasks.set_index(key).loc[pd.MultiIndex.from_frame(real[key])].reset_index()
         y = tasks["label"].to_numpy()
-        for c_reg in grid_reader["C"]:
-            reader = BowReader(C=c_reg, calibration_holdout=args.holdout).fit(
-                train["text"].tolist(), train["label"].tolist(), len(labels), args.seed
-            )
-            for dw in grid_reader["dot_weight"]:
-                reader.dot_weight = dw
-                probs = true_first(reader.predict_proba(tasks["display_text"].tolist()), y)
-                for lm, idk, temp in itertools.product(*grid_worker.values()):
-                    rng = np.random.default_rng(0)
-                    exp = fast_crowd(probs, lm, idk, temp, rng, replicates=args.replicates)
-                    rows.append(
-                        {
-                            "dataset": name,
-                            "C": c_reg,
-                            "dot_weight": dw,
-                            "lapse_mean": lm,
-                            "idk": idk,
-                            "temperature": temp,
-                            **evaluate(real, exp),
-                        }
-                    )
-            print(f"  C={c_reg}: done", flush=True)
+        for params, raw, n_enc in read_all(
+            args.reader,
+            grid,
+            train["text"].tolist(),
+            train["label"].tolist(),
+            len(labels),
+            tasks["display_text"].tolist(),
+            args.seed,
+            args.holdout,
+        ):
+            probs = true_first(raw, y)
+            for lm, idk, temp in itertools.product(*WORKER_GRID.values()):
+                rng = np.random.default_rng(0)
+                exp = fast_crowd(probs, lm, idk, temp, rng, replicates=args.replicates)
+                rows.append(
+                    {
+                        "dataset": name,
+                        **params,
+                        "lapse_mean": lm,
+                        "idk": idk,
+                        "temperature": temp,
+                        **evaluate(real, exp),
+                    }
+                )
+            print(f"  {params}: {n_enc} texts encoded", flush=True)
+        if args.embedding_cache and args.reader == "embedding":
+            encoder.save(args.embedding_cache)
     out = pd.DataFrame(rows)
     out.to_csv(args.out, index=False)
-    params = ["C", "dot_weight", "lapse_mean", "idk", "temperature"]
+    params = [*grid, *WORKER_GRID]
     wide = out.pivot_table(
         index=params, columns="dataset", values=["objective", "mae", "gap", "rho"]
     )

