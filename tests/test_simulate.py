@@ -3,6 +3,7 @@ behaves like a crowd should: more shown words, more correct answers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -22,6 +23,7 @@ from saleval.crowd.config import SimulationConfig
 from saleval.crowd.errors import SimulationError
 from saleval.crowd.readers import build_reader
 from saleval.crowd.simulate import simulate_crowd
+from saleval.crowd.validation import calibration_note
 from saleval.data import load_dataset
 from saleval.schema import to_schema
 from saleval.words import word_spans
@@ -178,7 +180,31 @@ def test_simulated_crowd_is_seeded_complete_and_marked(
     assert (
         tags["parent.tasks"] == json.loads((synthetic_task_run / "run.json").read_text())["run_id"]
     )
-    assert "SIMULATED" in (Path(out_a["run_dir"]) / "SIMULATED.md").read_text()
+    notice = (Path(out_a["run_dir"]) / "SIMULATED.md").read_text()
+    assert "SIMULATED crowd validated against real workers" in notice and "imdb: cell MAE" in notice
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expect"),
+    [
+        ([], "validated against real workers (docs"),
+        (["simulation.seed=7"], "validated against real workers (docs"),  # not calibrated
+        (["simulation/reader=embedding"], "reader._target_ = saleval.crowd.readers.Embedding"),
+        (["+simulation.reader.dot_weight=0.5"], "reader.dot_weight = 0.5 (validated: 1.0)"),
+        (["simulation.temperature=0.5"], "temperature = 0.5 (validated: 1.0)"),
+        (["simulation.noise.b=18"], "noise.b = 18.0 (validated: 8.0)"),
+        (["simulation=noisy"], "was not validated against real workers"),
+    ],
+)
+def test_notices_repeat_the_validation_only_for_the_validated_calibration(
+    overrides: list[str], expect: str
+) -> None:
+    """The validation figures describe one worker model: a run that changes its reader or
+    a calibrated setting must not repeat them as its own."""
+    sim = to_schema(SimulationConfig, compose_config("simulate", overrides).simulation)
+    note = calibration_note(dataclasses.asdict(sim))
+    assert expect in note
+    assert ("cell MAE" in note) == (expect.startswith("validated against"))
 
 
 def test_simulation_options_compose() -> None:

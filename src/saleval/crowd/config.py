@@ -222,6 +222,9 @@ class SimulationConfig:
     # what validating this worker model against the original study's real crowd measured
     # (docs/simulated-crowd.md); every SIMULATED notice repeats it. Empty: not validated.
     validation: dict[str, str] | None = None
+    # the settings those figures were measured with, nested as this group: a run whose
+    # settings differ says that the figures do not apply (validation.calibration_note)
+    validated: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         try:

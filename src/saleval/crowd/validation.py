@@ -203,19 +203,73 @@ def plot_validation(table: pd.DataFrame, path: str | Path, caption: str, note: s
     return Path(path)
 
 
-def calibration_note(validation: Mapping[str, str] | None, short: bool = False) -> str:
-    """One line on how close the worker model in use came to real people: what every
-    SIMULATED table, notice and plot says besides SIMULATED (``simulation.validation``);
-    ``short`` for a plot that already says SIMULATED in its title.
+def calibration_differences(sim: Mapping[str, Any]) -> list[str]:
+    """The settings of ``sim`` (a ``simulation`` node) that differ from those its
+    ``validation`` figures were measured with (``simulation.validated``, nested as the
+    node itself): where any differs, the figures describe another worker model. A setting
+    the node leaves out (a reader field at its class default) counts as the validated one.
 
-    >>> calibration_note({"imdb": "cell MAE 6.6 pts"})
+    >>> validated = {"reader": {"_target_": "BowReader"}, "idk_threshold": 0.2}
+    >>> calibration_differences({"reader": {"_target_": "BowReader", "C": 1.0},
+    ...     "idk_threshold": 0.2, "validated": validated})
+    []
+    >>> calibration_differences({"reader": {"_target_": "EmbeddingReader"},
+    ...     "idk_threshold": 0.5, "validated": validated})
+    ['reader._target_ = EmbeddingReader (validated: BowReader)', 'idk_threshold = 0.5 (validated: 0.2)']
+    """
+    node = OmegaConf.create(dict(sim))
+    out: list[str] = []
+
+    def walk(want: Mapping[str, Any], prefix: str) -> None:
+        for key, value in want.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, Mapping):
+                walk(value, path + ".")
+                continue
+            got = OmegaConf.select(node, path, default=_ABSENT)
+            if got is not _ABSENT and not _same(got, value):
+                out.append(f"{path} = {got} (validated: {value})")
+
+    walk(sim.get("validated") or {}, "")
+    return out
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Config values equal as a config reads them: 2 == 2.0, an enum == its name."""
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return bool(np.isclose(float(a), float(b), rtol=1e-9, atol=0.0))
+    return str(getattr(a, "value", a)) == str(getattr(b, "value", b))
+
+
+def calibration_note(sim: Mapping[str, Any] | None, short: bool = False) -> str:
+    """One line on how close the worker model in use came to real people: what every
+    SIMULATED table, notice and plot says besides SIMULATED. ``sim`` is the
+    ``simulation`` node: its ``validation`` figures, unless a setting differs from the
+    ones they were measured with (:func:`calibration_differences`); ``short`` for a plot
+    that already says SIMULATED in its title.
+
+    >>> calibration_note({"validation": {"imdb": "cell MAE 6.6 pts"}})
     'SIMULATED crowd validated against real workers (docs/simulated-crowd.md): imdb: cell MAE 6.6 pts'
+    >>> calibration_note({"validation": {"imdb": "MAE 6.6"}, "temperature": 2.0,
+    ...     "validated": {"temperature": 1.0}}, short=True)
+    'crowd model not validated against real workers (temperature = 2.0 (validated: 1.0))'
     >>> calibration_note(None, short=True)
     'crowd model not validated against real workers'
     """
-    if not validation:
+    validation = (sim or {}).get("validation")
+    differs = calibration_differences(sim) if sim and validation else []
+    if not validation or differs:
+        why = f" ({'; '.join(differs)})" if differs else ""
         if short:
-            return "crowd model not validated against real workers"
+            return f"crowd model not validated against real workers{why}"
+        if differs:
+            return (
+                f"{SIMULATED} crowd: these settings differ from the validated calibration"
+                f"{why}, so its validation figures (docs/simulated-crowd.md) do not apply"
+            )
         return f"{SIMULATED} crowd: this worker model was not validated against real workers"
     parts = "; ".join(f"{k}: {v}" for k, v in validation.items())
     if short:
@@ -223,12 +277,12 @@ def calibration_note(validation: Mapping[str, str] | None, short: bool = False) 
     return f"{SIMULATED} crowd validated against real workers (docs/simulated-crowd.md): {parts}"
 
 
-def upstream_validation(
+def upstream_simulation(
     run_dirs: Iterable[str | Path], max_depth: int = 6
-) -> dict[str, str] | None:
-    """``simulation.validation`` of the simulated crowd upstream of ``run_dirs`` (the
-    nearest ``saleval-simulate`` ancestor, found through each run's ``run.json``): {}
-    when it was not validated, None when no ancestor is a simulate run."""
+) -> dict[str, Any] | None:
+    """The ``simulation`` node of the simulated crowd upstream of ``run_dirs`` (the
+    nearest ``saleval-simulate`` ancestor, found through each run's ``run.json``), for
+    :func:`calibration_note`; None when no ancestor is a simulate run."""
     frontier = [Path(d) for d in run_dirs]
     seen: set[Path] = set()
     for _ in range(max_depth):
@@ -239,11 +293,11 @@ def upstream_validation(
             seen.add(d)
             info = json.loads((d / "run.json").read_text())
             if info.get("stage") == "simulate" and (d / "config.yaml").is_file():
-                node = OmegaConf.select(OmegaConf.load(d / "config.yaml"), "simulation.validation")
+                node = OmegaConf.select(OmegaConf.load(d / "config.yaml"), "simulation")
                 container = OmegaConf.to_container(node) if node is not None else None
                 if not isinstance(container, dict):
                     return {}
-                return {str(k): str(v) for k, v in container.items()}
+                return {str(k): v for k, v in container.items()}
             nxt.extend(Path(p) for p in (info.get("parent_dirs") or {}).values())
         frontier = nxt
     return None

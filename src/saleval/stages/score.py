@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval import reports, scoring, tables, tracking
 from saleval.crowd.importer import PublishedSource, crowd_source
 from saleval.crowd.reading import sha256_file
-from saleval.crowd.validation import calibration_note, upstream_validation
+from saleval.crowd.validation import calibration_note, upstream_simulation
 from saleval.jsonfiles import write_json
 from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
@@ -144,8 +144,8 @@ def score_outputs(
         result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
     )
     # a simulated crowd's tables and plots also say how close it came to real people
-    validation = upstream_validation(st.inputs.values()) if simulated else None
-    note = None if validation is None else calibration_note(validation)
+    sim = upstream_simulation(st.inputs.values()) if simulated else None
+    note = None if sim is None else calibration_note(sim)
     if note:
         md += f"\n> {note}\n"
         info = {**info, "simulated_crowd_validation": note}
@@ -156,7 +156,7 @@ def score_outputs(
     if note:
         tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
     st.path("scores.tex").write_text(tex)
-    short = "" if validation is None else calibration_note(validation, short=True)
+    short = "" if sim is None else calibration_note(sim, short=True)
     suffix = "\n" + textwrap.fill(short, 72) if short else ""
     reports.plot_accuracy_vs_k(
         result.accuracy,
