@@ -239,6 +239,12 @@ def test_explain_sweep_feeds_one_metrics_run_and_the_report(
     rows = tables.REPORT.read(rep["run_dir"]).set_index("method")
     assert rows.loc["occlusion", "human_rank"] == 1
     assert rows["comprehensiveness"].notna().all()
+    # the metrics run alone: no human score, so no correlation rows and no empty ρ table
+    alone = report.run(make_cfg("report", [f"inputs.runs=[{out['run_dir']}]"], name="alone"))
+    assert len(tables.REPORT_CORRELATIONS.read(alone["run_dir"])) == 0
+    md = (Path(alone["run_dir"]) / "report.md").read_text()
+    assert "Spearman ρ" not in md and "no rank correlation" in md
+    assert not (Path(alone["run_dir"]) / "correlation_heatmap.png").exists()
 
 
 def test_saleval_run_dirs_are_inputs_too(

@@ -280,9 +280,12 @@ def report_table(long: pd.DataFrame, rank_within: Sequence[str]) -> tuple[pd.Dat
 def rank_correlations(
     table: pd.DataFrame, metric_cols: Sequence[str], rank_within: Sequence[str]
 ) -> pd.DataFrame:
-    """Spearman's ρ and Kendall's τ between the human and each metric's ranking, per group."""
+    """Spearman's ρ and Kendall's τ between the human and each metric's ranking, per group;
+    a group without human scores (metrics-only runs) has nothing to correlate with."""
     rows = []
     for key, g in table.groupby(list(rank_within), sort=False):
+        if not g[HUMAN].notna().any():
+            continue
         group = dict(zip(rank_within, key if isinstance(key, tuple) else (key,)))
         for col in metric_cols:
             higher = comparison.higher_is_better(col)
@@ -293,7 +296,7 @@ def rank_correlations(
                      "p_value": r[f"{stat}_p"], "n": r["n"], "higher_is_better": higher,
                      "simulated": bool(g["simulated"].any())}
                 )  # fmt: skip
-    out = pd.DataFrame(rows)
+    out = pd.DataFrame(rows, columns=None if rows else list(tables.REPORT_CORRELATIONS.columns))
     for key in ("dataset", "model", "variant"):
         if key not in out.columns:
             out[key] = ""
@@ -340,6 +343,8 @@ def markdown(
             pivot.round(3).reset_index().to_markdown(index=False),
             "",
         ]
+    else:
+        parts += ["No human score in these runs (metrics only): no rank correlation.", ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -461,8 +466,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.write(tables.REPORT_CORRELATIONS, corr)
         st.path("report.md").write_text(markdown(table, corr, metric_cols, rank_within))
         plot_rank_heatmap(table, metric_cols, rank_within, st.path("rank_heatmap.png"))
-        plot_correlation_heatmap(corr, metric_cols, rank_within, st.path("correlation_heatmap.png"))
-        for name in ("report.md", "rank_heatmap.png", "correlation_heatmap.png"):
+        figures = ["report.md", "rank_heatmap.png"]
+        if len(corr):
+            plot_correlation_heatmap(
+                corr, metric_cols, rank_within, st.path("correlation_heatmap.png")
+            )
+            figures.append("correlation_heatmap.png")
+        for name in figures:
             st.log_file(st.path(name))
         st.set_tags(
             {
