@@ -12,8 +12,10 @@ import ast
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -258,3 +260,35 @@ def test_a_tiny_train_and_explain_print_no_lightning_chatter_and_nothing_twice(
         assert not twice, output
     assert "Epoch 0" in train.stdout + train.stderr  # the progress bar still shows
     assert "[saleval-explain] finished:" in explain.stdout
+
+
+def test_sigterm_stops_explain_while_it_explains(tmp_path: Path, tiny_train_run: Path) -> None:
+    """A scheduler's or a user's SIGTERM ends ``saleval-explain`` mid-job (Lightning alone
+    would only set a flag its loops read between batches, and the job is one batch)."""
+    module, attr = SCRIPTS["saleval-explain"].split(":")
+    code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
+    args = [f"inputs.model={tiny_train_run}", "method=[lime]", "method.lime.num_samples=20000",
+            "data.n_samples=40", "progress=true", *scratch(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=environment(),
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while not re.search(r"lime:\s*\d+%", seen):  # LIME's bar: inside the predict batch
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, f"explain ended before LIME ran: {seen[-2000:]}"
+            seen += line
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code_ = proc.wait(timeout=60)
+        assert code_ != 0 and time.monotonic() - start < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -34,11 +34,14 @@ as given.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -242,6 +245,26 @@ def _register_output_capture(model: torch.nn.Module) -> None:
             _CAN_RECORD_REGISTRY[mod] = getattr(mod, "_can_record_outputs", None)
 
 
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM stops the explain job as Ctrl-C does. While it runs, Lightning replaces the
+    SIGTERM handler with one that only sets a flag, which its loops read between batches;
+    the whole job is one predict batch, so without this a user's or a scheduler's SIGTERM
+    would go unheard until the job ended."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"SIGTERM ({signum})")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class _JobModule(L.LightningModule):
     """Holds the model (Lightning moves it to each rank's device); runs the job once per rank."""
 
@@ -255,7 +278,7 @@ class _JobModule(L.LightningModule):
         if int(batch) != rank:
             raise AttributionError(f"rank {rank} of {world} got work item {batch}, not its own")
         _register_output_capture(self.model)
-        with torch.enable_grad():
+        with torch.enable_grad(), _sigterm_stops():
             result = self.job.run(self.model, rank, world)
         if self.job.result_path is not None and self.trainer.local_rank == 0:
             with open(self.job.result_path, "wb") as f:
