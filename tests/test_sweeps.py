@@ -294,3 +294,27 @@ def test_a_failed_sweep_job_and_an_empty_list_are_named(tmp_path: Path) -> None:
         resolve_inputs("explain", str(sweep))
     with pytest.raises(InputError, match="an empty list names no run"):
         resolve_inputs("explain", [])
+
+
+def test_a_real_sweep_logs_what_it_varies_as_a_param(
+    tmp_path: Path, tiny_train_run: Path, mlflow_uri: str
+) -> None:
+    """``saleval-explain -m method.lime.num_samples=8,16``: each job's stage run carries the
+    swept value as a param (method settings otherwise go to the method's child run), so
+    the runs table and the parallel-coordinates plot can tell the jobs apart."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_cli import script
+
+    done = script(
+        "explain", "-m", f"inputs.model={tiny_train_run}", "method=[lime]",
+        "method.lime.num_samples=8,16", "data.n_samples=4", "progress=false",
+        f"paths.output_root={tmp_path / 'out'}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.stage = 'explain'"
+    )
+    jobs = [r for r in runs if r.data.tags.get("sweep", "").startswith(str(tmp_path))]
+    assert sorted(r.data.params.get("method.lime.num_samples", "-") for r in jobs) == ["16", "8"]

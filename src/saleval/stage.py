@@ -425,7 +425,10 @@ class Stage:
         self._started_here = True
         self.run_id = run.info.run_id
         self.tags = tags
-        tracking.log_params(tracking.stage_params(self.stage, self.resolved, uri))
+        # a sweep job's overrides add what it varies; the resolved values win where both
+        # name a key (MLflow refuses a param logged twice with different strings)
+        swept = tracking.override_params(_sweep_overrides())
+        tracking.log_params({**swept, **tracking.stage_params(self.stage, self.resolved, uri)})
         self._log_identity()
         self._write_run_json(status="RUNNING")
         self._t0 = time.perf_counter()
@@ -599,6 +602,16 @@ class Stage:
         if self.is_main and self.run_id is not None:
             mlflow.set_tags(dict(tags))
             self._log_identity()
+
+
+def _sweep_overrides() -> list[str]:
+    """The overrides of this ``-m`` job ([] outside a multirun)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return []
+    return list(HydraConfig.get().overrides.task)
 
 
 def _sweep_tags() -> dict[str, str]:

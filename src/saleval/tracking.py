@@ -269,6 +269,26 @@ def method_settings(group: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
     return out
 
 
+def override_params(overrides: Sequence[str]) -> dict[str, str]:
+    """A ``-m`` job's overrides as params: what a sweep varies sits in the runs table and
+    the parallel-coordinates plot even where the stage logs that setting elsewhere (a
+    method's settings go to its child run). Where-things-go keys (:data:`_NOT_PARAMS`,
+    ``inputs``, ``tracking``) and deletions (``~key``) are left out.
+
+    >>> override_params(["method.lime.num_samples=300", "+experiment=variants_ig",
+    ...                  "~trainer.logger", "paths.output_root=/tmp/x", "seed=1"])
+    {'method.lime.num_samples': '300', 'experiment': 'variants_ig', 'seed': '1'}
+    """
+    out: dict[str, str] = {}
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        key = key.lstrip("+")
+        top = key.split(".", 1)[0]
+        if sep and not key.startswith("~") and top not in (*_NOT_PARAMS, "inputs", "tracking"):
+            out[key] = value
+    return out
+
+
 def log_params(params: Mapping[str, Any]) -> None:
     """Log (flattened) params in batches, truncating values MLflow would refuse."""
     items = [(param_key(k), str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
