@@ -19,13 +19,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -34,7 +32,7 @@ from PIL import Image
 
 from saleval import tables
 from saleval.stage import read_run_info
-from saleval.testing.annotate_load import free_port, stop
+from saleval.testing.annotate_load import free_port, stop, wait_healthy
 from saleval.tracking import method_rows
 from tests.annotate_support import launch_chromium, needs_chromium
 from tests.conftest import FinishedPipeline
@@ -65,18 +63,7 @@ def mlflow_server(uri: str, log: Path) -> Iterator[str]:
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"mlflow server exited with {proc.returncode}: {log}")
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"mlflow server did not answer in 180 s: {log}")
-                time.sleep(0.2)
+            wait_healthy(base, proc, timeout_s=180, path="/health")
             yield base
         finally:
             stop(proc)

@@ -82,20 +82,24 @@ def start_cli_server(
 
 
 def wait_healthy(
-    base_url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 90
+    base_url: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    timeout_s: float = 90,
+    path: str = "/healthz",
 ) -> None:
-    """Wait until ``/healthz`` answers 200; fail early if ``proc`` exits first."""
+    """Wait until ``path`` (the app's ``/healthz``; MLflow's ``/health``) answers 200;
+    fail early if ``proc`` exits first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before answering")
         try:
-            if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"{base_url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    raise TimeoutError(f"{base_url} did not answer /healthz within {timeout_s}s")
+    raise TimeoutError(f"{base_url} did not answer {path} within {timeout_s}s")
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
