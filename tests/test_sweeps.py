@@ -187,6 +187,32 @@ def test_variant_is_what_sets_a_sweep_job_apart() -> None:
     }
 
 
+def test_a_named_profile_labels_its_variant_unless_two_would_share_it() -> None:
+    def src(overrides: list[str], name: str) -> report.Source:
+        return report.Source(
+            Path(name), "compare", "", "ag_news", "tiny", False, tuple(overrides), ()
+        )
+
+    zero = "profile.stages.explain=['method=preset/lu2024','method.deeplift.baseline=zero']"
+    runs = [
+        src([], "plain"),
+        src(["+experiment=preset_lu2024"], "preset"),
+        src(["+experiment=preset_lu2024", "profile.name=preset_zero", zero], "zero"),
+    ]
+    assert report.variants(runs) == {
+        Path("plain"): "",
+        Path("preset"): "+experiment=preset_lu2024",
+        Path("zero"): "+experiment=preset_lu2024 profile.name=preset_zero",
+    }
+    # the same name over two different stage lists: the lists stay, or two variants merge
+    other = src(
+        ["+experiment=preset_lu2024", "profile.name=preset_zero", "profile.stages.explain=[]"], "x"
+    )
+    labels = report.variants([*runs, other])
+    assert labels[Path("zero")] != labels[Path("x")]
+    assert zero in labels[Path("zero")]
+
+
 def test_report_finds_runs_through_an_mlflow_search(
     tmp_path: Path, make_cfg: Callable[..., DictConfig], mlflow_uri: str
 ) -> None:

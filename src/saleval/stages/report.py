@@ -170,12 +170,31 @@ def sources_of(dirs: Sequence[Path]) -> list[Source]:
     return kept
 
 
+def _named(overrides: Sequence[str]) -> list[str]:
+    """A run that names its profile (``profile.name=...``) is labelled by that name, not
+    by the per-stage override lists the name stands for (they run to hundreds of chars).
+
+    >>> _named(["+experiment=preset_lu2024", "profile.name=zero", "profile.stages.explain=[...]"])
+    ['+experiment=preset_lu2024', 'profile.name=zero']
+    """
+    if not any(o.startswith("profile.name=") for o in overrides):
+        return list(overrides)
+    return [o for o in overrides if not o.startswith("profile.stages.")]
+
+
 def variants(sources: Sequence[Source]) -> dict[Path, str]:
     """Each run's variant: its sweep overrides beyond dataset, model, inputs and paths,
-    less those every gathered run shares (``""`` when nothing sets it apart)."""
+    less those every gathered run shares (``""`` when nothing sets it apart). A named
+    profile stands for its stage lists unless that would give two variants one label."""
     own = {s.run_dir: merge.variant_overrides(s.overrides) for s in sources}
-    common = set.intersection(*(set(v) for v in own.values())) if own else set()
-    return {d: " ".join(o for o in v if o not in common) for d, v in own.items()}
+
+    def labels(of: dict[Path, list[str]]) -> dict[Path, str]:
+        common = set.intersection(*(set(v) for v in of.values())) if of else set()
+        return {d: " ".join(o for o in v if o not in common) for d, v in of.items()}
+
+    full = labels(own)
+    short = labels({d: _named(v) for d, v in own.items()})
+    return short if len(set(short.values())) == len(set(full.values())) else full
 
 
 # -- one long table of values --------------------------------------------------------
