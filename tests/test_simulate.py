@@ -207,6 +207,34 @@ def test_notices_repeat_the_validation_only_for_the_validated_calibration(
     assert ("cell MAE" in note) == (expect.startswith("validated against"))
 
 
+@pytest.mark.parametrize(
+    ("dataset", "study", "outside"),
+    [
+        ("ag_news", None, None),
+        ("lu2024_imdb", None, None),  # the published samples the figures were measured on
+        ("sst2", None, "sst2 was not part"),
+        ("ag_news", "forward prediction", "forward prediction was not part"),
+        ("sst2", "forward prediction", "sst2 and forward prediction were not part"),
+    ],
+)
+def test_the_validation_says_which_runs_it_does_not_cover(
+    dataset: str, study: str | None, outside: str | None
+) -> None:
+    """The figures were measured on the main study of IMDB and AG News: a forward-prediction
+    or SST-2 run must not carry them as its own, in long notes or plot captions."""
+    sim = dataclasses.asdict(to_schema(SimulationConfig, compose_config("simulate", []).simulation))
+    note = calibration_note(sim, False, dataset, study)
+    short = calibration_note(sim, True, dataset, study)
+    assert "imdb: cell MAE" in note and "imdb: cell MAE" in short
+    if outside is None:
+        assert "carry over" not in note and "not on" not in short
+    else:
+        assert outside in note and "do not carry over" in note
+        assert (
+            f"not on {outside.split(' was')[0].split(' were')[0].replace(' and ', ', ')}" in short
+        )
+
+
 def test_simulation_options_compose() -> None:
     for name in ("default", "ideal", "noisy"):
         cfg = compose_config("simulate", [f"simulation={name}"])

@@ -244,18 +244,48 @@ def _same(a: Any, b: Any) -> bool:
     return str(getattr(a, "value", a)) == str(getattr(b, "value", b))
 
 
-def calibration_note(sim: Mapping[str, Any] | None, short: bool = False) -> str:
+def outside_validation(
+    validation: Mapping[str, Any], dataset: str | None = None, study: str | None = None
+) -> list[str]:
+    """What a run has that the validation figures were not measured on: its dataset, when
+    no figure is for it (``lu2024_imdb`` counts as ``imdb``: the figures come from the
+    published samples), and its study when it is not the main one (``study``, e.g.
+    "forward prediction"; None for the main study).
+
+    >>> outside_validation({"imdb": "...", "ag_news": "..."}, "lu2024_imdb")
+    []
+    >>> outside_validation({"imdb": "...", "ag_news": "..."}, "sst2", "forward prediction")
+    ['sst2', 'forward prediction']
+    """
+    out = []
+    if dataset and not any(dataset == k or dataset.endswith(f"_{k}") for k in validation):
+        out.append(dataset)
+    if study:
+        out.append(study)
+    return out
+
+
+def calibration_note(
+    sim: Mapping[str, Any] | None,
+    short: bool = False,
+    dataset: str | None = None,
+    study: str | None = None,
+) -> str:
     """One line on how close the worker model in use came to real people: what every
     SIMULATED table, notice and plot says besides SIMULATED. ``sim`` is the
     ``simulation`` node: its ``validation`` figures, unless a setting differs from the
     ones they were measured with (:func:`calibration_differences`); ``short`` for a plot
-    that already says SIMULATED in its title.
+    that already says SIMULATED in its title. The figures were measured on the main study
+    of the datasets they name: a run on another dataset or study (``dataset``, ``study``:
+    :func:`outside_validation`) is told that they do not cover it.
 
     >>> calibration_note({"validation": {"imdb": "cell MAE 6.6 pts"}})
     'SIMULATED crowd validated against real workers (docs/simulated-crowd.md): imdb: cell MAE 6.6 pts'
     >>> calibration_note({"validation": {"imdb": "MAE 6.6"}, "temperature": 2.0,
     ...     "validated": {"temperature": 1.0}}, short=True)
     'crowd model not validated against real workers (temperature = 2.0 (validated: 1.0))'
+    >>> calibration_note({"validation": {"imdb": "MAE 6.6"}}, True, "sst2", "forward prediction")
+    'validated vs real workers: imdb: MAE 6.6 (main study; not on sst2, forward prediction)'
     >>> calibration_note(None, short=True)
     'crowd model not validated against real workers'
     """
@@ -272,9 +302,21 @@ def calibration_note(sim: Mapping[str, Any] | None, short: bool = False) -> str:
             )
         return f"{SIMULATED} crowd: this worker model was not validated against real workers"
     parts = "; ".join(f"{k}: {v}" for k, v in validation.items())
+    outside = outside_validation(validation, dataset, study)
     if short:
-        return f"validated vs real workers: {parts}"
-    return f"{SIMULATED} crowd validated against real workers (docs/simulated-crowd.md): {parts}"
+        scope = f" (main study; not on {', '.join(outside)})" if outside else ""
+        return f"validated vs real workers: {parts}{scope}"
+    scope = (
+        f". Those figures are for the main study on the datasets named; this run's "
+        f"{' and '.join(outside)} {'was' if len(outside) == 1 else 'were'} not part of "
+        "the validation, so they do not carry over to it"
+        if outside
+        else ""
+    )
+    return (
+        f"{SIMULATED} crowd validated against real workers (docs/simulated-crowd.md): "
+        f"{parts}{scope}"
+    )
 
 
 def upstream_simulation(

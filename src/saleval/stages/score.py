@@ -145,7 +145,14 @@ def score_outputs(
     )
     # a simulated crowd's tables and plots also say how close it came to real people
     sim = upstream_simulation(st.inputs.values()) if simulated else None
-    note = None if sim is None else calibration_note(sim)
+    other_study = (
+        "forward prediction"
+        if study["target"] == Target.prediction
+        else "misclassified samples"
+        if study["population"] == Population.misclassified
+        else None
+    )
+    note = None if sim is None else calibration_note(sim, False, dataset, other_study)
     if note:
         md += f"\n> {note}\n"
         info = {**info, "simulated_crowd_validation": note}
@@ -156,7 +163,7 @@ def score_outputs(
     if note:
         tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
     st.path("scores.tex").write_text(tex)
-    short = "" if sim is None else calibration_note(sim, short=True)
+    short = "" if sim is None else calibration_note(sim, True, dataset, other_study)
     suffix = "\n" + textwrap.fill(short, 72) if short else ""
     reports.plot_accuracy_vs_k(
         result.accuracy,

@@ -72,7 +72,7 @@ def _write_notice(
             dataset=cfg.dataset.name,
             n_spam=int(crowd.summary["sim_n_spammers"]),
             n_workers=int(crowd.summary["sim_n_workers"]),
-            calibration=calibration_note(dataclasses.asdict(sim)),
+            calibration=calibration_note(dataclasses.asdict(sim), dataset=cfg.dataset.name),
         )
     )
     crowd.workers.to_csv(st.path("workers.csv"), index=False)
