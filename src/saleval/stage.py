@@ -604,25 +604,26 @@ class Stage:
             self._log_identity()
 
 
-def _sweep_overrides() -> list[str]:
-    """The overrides of this ``-m`` job ([] outside a multirun)."""
+def _multirun() -> Any:
+    """Hydra's config of this ``-m`` job (None outside a multirun)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return []
-    return list(HydraConfig.get().overrides.task)
+        return None
+    return HydraConfig.get()
+
+
+def _sweep_overrides() -> list[str]:
+    """The overrides of this ``-m`` job ([] outside a multirun)."""
+    hc = _multirun()
+    return [] if hc is None else list(hc.overrides.task)
 
 
 def _sweep_tags() -> dict[str, str]:
     """Group the jobs of one ``-m`` multirun: same sweep dir, job number, overrides."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return {}
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
+    hc = _multirun()
+    if hc is None:
         return {}
     return {
         "sweep": str(hc.sweep.dir),

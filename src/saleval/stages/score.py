@@ -135,24 +135,23 @@ def score_outputs(
         )
         pooled = pooled.loc[scoring.order_methods(pooled.index)].round(1).reset_index()
         sections["Forward prediction: accuracy (%) by model outcome, all k"] = pooled
+    # what sets this study apart from the main one: in the caption and the validation note
+    apart = [
+        name
+        for on, name in (
+            (study["population"] == Population.misclassified, "misclassified samples"),
+            (study["target"] == Target.prediction, "forward prediction"),
+        )
+        if on
+    ]
     caption = f"{dataset}: crowd accuracy and score per saliency method"
-    if study["population"] == Population.misclassified:
-        caption += " (misclassified samples)"
-    if study["target"] == Target.prediction:
-        caption += " (forward prediction)"
+    caption += "".join(f" ({name})" for name in apart)
     md = reports.scores_markdown(
         result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
     )
     # a simulated crowd's tables and plots also say how close it came to real people
     sim = upstream_simulation(st.inputs.values()) if simulated else None
-    other_study = (
-        "forward prediction"
-        if study["target"] == Target.prediction
-        else "misclassified samples"
-        if study["population"] == Population.misclassified
-        else None
-    )
-    note = None if sim is None else calibration_note(sim, False, dataset, other_study)
+    note = None if sim is None else calibration_note(sim, False, dataset, " and ".join(apart))
     if note:
         md += f"\n> {note}\n"
         info = {**info, "simulated_crowd_validation": note}
@@ -163,7 +162,7 @@ def score_outputs(
     if note:
         tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
     st.path("scores.tex").write_text(tex)
-    short = "" if sim is None else calibration_note(sim, True, dataset, other_study)
+    short = "" if sim is None else calibration_note(sim, True, dataset, " and ".join(apart))
     suffix = "\n" + textwrap.fill(short, 72) if short else ""
     reports.plot_accuracy_vs_k(
         result.accuracy,
