@@ -52,6 +52,7 @@ from benchmarks.common import Setup, Timing, agreement, compose, setup, speedups
 from benchmarks.naive import naive_method, probs_padded
 from saleval import faithfulness as F
 from saleval import inference
+from saleval.attribution import attention as A
 from saleval.attribution import build_method
 from saleval.attribution import perturbation as P
 
@@ -71,6 +72,10 @@ FERRET_PYTHON = ROOT / ".venv-ferret" / "bin" / "python"
 TOTAL_TARGET = 10.0  # engine ≥ 10× the naive loop, nine methods end to end
 BOUND_TARGET = 2.0  # gradient methods within 2× of the compute bound
 PLAIN_TARGET = 1.5  # LIME / perturbation metrics within 1.5× of plain batched inference
+NAIVE_FLOOR = 1.0  # every method but random at least as fast as the naive loop (issue #25)
+NAIVE_FLOOR_METHODS = (
+    "all_attention", "last_attention", *GRADIENT, *PERTURBATION
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------
@@ -92,6 +97,7 @@ class Row:
     plain: Timing | None = None  # plain batched inference over the same inputs
     agree: str = ""
     notes: list[str] = field(default_factory=list)
+    padding: float | None = None  # padded share of the engine's token slots
 
     def target(self) -> str:
         if self.name.startswith("nine methods"):
@@ -212,6 +218,17 @@ def recording(module: Any, name: str) -> Any:
         yield calls
     finally:
         setattr(module, name, original)
+
+
+def padded_share(calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> float:
+    """Padded share of the token slots the recorded calls' length-sorted batches held."""
+    with inference.padding_tally() as tally:
+        for seqs, kw in calls:
+            lengths = [len(x) for x in seqs]
+            max_tokens = int(kw.get("max_tokens", inference.DEFAULT_MAX_TOKENS))
+            for idx in inference.length_batches(lengths, max_tokens, int(kw.get("max_batch", 512))):
+                inference.count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
+    return tally.fraction
 
 
 def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> Timing:
@@ -417,10 +434,13 @@ def run(args: argparse.Namespace) -> list[Row]:
         with count_passes(s.model) as tally:
             build_method(warm, kind).attribute(s.model, s.tok, s.segs[:k], s.targets[:k])
         m = build_method(dict(settings[kind]), kind)
-        with recording(P, "forward_logits") as calls:
+        # each method timed on its own: the attention methods' shared forward pass (an
+        # explain run computes it once for both) is cleared first
+        A._SHARED.clear()
+        with recording(P, "forward_logits") as calls, inference.padding_tally() as pads:
             t_eng, scores = timed(lambda m=m: m.attribute(s.model, s.tok, s.segs, s.targets), n)
         engine_scores[kind] = scores
-        row = Row(kind, n, t_eng)
+        row = Row(kind, n, t_eng, padding=pads.fraction if pads.real else None)
         if kind in PERTURBATION:
             row.plain = replay(s.model, calls)
             row.notes.append(f"{row.plain.n} perturbed inputs")
@@ -476,7 +496,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     metric_rows: list[Row] = []
     if not args.no_metrics and items:
         F.evaluate(s.model, s.tok, items[:2], mcfg)  # warm-up
-        with recording(F, "predict_proba") as calls:
+        with recording(inference, "predict_proba") as calls:
             t_all, res = timed(lambda: F.evaluate(s.model, s.tok, items, mcfg), len(items))
         by_desc: dict[str, list[Any]] = {}  # the cache's calls per family ("desc")
         for c in calls:
@@ -495,6 +515,8 @@ def run(args: argparse.Namespace) -> list[Row]:
             else:
                 row.notes.append("every input already cached by an earlier family")
             row.notes.append(f"{rec.n_sequences} inputs, {rec.n_forward} new forwards")
+            if by_desc.get(rec.metric):
+                row.padding = padded_share(by_desc[str(rec.metric)])
             row.naive = naive_t.get(str(rec.metric))
             metric_rows.append(row)
         if naive_vals:
@@ -508,6 +530,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         if naive_vals:
             total.agree = f"{diff:.0e} (abs, {len(eng_vals)} metric values)"
         total.plain = replay(s.model, calls)
+        total.padding = padded_share(calls)
         if naive_t:
             total.naive = sum(naive_t.values(), Timing(0, 0, len(items)))
         metric_rows.append(total)
@@ -515,7 +538,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             cfg16 = dataclasses.replace(
                 mcfg, inference=dataclasses.replace(mcfg.inference, bf16="true")
             )
-            with recording(F, "predict_proba") as calls16:
+            with recording(inference, "predict_proba") as calls16:
                 t16, res16 = timed(lambda: F.evaluate(s.model, s.tok, items, cfg16), len(items))
             row = Row("metrics: all families (bf16: true)", len(items), t16, naive=total.naive)
             row.plain = replay(s.model, calls16)
@@ -592,17 +615,35 @@ def print_row(row: Row, flush: bool = True) -> None:
         bits.append(
             f"÷plain {row.engine.wall / row.plain.wall:.2f}/{row.engine.cpu / row.plain.cpu:.2f}"
         )
+    if row.padding is not None:
+        bits.append(f"padded {row.padding:.1%}")
     if row.agree:
         bits.append(f"Δ {row.agree}")
     print("   ".join(bits + row.notes), flush=flush)
+
+
+def naive_floor(rows: list[Row]) -> str:
+    """The floor every method but ``random`` must clear: at least as fast as the naive loop
+    (wall and CPU time) in the same run; ``random`` draws numbers and has no loop to beat."""
+    methods = [r for r in rows if r.naive and r.name in NAIVE_FLOOR_METHODS]
+    below = [r for r in methods if min(speedups(r.engine, r.naive)) < 1.0]  # type: ignore[arg-type]
+    verdict = (
+        "met"
+        if not below
+        else "missed (" + ", ".join(f"{r.name} {_ratio(r.engine, r.naive)}" for r in below) + ")"
+    )
+    return (
+        f"Every method but random at ≥ {NAIVE_FLOOR:g}× the naive loop (wall and CPU), "
+        f"{len(methods)} compared: **{verdict}**."
+    )
 
 
 def render(rows: list[Row], n: int, peak: dict[str, tuple[float, float]], ferret_why: str) -> str:
     head = (
         "| method / metric | n | engine ex/s | naive ex/s | engine vs naive (wall / CPU) "
         "| ferret ex/s | engine vs ferret (wall / CPU) | ÷ compute bound (wall / CPU) "
-        "| ÷ plain inference (wall / CPU) | target | met? |\n"
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+        "| ÷ plain inference (wall / CPU) | padded tokens | target | met? |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
     )
     lines = [head]
     for r in rows:
@@ -624,7 +665,8 @@ def render(rows: list[Row], n: int, peak: dict[str, tuple[float, float]], ferret
         lines.append(
             f"| {r.name} | {r.n} | {r.engine.rate:.2f} | "
             f"{f'{r.naive.rate:.2f}' if r.naive else '—'} | {_ratio(r.engine, r.naive)} | "
-            f"{fer} | {_ratio(r.engine, r.ferret)} | {bound} | {plain} | {r.target()} "
+            f"{fer} | {_ratio(r.engine, r.ferret)} | {bound} | {plain} | "
+            f"{'—' if r.padding is None else f'{r.padding:.1%}'} | {r.target()} "
             f"| {r.met()} |"
         )
     foot = [
@@ -634,6 +676,7 @@ def render(rows: list[Row], n: int, peak: dict[str, tuple[float, float]], ferret
         f"({peak['bf16'][1] / 1e9:.1f}). engine vs X > 1× = engine faster; ÷ bound / plain "
         "= engine time over that floor.",
     ]
+    foot.append(naive_floor(rows))
     foot += [f"{r.name}: {'; '.join(r.notes)}." for r in rows if r.notes]
     agree = [f"{r.name} {r.agree}" for r in rows if r.agree]
     if agree:
@@ -656,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", help="methods to run (default: all nine)")
     p.add_argument("--lime-samples", type=int, default=None, help="override LIME num_samples")
     p.add_argument("--quick", action="store_true", help="development: n 4, metrics 2, LIME 100")
+    p.add_argument("--smoke", action="store_true",
+                   help="the test suite's run: n 2, metrics 1, LIME 20 (checks it runs, not speed)")  # fmt: skip
     p.add_argument("--no-naive", action="store_true", help="skip the naive loop of the methods")
     p.add_argument("--no-naive-metrics", action="store_true")
     p.add_argument("--no-metrics", action="store_true")
@@ -669,6 +714,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.n, args.metrics_n = min(args.n, 4), min(args.metrics_n, 2)
         args.lime_samples = args.lime_samples or 100
+    if args.smoke:
+        args.n, args.metrics_n = min(args.n, 2), 1
+        args.lime_samples = args.lime_samples or 20
     if args.threads:
         torch.set_num_threads(args.threads)
     run(args)

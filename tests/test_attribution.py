@@ -324,9 +324,11 @@ def test_seeded_methods_reproduce_in_any_batch(kind, model, tok, segs) -> None:
     # same sample alone, in reversed order and in another batch: same draws
     alone = attribute_words(model, tok, [segs[3]], [targets[3]], cfg)[0]
     rev = attribute_words(model, tok, segs[::-1], targets[::-1], cfg)[::-1]
-    np.testing.assert_allclose(first[3], alone, rtol=1e-6, atol=1e-9)
+    # other batches hold other sequences beside each one: float noise (~1e-8 here), where
+    # other draws would move scores by ~1e-2
+    np.testing.assert_allclose(first[3], alone, rtol=1e-6, atol=1e-7)
     for x, y in zip(first, rev):
-        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
     other = attribute_words(model, tok, segs, targets, {**cfg, "seed": 8})
     assert not np.allclose(np.concatenate(first), np.concatenate(other))
 
@@ -600,3 +602,61 @@ def test_bf16_auto_follows_the_hardware(model, tok, segs, monkeypatch) -> None:
     monkeypatch.setattr(inference, "bf16_native", lambda device: False)
     assert inference.use_bf16(cpu, "auto") is False
     assert inference.use_bf16(cpu, False) is False
+
+
+# --- work not done: the last layer at [CLS] only; texts batched by padding ----------
+
+
+def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monkeypatch) -> None:
+    """The classifier reads the last layer at [CLS] alone, so computing only that row
+    gives the same logits and the same input gradients (every gradient method, IG and
+    the perturbation methods) as the whole model, to float noise."""
+    from saleval import inference
+
+    assert inference._cls_only_candidate(model) is not None  # else nothing is tested
+    layers = model.bert.encoder.layer
+    last = layers[-1]
+    seqs = [s.input_ids for s in segs]
+    targets = _targets(len(segs))
+    kinds = ("vanilla_gradient", "input_x_gradient", "integrated_gradients", "occlusion")
+    fast = (inference.forward_logits(model, seqs),
+            [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
+    assert layers[-1] is last  # restored after every pass
+    monkeypatch.setattr(inference, "_cls_only_candidate", lambda m: None)
+    full = (inference.forward_logits(model, seqs),
+            [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
+    np.testing.assert_allclose(fast[0], full[0], rtol=1e-5, atol=1e-6)
+    for kind, a, b in zip(kinds, fast[1], full[1]):
+        for x, y in zip(a, b):
+            scale = max(float(np.abs(y).max(initial=0)), 1e-12)
+            assert np.abs(x - y).max(initial=0) <= 1e-4 * scale, kind
+
+
+def test_cls_only_last_layer_is_a_no_op_where_it_would_not_be_exact(model) -> None:
+    from saleval import inference
+
+    model.train()
+    try:
+        assert inference._cls_only_candidate(model) is None  # dropout: training mode
+    finally:
+        model.eval()
+    with inference.cls_only_last_layer(model):
+        inner = model.bert.encoder.layer[-1]
+        with inference.cls_only_last_layer(model):  # nested: the layer is wrapped once
+            assert model.bert.encoder.layer[-1] is inner
+    assert type(model.bert.encoder.layer[-1]).__name__ == "BertLayer"
+
+
+@pytest.mark.parametrize("kind", ["vanilla_gradient", "integrated_gradients", "deeplift"])
+def test_scores_do_not_depend_on_how_texts_are_batched(kind, model, tok, segs) -> None:
+    """max_padding only regroups texts: one text at a time, padding-bounded groups and
+    count-only batches give the same scores to float noise."""
+    targets = _targets(len(segs))
+    runs = [
+        attribute_words(model, tok, segs, targets, {"kind": kind, **SMALL[kind], "max_padding": p})
+        for p in (0.0, 0.25, 1.0)
+    ]
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            scale = max(float(np.abs(x).max(initial=0)), 1e-12)
+            assert np.abs(x - y).max(initial=0) <= 1e-4 * scale

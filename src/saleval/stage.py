@@ -187,7 +187,7 @@ def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
 
 
 # Keys that name where things go rather than what is computed.
-_VOLATILE = ("run_dir", "paths", "tracking", "hydra", "inputs", "progress")
+_VOLATILE = ("run_dir", "paths", "tracking", "hydra", "inputs", "progress", "reuse_methods")
 
 
 def stage_fingerprint(

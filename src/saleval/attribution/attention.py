@@ -11,13 +11,16 @@ study summed over layers, heads and queries; within one text that only rescales)
 from __future__ import annotations
 
 import contextlib
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
-from saleval.inference import BF16, autocast, parse_bf16
+from saleval.inference import BF16, autocast, parse_bf16, use_bf16
 
 QUERIES = ("all", "cls")
 AGGREGATES = ("mean", "sum")
@@ -42,6 +45,41 @@ def eager_attention(model: PreTrainedModel) -> Iterator[None]:
         model.set_attn_implementation(current)
 
 
+def layer_scores(
+    attentions: torch.Tensor, attention_mask: torch.Tensor, query: str = "all"
+) -> torch.Tensor:
+    """Attention received per layer ``(B, L, K)`` from weights ``(B, L, H, Q, K)``: summed
+    over heads and over the real query positions (only position 0 with ``query: cls``)."""
+    if query not in QUERIES:
+        raise AttributionError(f"query must be one of {QUERIES}, got {query!r}")
+    att = attentions.float()
+    if query == "cls":
+        return att[:, :, :, 0, :].sum(2)
+    qmask = attention_mask.to(att.dtype)[:, None, None, :, None]  # (B, 1, 1, Q, 1)
+    return (att * qmask).sum(dim=(2, 3))
+
+
+def combine_layers(
+    per_layer: torch.Tensor,
+    attention_mask: torch.Tensor,
+    n_heads: int,
+    query: str = "all",
+    aggregate: str = "mean",
+) -> torch.Tensor:
+    """Token scores ``(B, K)`` from :func:`layer_scores` of the chosen layers: summed, or
+    averaged over layers, heads and queries (``aggregate: mean``)."""
+    if aggregate not in AGGREGATES:
+        raise AttributionError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+    summed = per_layer.sum(1)  # (B, K)
+    if aggregate == "sum":
+        return summed
+    if query == "cls":
+        n_query = torch.ones_like(attention_mask[:, :1], dtype=summed.dtype)
+    else:
+        n_query = attention_mask.to(summed.dtype).sum(1, keepdim=True)  # (B, 1)
+    return summed / (per_layer.shape[1] * n_heads * n_query)
+
+
 def attention_token_scores(
     attentions: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -53,23 +91,18 @@ def attention_token_scores(
     Heads and (real) query positions, then layers, are averaged (``aggregate: mean``)
     or summed (``sum``); ``query: cls`` keeps only query position 0.
     """
-    if query not in QUERIES:
-        raise AttributionError(f"query must be one of {QUERIES}, got {query!r}")
     if aggregate not in AGGREGATES:
         raise AttributionError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
-    att = attentions.float()
-    if query == "cls":
-        per_query = att[:, :, :, 0, :]  # (B, L, H, K)
-        n_query = torch.ones_like(attention_mask[:, :1], dtype=att.dtype)
-    else:
-        qmask = attention_mask.to(att.dtype)[:, None, None, :, None]  # (B, 1, 1, Q, 1)
-        per_query = (att * qmask).sum(3)  # (B, L, H, K)
-        n_query = attention_mask.to(att.dtype).sum(1, keepdim=True)  # (B, 1)
-    summed = per_query.sum(dim=(1, 2))  # (B, K)
-    if aggregate == "sum":
-        return summed
-    n_layers, n_heads = att.shape[1], att.shape[2]
-    return summed / (n_layers * n_heads * n_query)
+    per_layer = layer_scores(attentions, attention_mask, query)
+    return combine_layers(per_layer, attention_mask, attentions.shape[2], query, aggregate)
+
+
+#: per model, the per-layer scores of its recent batches: ``all_attention`` and
+#: ``last_attention`` read the same eager forward pass, which then runs once
+#: (docs/methods.md#reuse); keyed by the batch's exact ids, the query rule and bf16
+_SHARED: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple[Any, ...], torch.Tensor]]
+_SHARED = weakref.WeakKeyDictionary()
+_SHARED_BATCHES = 512  # batches remembered per model (a few MB even at 512 tokens)
 
 
 class _Attention(TokenAttributor):
@@ -89,9 +122,19 @@ class _Attention(TokenAttributor):
         self.aggregate = aggregate
         self.bf16 = parse_bf16(bf16)
 
-    def attentions(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
-        """Stacked attention weights ``(B, L, H, Q, K)`` of the selected layers."""
-        with eager_attention(model), torch.no_grad(), autocast(batch.input_ids.device, self.bf16):
+    def per_layer(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+        """:func:`layer_scores` of every layer for ``batch``, computed once per batch and
+        shared by the attention methods (``_SHARED``)."""
+        bf16 = use_bf16(batch.input_ids.device, self.bf16)
+        # the parameters' version counters move on any in-place change of the weights
+        weights = tuple(p._version for p in model.parameters())
+        key = (batch.input_ids.cpu().numpy().tobytes(), tuple(batch.input_ids.shape),
+               self.query, bf16, weights)  # fmt: skip
+        memo = _SHARED.setdefault(model, OrderedDict())
+        if key in memo:
+            memo.move_to_end(key)
+            return memo[key]
+        with eager_attention(model), torch.no_grad(), autocast(batch.input_ids.device, bf16):
             out = model(
                 input_ids=batch.input_ids,
                 attention_mask=batch.attention_mask,
@@ -103,8 +146,10 @@ class _Attention(TokenAttributor):
             raise AttributionError(
                 "the model returned no attention weights; build it with attn_implementation='eager'"
             )
-        chosen = atts if self.layers == "all" else atts[-1:]
-        return torch.stack(list(chosen), dim=1)
+        memo[key] = layer_scores(torch.stack(list(atts), dim=1), batch.attention_mask, self.query)
+        while len(memo) > _SHARED_BATCHES:
+            memo.popitem(last=False)
+        return memo[key]
 
     def token_scores(
         self,
@@ -113,9 +158,10 @@ class _Attention(TokenAttributor):
         batch: Batch,
         targets: torch.Tensor,
     ) -> torch.Tensor:
-        return attention_token_scores(
-            self.attentions(model, batch), batch.attention_mask, self.query, self.aggregate
-        )
+        per_layer = self.per_layer(model, batch)
+        chosen = per_layer if self.layers == "all" else per_layer[:, -1:]
+        n_heads = int(model.config.num_attention_heads)
+        return combine_layers(chosen, batch.attention_mask, n_heads, self.query, self.aggregate)
 
 
 @register("all_attention")

@@ -221,6 +221,13 @@ class InputXGradientMethod(_EmbeddingMethod):
         return attr.sum(-1)
 
 
+# Padded tokens per IG chunk: rows = this ÷ the batch's width, at most internal_batch_size.
+# Measured (2026-11-24, native-bf16 2-core host, 3 texts of 256 tokens, 50 steps): 10-25
+# rows (2,560-6,400 tokens) 13.0 s, 50 rows 15.2 s, 100 rows (25,600 tokens) 17.9 s; short
+# AG News texts (48 tokens) ran within noise from 25 to 200 rows. Large activations fall
+# out of the caches, as in saleval.inference.DEFAULT_MAX_TOKENS.
+DEFAULT_INTERNAL_MAX_TOKENS = 4096
+
 # Rows (examples × steps) per forward/backward chunk, measured on this shared 2-core CPU
 # with the embedded MiniLM (`python -m benchmarks attribution --ig-chunks`, 50 steps):
 # 8 texts in batches of 8: 4-16 rows 99-143 s, 32 rows 56 s, 64-256 rows 36-88 s, all 400
@@ -236,11 +243,18 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
     """Captum IG from a baseline to the embeddings, summed over the hidden dim.
 
     ``n_steps`` interpolation points (integrated with ``method``, Gauss–Legendre by
-    default) are batched ``internal_batch_size`` rows at a time (``null``: all at
-    once, Captum's default, memory growing with batch × n_steps). Completeness
+    default) are batched ``internal_batch_size`` rows at a time, fewer where a chunk would
+    pass ``internal_max_tokens`` padded tokens (``null`` for both: all at once, Captum's
+    default, memory growing with batch × n_steps). Completeness
     (Σ attributions = f(x) − f(baseline)) is checked per example: the convergence
     deltas land in ``diagnostics["convergence_delta"]``.
+
+    Texts join a batch only at equal length (``max_padding`` 0): each text's ``n_steps``
+    rows are already a large batch, and padding a text to a longer neighbour cost more
+    than the larger batch gained (docs/benchmarks.md#length-aware-batching).
     """
+
+    default_max_padding = 0.0
 
     def __init__(
         self,
@@ -249,6 +263,7 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         n_steps: int = 50,
         method: str = "gausslegendre",
         internal_batch_size: int | None = DEFAULT_INTERNAL_BATCH_SIZE,
+        internal_max_tokens: int | None = DEFAULT_INTERNAL_MAX_TOKENS,
         **kw: object,
     ):
         kw.setdefault("batch_size", 4)  # few examples: their n_steps rows are the batch
@@ -263,6 +278,18 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         self.n_steps = int(n_steps)
         self.method = method
         self.internal_batch_size = int(internal_batch_size) if internal_batch_size else None
+        self.internal_max_tokens = int(internal_max_tokens) if internal_max_tokens else None
+
+    def chunk_rows(self, batch: Batch) -> int | None:
+        """Rows per forward/backward chunk: ``internal_batch_size``, lowered so a chunk holds
+        at most ``internal_max_tokens`` padded tokens (at least one example's worth of rows:
+        Captum splits steps, never examples)."""
+        rows = self.internal_batch_size
+        if self.internal_max_tokens:
+            width = int(batch.input_ids.shape[1])
+            by_tokens = max(len(batch.lengths), self.internal_max_tokens // max(width, 1))
+            rows = by_tokens if rows is None else min(rows, by_tokens)
+        return rows
 
     def token_scores(
         self,
@@ -284,7 +311,7 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
             additional_forward_args=self._args(batch),
             n_steps=self.n_steps,
             method=self.method,
-            internal_batch_size=self.internal_batch_size,
+            internal_batch_size=self.chunk_rows(batch),
             return_convergence_delta=True,
         )
         self._note("convergence_delta", delta.detach().cpu().tolist())

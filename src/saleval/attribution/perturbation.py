@@ -33,7 +33,7 @@ from saleval.attribution.base import (
     sample_rng,
 )
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
-from saleval.inference import BF16, forward_logits, parse_bf16, use_bf16
+from saleval.inference import BF16, DEFAULT_MAX_TOKENS, forward_logits, parse_bf16, use_bf16
 from saleval.vocab import Removal
 from saleval.words import Segmentation, perturb_ids
 
@@ -53,7 +53,7 @@ class _Perturbation(Attributor):
         self,
         *,
         removal: Removal | str = Removal.delete,
-        max_tokens: int = 16384,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         max_batch: int = 1024,
         bf16: BF16 = False,
         **kw: object,

