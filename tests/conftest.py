@@ -24,6 +24,8 @@ from saleval.config import register_configs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# every test computes its methods; the reuse test turns reuse on for itself
+os.environ.setdefault("SALEVAL_METHOD_REUSE", "0")
 
 DATA_ROOT = paths.default_data_root()
 

@@ -660,3 +660,52 @@ def test_scores_do_not_depend_on_how_texts_are_batched(kind, model, tok, segs) -
         for x, y in zip(runs[0], other):
             scale = max(float(np.abs(x).max(initial=0)), 1e-12)
             assert np.abs(x - y).max(initial=0) <= 1e-4 * scale
+
+
+# --- opt-in cheaper settings: IG steps by completeness, LIME samples by stability ------
+
+
+def _close(a: list[np.ndarray], b: list[np.ndarray], rel: float = 1e-4) -> bool:
+    scale = max(max(float(np.abs(x).max(initial=0)) for x in a), 1e-12)
+    return all(np.abs(x - y).max(initial=0) <= rel * scale for x, y in zip(a, b))
+
+
+def test_ig_steps_chosen_by_completeness(model, tok, segs) -> None:
+    targets = _targets(len(segs))
+    n = sum(s.n_words > 0 for s in segs)  # texts without words still run IG on their tokens
+    base = {"kind": "integrated_gradients", "n_steps": 32, "min_steps": 4}
+
+    def run(**kw: object) -> tuple[list[np.ndarray], dict[str, list[float]]]:
+        m = build_method({**base, **kw})
+        return m.attribute(model, tok, segs, targets), m.diagnostics
+
+    fixed4, _ = run(n_steps=4)
+    fixed32, _ = run()
+    loose, d = run(convergence_tolerance=1e9)  # every text meets it at once: 4 steps
+    assert set(d["n_steps"]) == {4.0} and _close(loose, fixed4)
+    strict, d = run(convergence_tolerance=1e-12)  # none ever does: 4, 8, 16, 32 = n_steps
+    assert set(d["n_steps"]) == {32.0} and set(d["ig_steps_run"]) == {4.0 + 8 + 16 + 32}
+    assert _close(strict, fixed32)
+    _, d = run(convergence_tolerance=0.05)
+    assert len(d["n_steps"]) == len(segs) >= n
+    for steps, tried in zip(d["n_steps"], d["ig_steps_run"]):
+        assert steps in (4.0, 8.0, 16.0, 32.0)
+        assert tried == sum(s for s in (4.0, 8.0, 16.0, 32.0) if s <= steps)  # doubling
+
+
+def test_lime_samples_until_its_top_k_is_stable(model, tok, segs) -> None:
+    targets = _targets(len(segs))
+    fixed = build_method({"kind": "lime", "num_samples": 60, "seed": 3})
+    want = fixed.attribute(model, tok, segs, targets)
+    never = build_method({"kind": "lime", "num_samples": 60, "seed": 3, "stable_top_k": 3,
+                          "sample_step": 20, "stable_rounds": 99})  # fmt: skip
+    got = never.attribute(model, tok, segs, targets)
+    assert set(never.diagnostics["num_samples"]) == {60.0}
+    for x, y in zip(want, got):  # never settles: the fixed setting's explanation
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    eager = build_method({"kind": "lime", "num_samples": 400, "seed": 3, "stable_top_k": 1,
+                          "sample_step": 20, "stable_rounds": 1})  # fmt: skip
+    eager.attribute(model, tok, segs, targets)
+    used = eager.diagnostics["num_samples"]
+    assert min(used) >= 40 and max(used) <= 400 and min(used) < 400
+    assert all(u % 20 == 0 for u in used)

@@ -34,6 +34,7 @@ RECIPES = {
     "variants_output": "run",
     "preset_lu2024": "run",
     "metrics_removal": "run",
+    "cheaper_variants": "run",
     "shortcut": "shortcut",
     "shortcut_piece": "shortcut",
     "shortcut_full": "shortcut",
@@ -124,6 +125,14 @@ def test_sweep_points_set_what_the_recipe_names() -> None:
     full = _compose("shortcut", ["+experiment=shortcut_full"])
     assert list(full.explain.budget) == [] and list(full.explain.skip) == []
     assert _compose("shortcut", ["+experiment=shortcut"]).shortcut.unit == "word"
+    cheap = stage_overrides(_compose("run", ["+experiment=cheaper_variants"]).profile, "explain")
+    default = stage_overrides(_compose("run", []).profile, "explain")
+    assert set(default) < set(cheap)  # the default study, plus the two opt-in settings only
+    assert set(cheap) - set(default) == {
+        "method.integrated_gradients.convergence_tolerance=0.05",
+        "method.lime.stable_top_k=5",
+        "method.lime.sample_step=50",
+    }
     mis = _compose("run", ["+experiment=misclassified"])
     assert "data.population=misclassified" in stage_overrides(mis.profile, "explain")
     assert "study=misclassified" in stage_overrides(mis.profile, "tasks")

@@ -245,7 +245,9 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
     ``n_steps`` interpolation points (integrated with ``method``, Gauss–Legendre by
     default) are batched ``internal_batch_size`` rows at a time, fewer where a chunk would
     pass ``internal_max_tokens`` padded tokens (``null`` for both: all at once, Captum's
-    default, memory growing with batch × n_steps). Completeness
+    default, memory growing with batch × n_steps). Opt-in ``convergence_tolerance``
+    (e.g. 0.05) picks the steps per example instead (:meth:`_adaptive`); the default keeps
+    the fixed ``n_steps``. Completeness
     (Σ attributions = f(x) − f(baseline)) is checked per example: the convergence
     deltas land in ``diagnostics["convergence_delta"]``.
 
@@ -264,6 +266,8 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         method: str = "gausslegendre",
         internal_batch_size: int | None = DEFAULT_INTERNAL_BATCH_SIZE,
         internal_max_tokens: int | None = DEFAULT_INTERNAL_MAX_TOKENS,
+        convergence_tolerance: float | None = None,
+        min_steps: int = 8,
         **kw: object,
     ):
         kw.setdefault("batch_size", 4)  # few examples: their n_steps rows are the batch
@@ -279,6 +283,16 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         self.method = method
         self.internal_batch_size = int(internal_batch_size) if internal_batch_size else None
         self.internal_max_tokens = int(internal_max_tokens) if internal_max_tokens else None
+        if convergence_tolerance is not None and not float(convergence_tolerance) > 0:
+            raise AttributionError(
+                f"convergence_tolerance must be > 0, got {convergence_tolerance}"
+            )
+        if int(min_steps) < 2:
+            raise AttributionError(f"min_steps must be >= 2, got {min_steps}")
+        self.convergence_tolerance = (
+            None if convergence_tolerance is None else float(convergence_tolerance)
+        )
+        self.min_steps = int(min_steps)
 
     def chunk_rows(self, batch: Batch) -> int | None:
         """Rows per forward/backward chunk: ``internal_batch_size``, lowered so a chunk holds
@@ -303,19 +317,78 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         if self.n_steps == 1:
             attr, delta = self._one_step(fwd, embeds, base, targets, batch)
             self._note("convergence_delta", delta.detach().cpu().tolist())
+            self._note("n_steps", [1.0] * len(targets))
             return attr.sum(-1)
+        if self.convergence_tolerance is not None:
+            return self._adaptive(fwd, embeds, base, targets, batch)
+        attr, delta = self._integrate(fwd, embeds, base, targets, batch, self.n_steps)
+        self._note("convergence_delta", delta.detach().cpu().tolist())
+        self._note("n_steps", [float(self.n_steps)] * len(targets))
+        return attr.sum(-1)
+
+    def _integrate(
+        self,
+        fwd: EmbeddingForward,
+        embeds: torch.Tensor,
+        base: torch.Tensor,
+        targets: torch.Tensor,
+        batch: Batch,
+        n_steps: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Captum IG with ``n_steps`` points: attributions ``(B, T, H)`` and completeness gaps."""
         attr, delta = IntegratedGradients(fwd, multiply_by_inputs=True).attribute(
             embeds,
             baselines=base,
             target=targets,
             additional_forward_args=self._args(batch),
-            n_steps=self.n_steps,
+            n_steps=n_steps,
             method=self.method,
             internal_batch_size=self.chunk_rows(batch),
             return_convergence_delta=True,
         )
-        self._note("convergence_delta", delta.detach().cpu().tolist())
-        return attr.sum(-1)
+        return attr, delta
+
+    def _adaptive(
+        self,
+        fwd: EmbeddingForward,
+        embeds: torch.Tensor,
+        base: torch.Tensor,
+        targets: torch.Tensor,
+        batch: Batch,
+    ) -> torch.Tensor:
+        """Opt-in (``convergence_tolerance``): per example, the fewest steps of ``min_steps``,
+        doubled up to ``n_steps``, whose completeness gap |Σ attributions − (f(x) − f(b))|
+        is within the tolerance of |f(x) − f(b)| (the check Sundararajan et al. 2017, §3,
+        recommend). Examples that never meet it get ``n_steps``, as the fixed setting does.
+        Records ``n_steps`` (used) and ``ig_steps_run`` (every step tried) per example."""
+        tol = float(self.convergence_tolerance or 0.0)
+        with torch.no_grad():
+            rows = torch.arange(len(targets), device=targets.device)
+            gap = (fwd(embeds, *self._args(batch))[rows, targets]
+                   - fwd(base, *self._args(batch))[rows, targets]).abs()  # fmt: skip
+        out = torch.zeros(embeds.shape[:2], device=embeds.device)
+        deltas = torch.zeros(len(targets), device=embeds.device)
+        used = [0.0] * len(targets)
+        tried = [0.0] * len(targets)
+        todo = list(range(len(targets)))
+        steps = min(self.min_steps, self.n_steps)
+        while todo:
+            idx = torch.as_tensor(todo, device=embeds.device)
+            sub = _select(batch, idx)
+            attr, delta = self._integrate(fwd, embeds[idx], base[idx], targets[idx], sub, steps)
+            ok = delta.abs() <= tol * gap[idx].clamp_min(1e-6)
+            left = []
+            for j, i in enumerate(todo):
+                tried[i] += steps
+                if bool(ok[j]) or steps >= self.n_steps:
+                    out[i], deltas[i], used[i] = attr[j].sum(-1), delta[j], float(steps)
+                else:
+                    left.append(i)
+            todo, steps = left, min(2 * steps, self.n_steps)
+        self._note("convergence_delta", deltas.detach().cpu().tolist())
+        self._note("n_steps", used)
+        self._note("ig_steps_run", tried)
+        return out
 
     def _one_step(
         self,
@@ -344,6 +417,19 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
                 - fwd(base, *self._args(batch))[rows, targets]
             )
         return attr, attr.sum(dim=(1, 2)) - gap
+
+
+def _select(batch: Batch, idx: torch.Tensor) -> Batch:
+    """The rows ``idx`` of ``batch`` (same width)."""
+    keep = idx.tolist()
+    return Batch(
+        input_ids=batch.input_ids[idx],
+        attention_mask=batch.attention_mask[idx],
+        token_type_ids=batch.token_type_ids[idx],
+        keep_own=batch.keep_own[idx],
+        lengths=[batch.lengths[i] for i in keep],
+        texts=[batch.texts[i] for i in keep],
+    )
 
 
 @register("deeplift")

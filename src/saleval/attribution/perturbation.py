@@ -35,7 +35,7 @@ from saleval.attribution.base import (
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
 from saleval.inference import BF16, DEFAULT_MAX_TOKENS, forward_logits, parse_bf16, use_bf16
 from saleval.vocab import Removal
-from saleval.words import Segmentation, perturb_ids
+from saleval.words import Segmentation, perturb_ids, rank_words
 
 DISTANCES = ("cosine", "euclidean")
 
@@ -124,11 +124,21 @@ class Lime(_Perturbation):
         distance: str = "cosine",
         feature_selection: str = "none",
         seed: int = 0,
+        stable_top_k: int | None = None,
+        sample_step: int = 100,
+        stable_rounds: int = 2,
         **kw: object,
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
         if int(num_samples) < 2:
             raise AttributionError(f"num_samples must be >= 2, got {num_samples}")
+        if stable_top_k is not None and int(stable_top_k) < 1:
+            raise AttributionError(f"stable_top_k must be >= 1, got {stable_top_k}")
+        if int(sample_step) < 2 or int(stable_rounds) < 1:
+            raise AttributionError("sample_step must be >= 2 and stable_rounds >= 1")
+        self.stable_top_k = None if stable_top_k is None else int(stable_top_k)
+        self.sample_step = int(sample_step)
+        self.stable_rounds = int(stable_rounds)
         if distance not in DISTANCES:
             raise AttributionError(f"distance must be one of {DISTANCES}, got {distance!r}")
         self.num_samples = int(num_samples)
@@ -144,44 +154,72 @@ class Lime(_Perturbation):
         segs: Sequence[Segmentation],
         targets: Sequence[int],
     ) -> list[np.ndarray]:
-        mode = self.removal
-        neighbourhoods: list[np.ndarray] = []
-        seqs: list[list[int]] = []
-        for seg in segs:
-            data = (
-                lime_neighbourhood(seg.n_words, self.num_samples, sample_rng(self.seed, seg.text))
-                if seg.n_words
-                else np.ones((0, 0))
-            )
-            neighbourhoods.append(data)
-            seqs.extend(perturb_ids(seg, row.astype(bool), mode, tokenizer) for row in data)
-        probs = _probs(self._logits(model, tokenizer, seqs))
-        out, start = [], 0
-        for seg, data, target in zip(segs, neighbourhoods, targets):
-            if not seg.n_words:
-                out.append(np.zeros(0))
-                continue
-            labels = probs[start : start + len(data)]
-            start += len(data)
-            distances = pairwise_distances(data, data[:1], metric=self.distance).ravel() * 100
-            base = LimeBase(
-                partial(lime_kernel, kernel_width=self.kernel_width),
-                random_state=np.random.RandomState(self.seed),
-            )
-            _, weights, score, _ = base.explain_instance_with_data(
-                data,
-                labels,
-                distances,
-                int(target),
-                seg.n_words,
-                feature_selection=self.feature_selection,
-            )
-            self._note("surrogate_r2", [score])
-            scores = np.zeros(seg.n_words)
-            for feature, weight in weights:
-                scores[int(feature)] = weight
-            out.append(scores)
+        """Per example: the neighbourhood, its probabilities, the surrogate's coefficients.
+
+        With ``stable_top_k`` (opt-in) the rows are evaluated ``sample_step`` at a time and
+        an example stops once its top-k words stayed the same over ``stable_rounds``
+        refits (the idea of S-LIME, Zhou et al. 2021, KDD: sample until the explanation is
+        stable; here the test is the top-k set, not S-LIME's LARS test). The rows are the
+        first rows of the fixed-size neighbourhood, so an example that never settles gets
+        exactly the fixed setting's explanation.
+        """
+        data = [
+            lime_neighbourhood(seg.n_words, self.num_samples, sample_rng(self.seed, seg.text))
+            if seg.n_words
+            else np.ones((0, 0))
+            for seg in segs
+        ]
+        step = self.num_samples if self.stable_top_k is None else self.sample_step
+        out = [np.zeros(seg.n_words) for seg in segs]
+        labels: list[list[np.ndarray]] = [[] for _ in segs]
+        used = [0] * len(segs)
+        r2 = [0.0] * len(segs)
+        stable = [0] * len(segs)
+        top: list[frozenset[int] | None] = [None] * len(segs)
+        active = [i for i, seg in enumerate(segs) if seg.n_words]
+        while active:
+            seqs: list[list[int]] = []
+            for i in active:
+                rows = data[i][used[i] : used[i] + step]
+                seqs.extend(
+                    perturb_ids(segs[i], r.astype(bool), self.removal, tokenizer) for r in rows
+                )
+            probs = _probs(self._logits(model, tokenizer, seqs))
+            at, left = 0, []
+            for i in active:
+                n = min(step, self.num_samples - used[i])
+                labels[i].append(probs[at : at + n])
+                at += n
+                used[i] += n
+                out[i], r2[i] = self._fit(data[i][: used[i]], np.vstack(labels[i]), int(targets[i]))
+                if self.stable_top_k is not None:
+                    now = frozenset(rank_words(out[i])[: self.stable_top_k].tolist())
+                    stable[i] = stable[i] + 1 if now == top[i] else 0
+                    top[i] = now
+                if used[i] < self.num_samples and stable[i] < self.stable_rounds:
+                    left.append(i)
+            active = left
+        for i in range(len(segs)):
+            if segs[i].n_words:
+                self._note("surrogate_r2", [r2[i]])
+                self._note("num_samples", [float(used[i])])
         return out
+
+    def _fit(self, data: np.ndarray, labels: np.ndarray, target: int) -> tuple[np.ndarray, float]:
+        """Word scores — the ``lime`` surrogate's coefficients on rows ``data`` (row 0 the
+        original) with class probabilities ``labels`` — and the surrogate's R²."""
+        distances = pairwise_distances(data, data[:1], metric=self.distance).ravel() * 100
+        base = LimeBase(
+            partial(lime_kernel, kernel_width=self.kernel_width),
+            random_state=np.random.RandomState(self.seed),
+        )
+        _, weights, score, _ = base.explain_instance_with_data(
+            data, labels, distances, target, data.shape[1], feature_selection=self.feature_selection
+        )
+        scores = np.zeros(data.shape[1])
+        for feature, weight in weights:
+            scores[int(feature)] = weight
+        return scores, float(score)
 
 
 @register("occlusion")

@@ -9,7 +9,8 @@ tables as on one; see :mod:`saleval.attribution.frame`). Writes ``attributions.p
 and ``predictions.parquet``; logs the explained samples as the run's input, per method
 (one child run each) wall time, examples/s and IG/DeepLIFT convergence deltas, and the
 views (``views/highlights.html``, ``views/overlap.csv``,
-``views/overlap.png``).
+``views/overlap.png``), and ``method_timings.csv`` (per method: seconds, whether its
+scores were reused from an earlier run, mean diagnostics).
 
 Main options: ``inputs.model``, ``method`` (the list of methods; ``method=[lime,occlusion]``),
 ``data.n_samples``, ``data.population``, ``data.split``, ``trainer`` (cpu, gpu, ddp),
@@ -46,6 +47,10 @@ from saleval.stage import (
 from saleval.vocab import Population, Target
 
 log = logging.getLogger(__name__)
+
+TIMINGS = "method_timings.csv"
+#: ``SALEVAL_METHOD_REUSE=0`` turns per-method reuse off everywhere (timing runs, the tests)
+REUSE_ENV = "SALEVAL_METHOD_REUSE"
 
 
 def draw_samples(
@@ -141,7 +146,9 @@ class MethodReuse:
         from saleval.inference import bf16_native
 
         devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
-        if not cfg.reuse_methods or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0":
+            return None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             return None
         if devices not in ("1", "auto"):
             return None
@@ -286,7 +293,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "accuracy": float((predictions["pred"] == predictions["label"]).mean()),
         }
         st.log_metrics(metrics)
-        st.log_method_rows(method_rows(timings, diag), table="method_timings")
+        rows = method_rows(timings, diag)
+        rows.to_csv(st.path(TIMINGS), index=False)  # per method: seconds, reused, diagnostics
+        st.log_method_rows(rows, table="method_timings")
         samples = cfg.view.samples if isinstance(cfg.view.samples, int) else list(cfg.view.samples)
         for path in views.write_views(
             st.path("views"), predictions, attributions, samples, int(cfg.view.k),
