@@ -57,3 +57,28 @@ def test_performance_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     assert agree is not None
     for name, value in re.findall(r"([a-z_:]+(?: [a-z ]+)?) (\d+e[+-]\d+)", agree.group(1)):
         assert float(value) < 1e-3, f"{name}: engine and naive differ by {value}"
+
+
+def test_length_grouped_training_batches_pad_less_and_cover_every_text() -> None:
+    import numpy as np
+
+    from saleval.training import LengthGroupedBatches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 200, 2000).tolist()
+    grouped = LengthGroupedBatches(lengths, batch_size=16, seed=1)
+
+    def padded(batches: list[list[int]]) -> float:
+        slots = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+        return 1 - sum(lengths) / slots
+
+    epoch0 = list(grouped)
+    assert sorted(i for b in epoch0 for i in b) == list(range(2000))  # each text once
+    assert {len(b) for b in epoch0} == {16}  # 2,000 texts: 125 full batches
+    order = rng.permutation(2000).tolist()
+    shuffled = [order[i : i + 16] for i in range(0, 2000, 16)]
+    assert padded(epoch0) < 0.1 < 0.3 < padded(shuffled)
+    grouped.set_epoch(1)
+    assert list(grouped) != epoch0  # another shuffle per epoch
+    grouped.set_epoch(0)
+    assert list(grouped) == epoch0  # seeded: the same epoch, the same batches

@@ -444,8 +444,17 @@ def test_reference_results_beside_ours(tmp_path: Path) -> None:
         "dataset,shortcut,config,precision,mean_rank\n"
         "sst2,st,grad_x_input_logits,0.5,3.25\n"
         "sst2,st,lime_unk_1000,,\n"  # a slot not yet filled, and not run by us
+        "imdb,st,grad_x_input_logits,0.9,1\n"  # datasets and shortcut types the run
+        "sst2,op,grad_x_input_logits,0.8,2\n"  # did not use stay out of its table
     )
     md = beside_reference(ours, read_reference(ref), "paper.csv")
+    assert "imdb" not in md.split("\n\n")[1] and "|op|" not in md.replace(" ", "")
+    assert (
+        "2 reference rows of datasets or shortcut types this run did not use left out "
+        "(imdb/st, sst2/op)." in md
+    )
+    assert "This run ranks words" in md  # results without a unit column ranked words
+    assert "ranks" not in beside_reference(ours.assign(unit="piece"), read_reference(ref), "p")
     lines = [ln.replace(" ", "") for ln in md.splitlines()]
     assert "|grad_x_input_logits|sst2|st|50|0.72|0.50|4.0|3.2|" in lines
     assert "|ig_zero_100_logits|sst2|st|10|0.40|—|2.2|—|" in lines

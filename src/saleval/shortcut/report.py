@@ -128,10 +128,19 @@ def read_reference(path: str | Path) -> pd.DataFrame:
 
 def beside_reference(results: pd.DataFrame, reference: pd.DataFrame, source: str) -> str:
     """Markdown: our precision and rank (with n) next to the published ones, per
-    configuration × dataset × shortcut that either side has; a missing side shows "—"."""
+    configuration × dataset × shortcut that either side has; a missing side shows "—".
+
+    Only the reference rows of the datasets and shortcut types the results cover are
+    shown (a published table spans datasets a run never used); one line says how many
+    were left out, and which unit the reference ranks where ours ranks another.
+    """
     ours = results.assign(n=results["n"].astype(int))[
         ["dataset", "shortcut", "config", "precision", "mean_rank", "n"]
     ]
+    pairs = set(zip(ours["dataset"].astype(str), ours["shortcut"].astype(str)))
+    keep = [(d, k) in pairs for d, k in zip(reference["dataset"], reference["shortcut"])]
+    left_out = reference[[not k for k in keep]]
+    reference = reference[keep]
     both = ours.merge(
         reference,
         on=["dataset", "shortcut", "config"],
@@ -156,7 +165,22 @@ def beside_reference(results: pd.DataFrame, reference: pd.DataFrame, source: str
         }
     )
     body = out.to_markdown(index=False, disable_numparse=True)
-    return f"\n### Beside the reference ({source})\n\n{body}\n"
+    notes = []
+    if len(left_out):
+        other = sorted(set(zip(left_out["dataset"], left_out["shortcut"])))
+        rows = "1 reference row" if len(left_out) == 1 else f"{len(left_out)} reference rows"
+        notes.append(
+            f"{rows} of datasets or shortcut types this run did not use left out "
+            f"({', '.join(f'{d}/{k}' for d, k in other)})."
+        )
+    units = set(results["unit"].astype(str)) if "unit" in results else {"word"}
+    if units != {"piece"}:
+        notes.append(
+            f"This run ranks {' and '.join(sorted(units))}s; the protocol's published results "
+            "(Bastings et al. 2022) rank word pieces: shortcut.unit=piece compares like with like."
+        )
+    tail = "\n\n" + " ".join(notes) if notes else ""
+    return f"\n### Beside the reference ({source})\n\n{body}{tail}\n"
 
 
 def combine_runs(run_dirs: Iterable[str | Path]) -> pd.DataFrame:

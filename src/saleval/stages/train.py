@@ -66,6 +66,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             tokenizer,
             int(cfg.model.max_length),
             cfg.trainer.loader,
+            seed=int(cfg.seed),
         )
         result = fit(model, dm, cfg.trainer, st.run_dir)
         if not st.is_main:  # a DDP rank > 0 (trainer=ddp): rank 0 saves and logs the model
