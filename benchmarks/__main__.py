@@ -13,6 +13,7 @@ BENCHMARKS = {
 ON_REQUEST = {
     "paper_scale": "benchmarks.paper_scale",
     "cheaper_variants": "benchmarks.cheaper_variants",
+    "training_options": "benchmarks.training_options",
 }
 
 

@@ -13,7 +13,9 @@ root — the second run reuses the train run and the seven unchanged methods —
   method's value under both settings and the Spearman correlation of the nine-method
   ranking between the two runs.
 
-``--fixed DIR --cheap DIR`` only compares two finished ``saleval-run`` directories.
+``--fixed DIR --cheap DIR`` only compares two finished ``saleval-run`` directories;
+``--root DIR --name NAME [overrides]`` adds another cheaper run (other tolerances, say)
+to an existing root, reusing everything the two runs share.
 """
 
 from __future__ import annotations
@@ -105,13 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed", type=Path, default=None, help="a finished saleval-run dir")
     p.add_argument("--cheap", type=Path, default=None, help="the cheaper settings' run dir")
     p.add_argument("--out", type=Path, default=None, help="also write the tables here")
+    p.add_argument("--name", default="cheap", help="the cheaper run's directory in the root")
+    p.add_argument("rest", nargs="*", help="more overrides for the cheaper run, e.g. "
+                   "method.integrated_gradients.convergence_tolerance=0.2")  # fmt: skip
     args = p.parse_args(argv)
     if args.fixed and args.cheap:
         fixed, cheap = args.fixed, args.cheap
     else:
         root = args.root or ROOT / "outputs" / "cheaper_variants" / time.strftime("%Y%m%d-%H%M%S")
         fixed = _run(root, "fixed")
-        cheap = _run(root, "cheap", "+experiment=cheaper_variants")
+        cheap = _run(root, args.name, "+experiment=cheaper_variants", *args.rest)
     text = "\n\n".join([passes(fixed, cheap), explanations(fixed, cheap), rankings(fixed, cheap)])
     print(text)
     if args.out:

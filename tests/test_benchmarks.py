@@ -82,3 +82,13 @@ def test_length_grouped_training_batches_pad_less_and_cover_every_text() -> None
     assert list(grouped) != epoch0  # another shuffle per epoch
     grouped.set_epoch(0)
     assert list(grouped) == epoch0  # seeded: the same epoch, the same batches
+
+
+def test_training_options_benchmark_measures_padding_of_the_loaders_batches() -> None:
+    from benchmarks.training_options import padded_share, profile_overrides
+
+    base = profile_overrides()
+    assert "trainer.max_epochs=1" in base and "dataset=ag_news" in base
+    default = padded_share(base)
+    grouped = padded_share([*base, "trainer.loader.length_grouped=true"])
+    assert 0 <= grouped < 0.1 < default < 0.9  # the option is what removes the padding
