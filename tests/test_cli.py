@@ -217,7 +217,9 @@ def _messages(output: str) -> list[str]:
     """Output lines without progress bars, log prefixes and blank lines."""
     out = []
     for line in output.replace("\r", "\n").splitlines():
-        if not line.strip() or "it/s]" in line or "?it/s" in line or "s/it]" in line:
+        # a bar's rate is followed by "]" or, with a postfix (the loss), by ","; the final
+        # bar may be drawn twice with the same rate, which is no message printed twice
+        if not line.strip() or "?it/s" in line or re.search(r"(it/s|s/it)[],]", line):
             continue
         line = re.sub(r"^\[[^]]+\]\[[^]]+\]\[\w+\] - ", "", line)  # Hydra's log format
         out.append(re.sub(r"^(INFO|WARNING|DEBUG): ", "", line))  # Lightning's own handler
