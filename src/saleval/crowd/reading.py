@@ -170,7 +170,7 @@ def clip(problem: str, limit: int = MAX_PROBLEM_CHARS) -> str:
     end are kept.
 
     >>> clip("unknown label 'xxxxxxxxxxxxxxxxxxxxxxxxx'; expected one of [A, B]", 40)
-    "unknown label 'xxx … [29 characters left out] … ed one of [A, B]"
+    "unknown label 'x … [33 characters left out] … ed one of [A, B]"
     """
     if len(problem) <= limit:
         return problem
@@ -201,7 +201,7 @@ def reject_summary(rejects: pd.DataFrame, policy: str, rejects_csv: str | Path |
 
     >>> df = pd.DataFrame({"file": ["a.csv"] * 3, "row": [2, 5, 9], "field": ["task_id"] * 3,
     ...     "problem": ["unknown task 'x'", "unknown task 'y'", "empty task id"]})
-    >>> print("\n".join(reject_summary(df, "report", "run/rejects.csv")))
+    >>> print("\\n".join(reject_summary(df, "report", "run/rejects.csv")))
     3 rows rejected (crowd.policy=report: the other rows were imported); every reject is in run/rejects.csv
       a.csv, rows 2, 5, field task_id (2 rows): unknown task 'x'
       a.csv, row 9, field task_id: empty task id
