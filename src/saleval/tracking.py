@@ -614,15 +614,17 @@ def end_dead_runs(client: MlflowClient | None = None) -> list[str]:
     be seen from here), and so are runs without a ``pid`` tag. Every stage calls this
     when it starts (docs/tracking.md#runs-that-die)."""
     client = client or MlflowClient()
-    exps = [e.experiment_id for e in client.search_experiments()]
-    if not exps:
-        return []
     host = socket.gethostname().replace("'", "")
-    running = client.search_runs(
-        exps,
-        filter_string=f"attributes.status = 'RUNNING' and tags.host = '{host}'",
-        max_results=10_000,
-    )
+    try:
+        exps = [e.experiment_id for e in client.search_experiments()]
+        running = client.search_runs(
+            exps,
+            filter_string=f"attributes.status = 'RUNNING' and tags.host = '{host}'",
+            max_results=10_000,
+        ) if exps else []
+    except mlflow.exceptions.MlflowException as err:  # a store that refuses the search
+        log.warning("could not look for runs whose process died: %s", err)
+        return []
     dead = [
         r
         for r in running

@@ -69,17 +69,25 @@ def read_rows(
     rows: list[list[str]] = []
     with open(path, encoding=codec, errors="surrogateescape", newline="") as fh:
         reader = csv.reader(fh, delimiter=delimiter, quoting=quoting)
-        try:
-            header = next(reader)
-            rows.extend(reader)
-        except StopIteration:
-            raise CrowdImportError(f"{path}: empty file (no header row)") from None
-        except csv.Error as err:  # whatever the csv module still refuses: located, no traceback
-            where = f"row {len(rows) + 1}" if "header" in locals() else "row header"
-            raise CrowdImportError(
+
+        def unreadable(where: str, err: csv.Error) -> CrowdImportError:
+            """Whatever the csv module still refuses: located, never a traceback."""
+            return CrowdImportError(
                 f"{path}, {where} (line {reader.line_num}): the file cannot be read as "
                 f"delimited text ({err}); check its quoting around that line"
-            ) from None
+            )
+
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise CrowdImportError(f"{path}: empty file (no header row)") from None
+        except csv.Error as err:
+            raise unreadable("row header", err) from None
+        try:
+            for values in reader:  # one by one: a failing row is located by its number
+                rows.append(values)
+        except csv.Error as err:
+            raise unreadable(f"row {len(rows) + 1}", err) from None
     for j, name in enumerate(header):
         problem = _undecodable(name, encoding)
         if problem:
