@@ -141,20 +141,24 @@ def test_read_only_export_of_a_copy_with_its_wal_but_no_shm(
         assert len(exported) == 3 == out["n_answers"]
         assert sorted(exported["task_id"]) == sorted(live.answers(run_key)["task_id"])
         # nothing written beside the archive: no -shm, the two files unchanged
-        assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in archive.iterdir()} == digests
+        after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in archive.iterdir()}
+        assert after == digests
         ro = AnnotationStore(copied, readonly=True)
         private = Path(ro._copy.name)  # type: ignore[union-attr]
         assert ro.n_answers(run_key) == 3 and private.is_dir()
         ro.close()
         assert not private.exists()  # the private copy goes with the store
+
         # A WAL that cannot be read is refused with both files named, never skipped.
         def no_space(*args: object) -> None:
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr("saleval.annotate.store.shutil.copyfile", no_space)
-        with pytest.raises(StoreError, match=rf"{re.escape(str(copied))}: its write-ahead log .*-wal holds answers") as refused:
+        where = rf"{re.escape(str(copied))}: its write-ahead log .*-wal holds answers"
+        with pytest.raises(StoreError, match=where) as refused:
             annotate_stage.run(make_cfg("annotate", base, name="refused"))
-        assert "No space left on device" in str(refused.value) and "export from there" in str(refused.value)
+        message = str(refused.value)
+        assert "No space left on device" in message and "export from there" in message
     finally:
         archive.chmod(0o755)
         live.close()

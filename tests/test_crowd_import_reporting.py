@@ -109,7 +109,8 @@ def test_strict_policy_exits_with_the_same_summary_and_writes_rejects(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = _bad_answers(task_run, tmp_path)
-    cfg = make_cfg("import", [f"inputs.tasks={task_run}", f"inputs.answers={path}", "crowd.policy=strict"])
+    overrides = [f"inputs.tasks={task_run}", f"inputs.answers={path}", "crowd.policy=strict"]
+    cfg = make_cfg("import", overrides)
     with pytest.raises(CrowdImportError, match="nothing was imported"):
         import_.run(cfg)
     err = capsys.readouterr().err
@@ -155,7 +156,10 @@ def test_worker_ids_are_stripped_and_compared_without_case(
     assert accepted["worker_id"].tolist() == ["A1b2", "a1B2", "a1b2", "W9", "w9"]
     assert rejects.empty
     assert info["worker_ids_merged"] == {}
-    assert info["bundles_with_several_workers"] == {"b00": ["A1b2", "a1B2", "a1b2"], "b01": ["W9", "w9"]}
+    assert info["bundles_with_several_workers"] == {
+        "b00": ["A1b2", "a1B2", "a1b2"],
+        "b01": ["W9", "w9"],
+    }
     shared = [r.getMessage() for r in caplog.records if "field bundle_id" in r.getMessage()]
     assert shared[0].startswith(f"{path}, row 2, field bundle_id: bundle 'b00' is answered by ")
     assert "(first 'A1b2', row 1)" in shared[0]
@@ -166,7 +170,9 @@ def test_worker_id_case_is_a_crowd_option(
     task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
     answers = make_answers(tables.BUNDLES.read(task_run), spam=False)
-    answers["worker_id"] = [w.upper() if i % 2 else f" {w} " for i, w in enumerate(answers["worker_id"])]
+    answers["worker_id"] = [
+        w.upper() if i % 2 else f" {w} " for i, w in enumerate(answers["worker_id"])
+    ]
     path = tmp_path / "mixed.csv"
     answers.to_csv(path, index=False)
     base = [

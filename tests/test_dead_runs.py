@@ -102,10 +102,9 @@ def test_a_stage_killed_with_sigkill_is_marked_killed_by_the_next_stage(
     killed = mine[0].info.run_id
     assert client.get_run(killed).info.status == "RUNNING"  # what the issue found
 
+    export = [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={db}"]
     with caplog.at_level(logging.WARNING, logger="saleval.tracking"):
-        out = annotate_stage.run(  # any stage on the same store
-            make_cfg("annotate", [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={db}"])
-        )
+        out = annotate_stage.run(make_cfg("annotate", export))  # any stage on the same store
     info = client.get_run(killed).info
     assert info.status == "KILLED" and info.end_time is not None
     assert any(killed in r.getMessage() for r in caplog.records)

@@ -617,11 +617,13 @@ def end_dead_runs(client: MlflowClient | None = None) -> list[str]:
     host = socket.gethostname().replace("'", "")
     try:
         exps = [e.experiment_id for e in client.search_experiments()]
+        if not exps:
+            return []
         running = client.search_runs(
             exps,
             filter_string=f"attributes.status = 'RUNNING' and tags.host = '{host}'",
             max_results=10_000,
-        ) if exps else []
+        )
     except mlflow.exceptions.MlflowException as err:  # a store that refuses the search
         log.warning("could not look for runs whose process died: %s", err)
         return []

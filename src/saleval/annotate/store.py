@@ -323,7 +323,11 @@ class AnnotationStore:
         self._uri = uri
         self._local = threading.local()
         try:
-            row = self._conn().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            row = (
+                self._conn()
+                .execute("SELECT value FROM meta WHERE key='schema_version'")
+                .fetchone()
+            )
         except sqlite3.Error:
             self.close()
             raise

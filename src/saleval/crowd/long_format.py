@@ -320,4 +320,6 @@ def _warn_worker_ids(
     for line in shared[:MAX_LISTED_REJECTS]:
         log.warning("%s", line)
     if len(shared) > MAX_LISTED_REJECTS:
-        log.warning("%s: %d more bundles with a second worker", path, len(shared) - MAX_LISTED_REJECTS)
+        log.warning(
+            "%s: %d more bundles with another worker", path, len(shared) - MAX_LISTED_REJECTS
+        )

@@ -187,7 +187,10 @@ def clip(problem: str, limit: int = MAX_PROBLEM_CHARS) -> str:
     return f"{problem[:head]} … [{cut} characters left out] … {problem[-tail:]}"
 
 
-_SPECIFIC = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|0x[0-9A-Fa-f]+|(?<![\w-])\d+(?![\w-])")
+_SPECIFIC = re.compile(
+    r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a quoted value
+    r"|0x[0-9A-Fa-f]+|(?<![\w-])\d+(?![\w-])"  # a byte, a number (not the 8 of utf-8)
+)
 
 
 def reject_reason(problem: str) -> str:
@@ -231,11 +234,11 @@ def reject_summary(rejects: pd.DataFrame, policy: str, rejects_csv: str | Path |
     for (file, fld, _), group in groups[:MAX_LISTED_REJECTS]:
         listed = [str(int(r)) for r in group["row"].dropna().head(5)]
         more = len(group) - len(listed)
-        at = (
-            ("row " if len(group) == 1 else "rows ") + ", ".join(listed)
-            if listed
-            else "no row"
-        ) + (f" and {more} more" if more > 0 and listed else "")
+        at = ("row " if len(group) == 1 else "rows ") + ", ".join(listed)
+        if not listed:
+            at = "no row"
+        elif more > 0:
+            at += f" and {more} more"
         count = f" ({len(group)} rows)" if len(group) > 1 else ""
         lines.append(f"  {file}, {at}, field {fld}{count}: {group['problem'].iloc[0]}")
     if len(groups) > MAX_LISTED_REJECTS:
