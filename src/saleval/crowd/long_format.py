@@ -281,6 +281,7 @@ def read_answers(
     if acc["bundle_id"].isna().all():
         acc = acc.drop(columns="bundle_id")
     merged = {spelling[k]: list(raw) for k, raw in spellings.items() if len(raw) > 1}
+    several = {b: list(w) for b, w in bundle_workers.items() if len(w) > 1}
     info: dict[str, Any] = {
         "n_rows": len(rows),
         "n_accepted": len(acc),
@@ -290,9 +291,7 @@ def read_answers(
         "simulated_column": simulated,
         "worker_id_case": str(worker_id_case),
         "worker_ids_merged": merged,
-        "bundles_with_several_workers": {
-            b: list(w) for b, w in bundle_workers.items() if len(w) > 1
-        },
+        "bundles_with_several_workers": several,
     }
     _warn_worker_ids(path, merged, worker_id_case, shared)
     return acc, rejects.frame(), info
@@ -304,6 +303,8 @@ def _warn_worker_ids(
     """One line for the worker IDs read as one worker; one per bundle with a second worker."""
     if merged:
         groups = [" = ".join(repr(s) for s in raw) for raw in merged.values()]
+        insensitive = WorkerIdCase(case) == WorkerIdCase.insensitive
+        no_case = ", case ignored: crowd.worker_id_case=insensitive" if insensitive else ""
         more = len(groups) - MAX_LISTED_REJECTS
         log.warning(
             "%s, field worker_id: %d spellings read as %d workers (surrounding spaces "
@@ -311,9 +312,7 @@ def _warn_worker_ids(
             path,
             sum(len(raw) for raw in merged.values()),
             len(merged),
-            ", case ignored: crowd.worker_id_case=insensitive"
-            if WorkerIdCase(case) == WorkerIdCase.insensitive
-            else "",
+            no_case,
             "; ".join(groups[:MAX_LISTED_REJECTS]),
             f"; and {more} more" if more > 0 else "",
         )
