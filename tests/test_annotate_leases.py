@@ -417,9 +417,7 @@ def test_wrong_admin_cookies_count_and_form_failures_block_bearer(app: object) -
     c = client(app)
     # Opening /admin without any credential is no guess: the login page, nothing counted
     assert [c.get("/admin").status_code for _ in range(8)] == [401] * 8
-    codes = [
-        c.get("/admin", headers={"Cookie": f"{name}=forged{i}"}).status_code for i in range(3)
-    ]
+    codes = [c.get("/admin", headers={"Cookie": f"{name}=forged{i}"}).status_code for i in range(3)]
     codes += [c.post("/admin/login", data={"token": f"wrong{i}"}).status_code for i in range(2)]
     assert codes == [401] * 5
     bearer = {"Authorization": f"Bearer {TOKEN}"}

@@ -324,9 +324,7 @@ class AnnotationStore:
         self._local = threading.local()
         try:
             row = (
-                self._conn()
-                .execute("SELECT value FROM meta WHERE key='schema_version'")
-                .fetchone()
+                self._conn().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             )
         except sqlite3.Error:
             self.close()

@@ -45,6 +45,7 @@ def worker_key(raw: str, case: WorkerIdCase | str = WorkerIdCase.insensitive) ->
     value = raw.strip()
     return value if WorkerIdCase(case) == WorkerIdCase.sensitive else value.casefold()
 
+
 _TIME_FIELDS = ("started_at", "submitted_at")
 
 

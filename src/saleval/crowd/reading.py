@@ -221,9 +221,7 @@ def reject_summary(rejects: pd.DataFrame, policy: str, rejects_csv: str | Path |
         return []
     rows = rejects["row"].dropna().astype(int)
     n_rows = rows.nunique() + int(rejects["row"].isna().sum())
-    outcome = (
-        "nothing was imported" if policy == Policy.strict else "the other rows were imported"
-    )
+    outcome = "nothing was imported" if policy == Policy.strict else "the other rows were imported"
     where = f"every reject is in {rejects_csv}" if rejects_csv else "rejects.csv was not written"
     lines = [
         f"{n_rows} row{'s' if n_rows != 1 else ''} rejected (crowd.policy={policy}: "
