@@ -51,7 +51,8 @@ def test_attack_scenario_at_smoke_size(
     argv = ["--scenario", "attack", "--workers", "6", "--bundle-size", "4", "--think", "0.5"]
     argv += ["--kills", "2", "--kill-every", "1", "--lease-s", "2", "--leavers", "1"]
     rc = annotate_load.main([*argv, "--deadline", "90"])
-    summary = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out  # the stages print their summaries first
+    summary = json.loads(out[out.index("\n{\n") + 1 :])
     print("attack smoke:", summary)
     assert rc == 0 and summary["problems"] == []
     assert summary["kills"] == 2 and summary["servers"] == 2
