@@ -553,9 +553,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
 
     @app.post("/admin/release")
     def admin_release(request: Request, bundle_id: str = Form("")) -> Response:
-        refused = admin_refusal(request, "Releasing a bundle needs the admin token.")
-        if refused is not None:
-            return refused
+        denied = admin_refusal(request, "Releasing a bundle needs the admin token.")
+        if denied is not None:
+            return denied
         try:
             a = store.release(study.run_key, bundle_id)
         except BundleRefused as refused:
@@ -566,9 +566,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
     def admin_reassign(
         request: Request, bundle_id: str = Form(""), worker_id: str = Form("")
     ) -> Response:
-        refused = admin_refusal(request, "Reassigning a bundle needs the admin token.")
-        if refused is not None:
-            return refused
+        denied = admin_refusal(request, "Reassigning a bundle needs the admin token.")
+        if denied is not None:
+            return denied
         clean = valid_worker_id(worker_id)
         if clean is None:
             return admin_page(request, f"Not a valid worker ID. Use {WORKER_ID_RULE}.", 400)
@@ -584,9 +584,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
 
     @app.get("/admin/export.csv")
     def admin_export(request: Request) -> Response:
-        refused = admin_refusal(request, "The export needs the admin token.")
-        if refused is not None:
-            return refused
+        denied = admin_refusal(request, "The export needs the admin token.")
+        if denied is not None:
+            return denied
         body = to_csv_bytes(answers_frame(store, study))
         return Response(
             body,
