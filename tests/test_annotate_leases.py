@@ -339,7 +339,7 @@ def test_worker_id_alone_never_hands_out_a_session(app: object) -> None:
 
 
 def test_resume_code_guessing_is_throttled(tmp_path: Path, study: Study) -> None:
-    app = create_app(study, AppSettings(tmp_path / "t.sqlite", TOKEN, admin_max_failures=3))
+    app = create_app(study, AppSettings(tmp_path / "t.sqlite", TOKEN, resume_max_failures=3))
     start(client(app), "w1")
     guesser = client(app)
     codes = [
@@ -394,6 +394,51 @@ def test_admin_login_is_throttled(app: object) -> None:
     assert codes == [401] * 5 + [429]
     r = c.post("/admin/login", data={"token": TOKEN})  # even the right token waits
     assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+
+
+@pytest.mark.parametrize("path", ["/admin", "/admin/export.csv"])
+def test_bearer_guessing_meets_the_same_throttle_as_the_form(app: object, path: str) -> None:
+    guesser = client(app)
+    codes = [
+        guesser.get(path, headers={"Authorization": f"Bearer guess-{i:04d}"}).status_code
+        for i in range(30)
+    ]
+    assert codes == [401] * 5 + [429] * 25  # admin_max_failures=5, as the login form
+    # While throttled the right token waits too (a 200 would end the guessing).
+    right = guesser.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert right.status_code == 429 and int(right.headers["retry-after"]) > 0
+    # One throttle for every admin path: the form from that address now waits as well.
+    assert guesser.post("/admin/login", data={"token": TOKEN}).status_code == 429
+
+
+def test_wrong_admin_cookies_count_and_form_failures_block_bearer(app: object) -> None:
+    run_key = app.state.study.run_key  # type: ignore[attr-defined]
+    name = "saleval_a_" + hashlib.sha256(run_key.encode()).hexdigest()[:10]
+    c = client(app)
+    # Opening /admin without any credential is no guess: the login page, nothing counted
+    assert [c.get("/admin").status_code for _ in range(8)] == [401] * 8
+    codes = [c.get("/admin", headers={"Cookie": f"{name}=forged{i}"}).status_code for i in range(3)]
+    codes += [c.post("/admin/login", data={"token": f"wrong{i}"}).status_code for i in range(2)]
+    assert codes == [401] * 5
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert c.get("/admin/export.csv", headers=bearer).status_code == 429
+    assert c.post("/admin/release", data={"bundle_id": "b"}, headers=bearer).status_code == 429
+    # The login page itself stays reachable (to wait out the Retry-After)
+    assert client(app).get("/admin").status_code == 401
+
+
+def test_admin_lockout_leaves_resume_codes_working(tmp_path: Path, study: Study) -> None:
+    app = create_app(study, AppSettings(tmp_path / "r.sqlite", TOKEN, admin_max_failures=2))
+    code = start(client(app), "w1")  # the worker's first browser
+    nat = client(app)  # another browser behind the same address (the test client's)
+    for i in range(4):
+        nat.get("/admin", headers={"Authorization": f"Bearer guess{i}"})
+    assert nat.get("/admin", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429
+    # The worker resumes from that address on a new device with their resume code.
+    resumed = nat.post("/start", data={"worker_id": "w1", "resume_code": code})
+    assert resumed.status_code == 303 and resumed.headers["location"] == "/task"
+    assert POSITION.search(nat.get("/task").text)
+    app.state.store.close()
 
 
 @pytest.mark.parametrize("position", ["9223372036854775808", "-1", "1e3", " 1", "１", "0" * 10, ""])

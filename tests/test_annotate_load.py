@@ -7,6 +7,8 @@ exit. Latency is printed, never asserted (no timed tests).
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,26 @@ def test_fifty_concurrent_workers_lose_and_duplicate_nothing(tmp_path: Path) -> 
     assert progress.worker_id.nunique() == 50  # every worker got their own bundle
     codes = [w.completion_code for w in result.workers]
     assert set(codes) == set(progress.completion_code)
+
+
+def test_attack_scenario_at_smoke_size(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The attack round of ``benchmarks/annotate_load.py`` (two servers on one store,
+    kill -9, short leases) at a size that runs in well under a minute."""
+    from benchmarks import annotate_load
+
+    # the benchmark points MLflow at its own temporary store; the session's comes back after
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", os.environ["MLFLOW_TRACKING_URI"])
+    argv = ["--scenario", "attack", "--workers", "6", "--bundle-size", "4", "--think", "0.5"]
+    argv += ["--kills", "2", "--kill-every", "1", "--lease-s", "2", "--leavers", "1"]
+    rc = annotate_load.main([*argv, "--deadline", "90"])
+    out = capsys.readouterr().out  # the stages print their summaries first
+    summary = json.loads(out[out.index("\n{\n") + 1 :])
+    print("attack smoke:", summary)
+    assert rc == 0 and summary["problems"] == []
+    assert summary["kills"] == 2 and summary["servers"] == 2
+    assert summary["lost"] == summary["duplicated"] == summary["altered"] == 0
+    assert summary["sent"] == summary["exported"] == summary["stored"] == summary["backed_up"] > 0
+    assert summary["bundle_held_twice"] == summary["answers_after_release"] == 0
+    assert summary["runs_left_running"] == 0

@@ -107,6 +107,63 @@ def test_export_reads_without_writing_and_names_the_path(
         annotate_stage.run(make_cfg("annotate", [*base, f"annotate.db={junk}"], name="j"))
 
 
+def test_read_only_export_of_a_copy_with_its_wal_but_no_shm(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tasks_dir = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
+    db = tmp_path / "live" / "annotations.sqlite"
+    app = create_app(tasks_dir, AppSettings(db, TOKEN))
+    live = app.state.store
+    live._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the schema in the main file
+    _answer_all(app, "w1")  # the answers only in the WAL: the server is still running
+    run_key = load_study(tasks_dir).run_key
+    assert live.n_answers(run_key) == 3 and Path(f"{db}-wal").stat().st_size > 0
+    # A live store read-only, in place: every answer
+    in_place = AnnotationStore(db, readonly=True)
+    assert in_place.n_answers(run_key) == 3 and in_place._copy is None
+    in_place.close()
+
+    archive = tmp_path / "archive"  # copied with its -wal, without -shm, read-only
+    archive.mkdir()
+    for name in (db.name, f"{db.name}-wal"):
+        (archive / name).write_bytes((db.parent / name).read_bytes())
+    copied = archive / db.name
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in archive.iterdir()}
+    # the risk: SQLite's immutable mode reads the main file only, without the answers
+    main_only = sqlite3.connect(f"{copied.as_uri()}?mode=ro&immutable=1", uri=True)
+    assert main_only.execute("SELECT COUNT(*) FROM answers").fetchone()[0] == 0
+    main_only.close()
+    archive.chmod(0o555)
+    try:
+        base = [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={copied}"]
+        out = annotate_stage.run(make_cfg("annotate", base))
+        exported = tables.ANSWERS.read(out["run_dir"])
+        assert len(exported) == 3 == out["n_answers"]
+        assert sorted(exported["task_id"]) == sorted(live.answers(run_key)["task_id"])
+        # nothing written beside the archive: no -shm, the two files unchanged
+        after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in archive.iterdir()}
+        assert after == digests
+        ro = AnnotationStore(copied, readonly=True)
+        private = Path(ro._copy.name)  # type: ignore[union-attr]
+        assert ro.n_answers(run_key) == 3 and private.is_dir()
+        ro.close()
+        assert not private.exists()  # the private copy goes with the store
+
+        # A WAL that cannot be read is refused with both files named, never skipped.
+        def no_space(*args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr("saleval.annotate.store.shutil.copyfile", no_space)
+        where = rf"{re.escape(str(copied))}: its write-ahead log .*-wal holds answers"
+        with pytest.raises(StoreError, match=where) as refused:
+            annotate_stage.run(make_cfg("annotate", base, name="refused"))
+        message = str(refused.value)
+        assert "No space left on device" in message and "export from there" in message
+    finally:
+        archive.chmod(0o755)
+        live.close()
+
+
 @pytest.mark.parametrize("descriptions", ["{}", None])
 def test_task_run_without_label_descriptions_serves_and_exports(
     tmp_path: Path, make_cfg: Callable[..., DictConfig], descriptions: str | None

@@ -371,7 +371,7 @@ def test_simulated_answers_are_marked_everywhere(
     assert MlflowClient().get_run(sc["run_id"]).data.tags["simulated"] == "true"
 
 
-def test_strict_policy_fails_and_writes_no_tables(
+def test_strict_policy_fails_and_writes_only_the_rejects(
     task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
     path = tmp_path / "broken.csv"
@@ -382,9 +382,9 @@ def test_strict_policy_fails_and_writes_no_tables(
     with pytest.raises(CrowdImportError, match=r"broken\.csv, row 2, field task_id: unknown task"):
         import_.run(cfg)
     run = Path(cfg.run_dir)
-    assert not any(
-        (run / f).exists() for f in ("annotations.parquet", "aggregated.csv", "rejects.csv")
-    )
+    assert not any((run / f).exists() for f in ("annotations.parquet", "aggregated.csv"))
+    # the rejects are kept where the printed summary says (issue #28): nothing imported
+    assert tables.REJECTS.read(run)["row"].nunique() == 8
     # report mode: the good rows go on, the rejects are written (their bundles are too short
     # for the speed filter, which would leave no answer: an error of its own)
     overrides = [

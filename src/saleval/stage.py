@@ -15,8 +15,10 @@ each parent's ``config.yaml`` and ``run.json`` once, applies the one provenance 
 (:mod:`saleval.provenance`: adopt the parents' dataset, model, max_length, study target and
 population when the config gives none, check them when it does), writes the resolved
 config and ``run.json`` (run id, fingerprint, parents, provenance) into the run dir,
-starts an MLflow run (nested under an active pipeline run), tags it, and always
-ends it, marking it FAILED on an exception. In the extra processes of a multi-process
+starts an MLflow run (nested under an active pipeline run), tags it (with the host, pid
+and pid start time that let a later stage tell it died), and always ends it, marking it
+FAILED on an exception; before starting, it marks KILLED the RUNNING runs of this host
+whose process is gone (:func:`saleval.tracking.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 """
 
@@ -410,7 +412,7 @@ class Stage:
             "model": model,
             "run_dir": str(self.run_dir),
             "fingerprint": self.fingerprint,
-            "host": socket.gethostname(),
+            **tracking.process_tags(),  # host, pid, pid_start: tells a dead run later
             **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self._infos.items()},
             **{f"parent_dir.{k}": str(p) for k, p in self._runs.items()},
             **self.extra_tags,
@@ -420,6 +422,8 @@ class Stage:
             tags["simulated"] = "true"
         nested = mlflow.active_run() is not None
         self._nested = nested
+        if not nested:  # inside saleval-run, the pipeline did this when it started
+            tracking.end_dead_runs()
         self._name = self.run_name()
         run = mlflow.start_run(run_name=self._name, nested=nested, tags=tags)
         self._started_here = True

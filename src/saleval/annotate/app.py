@@ -17,7 +17,10 @@ page, error pages and 500s included, carries the security headers, and an error 
 ``POST /answer`` says whether the answer was saved.
 
 The admin view (``/admin``) is protected by a token (environment or file), compared in
-constant time and throttled per client; a worker's session never opens it. It lists
+constant time. Every wrong admin credential (login form, admin cookie, ``Authorization:
+Bearer``) counts in one throttle per client; wrong resume codes count in another, so
+guessing admin tokens never locks workers behind the same address out of resuming. A
+worker's session never opens the admin view. It lists
 bundles with their lease status and releases or reassigns them. docs/annotate.md is the
 operator's guide.
 """
@@ -96,7 +99,8 @@ class AppSettings:
     lease: LeasePolicy = field(default_factory=LeasePolicy)
     completion_url: str | None = None  # "{code}" is replaced by the completion code
     allowed_origins: tuple[str, ...] = ()  # more origins a POST may come from
-    admin_max_failures: int = 5  # wrong admin tokens or resume codes per client per window
+    admin_max_failures: int = 5  # wrong admin credentials (any path) per client per window
+    resume_max_failures: int = 5  # wrong resume codes per client per window
     failure_window_s: float = 900.0
 
 
@@ -173,7 +177,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
     ).hexdigest()
     instructions_html = render_instructions(study.instructions_md)
     options = _options(study)
-    throttle = Throttle(settings.admin_max_failures, settings.failure_window_s)
+    # two throttles: admin guesses must not lock workers out of resuming (docs/annotate.md)
+    admin_throttle = Throttle(settings.admin_max_failures, settings.failure_window_s)
+    resume_throttle = Throttle(settings.resume_max_failures, settings.failure_window_s)
     allowed_origins = {o.rstrip("/").lower() for o in settings.allowed_origins}
 
     env = jinja2.Environment(
@@ -256,13 +262,47 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
     def redirect(path: str) -> RedirectResponse:
         return RedirectResponse(path, status_code=303)
 
-    def is_admin(request: Request) -> bool:
+    def login_page(request: Request, status: int, message: str | None = None) -> Response:
+        return page(request, "admin_login.html", status, error=message)
+
+    def too_many(request: Request, wait: int, login: bool) -> Response:
+        text = "Too many wrong admin tokens from your address; try again later."
+        slow = login_page(request, 429, text) if login else error(request, text, 429)
+        slow.headers["Retry-After"] = str(wait)
+        return slow
+
+    def admin_check(request: Request, given: list[tuple[str, str]]) -> int:
+        """The one admin rule, for every path (login form, admin cookie, bearer token):
+        0 when a presented credential is right, -1 when all are wrong (one failure in the
+        admin throttle), else the seconds to wait. While the throttle holds, every
+        credential is refused, the right one included: otherwise a guessing loop would
+        still learn the token from the first 200."""
+        key = client_key(request)
+        wait = admin_throttle.retry_after(key)
+        if wait:
+            return wait
+        if any(same_secret(value, expected) for value, expected in given):
+            return 0
+        admin_throttle.fail(key)
+        return -1
+
+    def admin_refusal(request: Request, needs: str | None = None) -> Response | None:
+        """None when the request carries the admin cookie or ``Authorization: Bearer``
+        token; otherwise the refusal: the login page (``needs`` None) or an error page.
+        A request that presents neither is refused without counting a failure."""
         cookie = request.cookies.get(admin_cookie, "")
-        if cookie and same_secret(cookie, admin_cookie_value):
-            return True
         auth = request.headers.get("authorization", "")
         bearer = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
-        return bool(bearer) and same_secret(bearer, settings.admin_token)
+        pairs = ((cookie, admin_cookie_value), (bearer, settings.admin_token))
+        given = [(value, expected) for value, expected in pairs if value]
+        verdict = admin_check(request, given) if given else -1
+        if verdict == 0:
+            return None
+        if verdict > 0:
+            return too_many(request, verdict, login=needs is None)
+        if needs is None:
+            return login_page(request, 401, "Wrong admin token." if given else None)
+        return error(request, needs, 401)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -345,7 +385,7 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
                 f"“{worker_id[:200]}” is not a valid worker ID. Use {WORKER_ID_RULE}.",
             )
         key = client_key(request)
-        wait = throttle.retry_after(key) if resume_code else 0
+        wait = resume_throttle.retry_after(key) if resume_code else 0
         if wait:
             slow = error(request, "Too many wrong resume codes; try again later.", 429)
             slow.headers["Retry-After"] = str(wait)
@@ -361,7 +401,7 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
             )
         except ResumeRequired as refused:
             if resume_code:
-                throttle.fail(key)
+                resume_throttle.fail(key)
             return start_form(request, 409, clean, platform, refused.reason, ask_resume=True)
         except BundleRefused as refused:
             return error(request, refused.reason, refused.status, heading="No bundle for you")
@@ -486,23 +526,15 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
 
     @app.get("/admin", response_class=HTMLResponse)
     def admin(request: Request) -> Response:
-        if not is_admin(request):
-            return page(request, "admin_login.html", 401, error=None)
-        return admin_page(request)
+        return admin_refusal(request) or admin_page(request)
 
     @app.post("/admin/login")
     def admin_login(request: Request, token: str = Form("")) -> Response:
-        key = client_key(request)
-        wait = throttle.retry_after(key)
-        if wait:
-            slow = page(
-                request, "admin_login.html", 429, error="Too many wrong tokens; try again later."
-            )
-            slow.headers["Retry-After"] = str(wait)
-            return slow
-        if not same_secret(token, settings.admin_token):
-            throttle.fail(key)
-            return page(request, "admin_login.html", 401, error="Wrong admin token.")
+        verdict = admin_check(request, [(token, settings.admin_token)])
+        if verdict > 0:
+            return too_many(request, verdict, login=True)
+        if verdict < 0:
+            return login_page(request, 401, "Wrong admin token.")
         response: Response = redirect("/admin")
         response.set_cookie(
             admin_cookie,
@@ -521,8 +553,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
 
     @app.post("/admin/release")
     def admin_release(request: Request, bundle_id: str = Form("")) -> Response:
-        if not is_admin(request):
-            return error(request, "Releasing a bundle needs the admin token.", 401)
+        denied = admin_refusal(request, "Releasing a bundle needs the admin token.")
+        if denied is not None:
+            return denied
         try:
             a = store.release(study.run_key, bundle_id)
         except BundleRefused as refused:
@@ -533,8 +566,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
     def admin_reassign(
         request: Request, bundle_id: str = Form(""), worker_id: str = Form("")
     ) -> Response:
-        if not is_admin(request):
-            return error(request, "Reassigning a bundle needs the admin token.", 401)
+        denied = admin_refusal(request, "Reassigning a bundle needs the admin token.")
+        if denied is not None:
+            return denied
         clean = valid_worker_id(worker_id)
         if clean is None:
             return admin_page(request, f"Not a valid worker ID. Use {WORKER_ID_RULE}.", 400)
@@ -550,8 +584,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
 
     @app.get("/admin/export.csv")
     def admin_export(request: Request) -> Response:
-        if not is_admin(request):
-            return error(request, "The export needs the admin token.", 401)
+        denied = admin_refusal(request, "The export needs the admin token.")
+        if denied is not None:
+            return denied
         body = to_csv_bytes(answers_frame(store, study))
         return Response(
             body,

@@ -29,9 +29,12 @@ Times are ISO 8601 in UTC with milliseconds (``2025-01-31T12:00:00.123+00:00``).
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 import secrets
+import shutil
 import sqlite3
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +45,8 @@ from pathlib import Path
 import pandas as pd
 
 from saleval.errors import UserError
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 
@@ -225,7 +230,8 @@ class AnnotationStore:
     """Thread-safe access to the annotation database; one connection per thread.
 
     ``readonly=True`` opens an existing database without writing to it (an archived copy,
-    a read-only mount): nothing is created, upgraded or locked for writing.
+    a read-only mount): nothing is created, upgraded or locked for writing, and answers
+    still in a ``-wal`` file beside it are read too (:meth:`_open_readonly`).
     """
 
     def __init__(
@@ -252,6 +258,7 @@ class AnnotationStore:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._uri: str | None = None
+        self._copy: tempfile.TemporaryDirectory[str] | None = None
         if readonly:
             self._open_readonly()
             return
@@ -275,30 +282,79 @@ class AnnotationStore:
                 )
 
     def _open_readonly(self) -> None:
-        """``mode=ro``, else ``immutable=1`` where SQLite cannot even create the WAL index."""
+        """Open without writing a byte beside the database, and read every committed answer.
+
+        * A ``-wal`` with answers in it but no ``-shm`` (an archive copied without the
+          index; no server has it open, which would keep ``-shm``): SQLite could read the
+          WAL only after writing a new ``-shm`` next to it, and ``immutable=1`` would
+          ignore the WAL and its answers. The database and its WAL are copied into a
+          private temporary directory and read there.
+        * Otherwise ``mode=ro`` in place (a live server's store: the current state).
+        * If that fails: with answers in a WAL, the private copy again; without, the
+          WAL cannot hide anything and ``immutable=1`` reads the main file (a read-only
+          medium where SQLite cannot even create the WAL index).
+
+        A WAL that cannot be read either way is an error naming both files, never a
+        silent export without its answers (docs/annotate.md#7-export).
+        """
         if not self.path.is_file():
             raise StoreError(f"{self.path}: no such database")
-        last: Exception | None = None
-        for flags in ("mode=ro", "mode=ro&immutable=1"):
-            self._uri = f"{self.path.resolve().as_uri()}?{flags}"
-            self._local = threading.local()
-            try:
-                row = (
-                    self._conn()
-                    .execute("SELECT value FROM meta WHERE key='schema_version'")
-                    .fetchone()
-                )
-            except sqlite3.Error as err:
-                last = err
-                self.close()
-                continue
-            if row is None or int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: schema version {None if row is None else row[0]}, this "
-                    f"saleval reads {SCHEMA_VERSION}; open it once writable to upgrade it"
-                )
+        wal = self.path.with_name(self.path.name + "-wal")
+        shm = self.path.with_name(self.path.name + "-shm")
+        has_wal = wal.is_file() and wal.stat().st_size > 0
+        if has_wal and not shm.exists():
+            self._open_private_copy(wal, None)
             return
-        raise StoreError(f"{self.path}: cannot be opened read-only ({last})")
+        try:
+            self._open_uri(f"{self.path.resolve().as_uri()}?mode=ro")
+            return
+        except sqlite3.Error as err:
+            first = err
+        if has_wal:
+            self._open_private_copy(wal, first)
+            return
+        try:
+            self._open_uri(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1")
+        except sqlite3.Error as err:
+            raise StoreError(f"{self.path}: cannot be opened read-only ({first}; {err})") from None
+
+    def _open_uri(self, uri: str) -> None:
+        """Connect through ``uri`` and check the schema version; sqlite3.Error if unreadable."""
+        self._uri = uri
+        self._local = threading.local()
+        try:
+            row = (
+                self._conn().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            )
+        except sqlite3.Error:
+            self.close()
+            raise
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: schema version {None if row is None else row[0]}, this "
+                f"saleval reads {SCHEMA_VERSION}; open it once writable to upgrade it"
+            )
+
+    def _open_private_copy(self, wal: Path, why: Exception | None) -> None:
+        """Read the database and its WAL from a copy in a private temporary directory
+        (removed by :meth:`close`), so the WAL's answers are read and nothing is written
+        beside the original."""
+        self._copy = tempfile.TemporaryDirectory(prefix="saleval-annotate-ro-")
+        copy = Path(self._copy.name, self.path.name)
+        try:
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+            self._open_uri(f"{copy.as_uri()}?mode=ro")
+        except (OSError, sqlite3.Error) as err:
+            self.close()
+            raise StoreError(
+                f"{self.path}: its write-ahead log {wal} holds answers not yet in the main "
+                f"file, and they cannot be read without writing beside it ({why or err}; "
+                f"copying both files to a temporary directory failed: {err}). Copy "
+                f"{self.path.name} and {wal.name} together into a writable directory and "
+                "export from there"
+            ) from None
+        log.info("%s: read with its write-ahead log through a private copy", self.path)
 
     # -- connections --------------------------------------------------------------
     def _conn(self) -> _Connection:
@@ -404,6 +460,9 @@ class AnnotationStore:
                 con.close()
             self._all.clear()
         self._local = threading.local()
+        copy, self._copy = self._copy, None
+        if copy is not None:  # the private copy of a read-only open
+            copy.cleanup()
 
     def journal_mode(self) -> str:
         return str(self._conn().execute("PRAGMA journal_mode").fetchone()[0])

@@ -39,7 +39,11 @@ class AnnotateConfig:
     # code, e.g. https://app.prolific.com/submissions/complete?cc={code}
     completion_url: str | None = None
     allowed_origins: list[str] = field(default_factory=list)  # e.g. https://study.example.org
-    admin_max_failures: int = 5  # wrong admin tokens / resume codes per client per 15 min
+    # wrong admin credentials (login form, admin cookie, Authorization: Bearer) per client
+    # per 15 min, then HTTP 429; wrong resume codes have their own bound, so admin guesses
+    # from an address never lock the workers behind it out of resuming
+    admin_max_failures: int = 5
+    resume_max_failures: int = 5
     backup_to: str | None = None  # action=backup: the file the online backup writes
     title: str | None = None  # null: "Which label? (<dataset>)"
     completion_code: str | None = None  # null: a random code per bundle

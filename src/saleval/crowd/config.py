@@ -40,6 +40,7 @@ from hydra.core.config_store import ConfigStore
 
 from saleval.crowd.answers import IDK_ALIASES
 from saleval.crowd.errors import DesignError, SimulationError
+from saleval.crowd.long_format import WorkerIdCase
 from saleval.crowd.lu2024 import LU2024_METHODS
 from saleval.crowd.reading import Policy
 from saleval.crowd.sampling import BalanceBy
@@ -293,6 +294,9 @@ class AnswersCrowdConfig:
     name: str = "answers"
     policy: Policy = Policy.report
     encoding: str = "utf-8"  # of the answer file; cp1252: Excel on Windows (docs/annotate.md)
+    # insensitive: worker IDs differing only in case are one worker; sensitive: two.
+    # Surrounding spaces never count (docs/aggregation.md#worker-ids)
+    worker_id_case: WorkerIdCase = WorkerIdCase.insensitive
     # answers that mean "I don't know", compared case-, space- and apostrophe-insensitively
     idk: list[str] = field(default_factory=lambda: list(IDK_ALIASES))
     filters: FiltersConfig = field(default_factory=FiltersConfig)

@@ -89,7 +89,7 @@ class AnswersSource(AnswersCrowdConfig):
         Raises :class:`CrowdImportError` under policy ``strict`` when any row is rejected.
         """
         accepted, rejects, info = read_answers(
-            path, tasks, bundles, label_names, self.idk, self.encoding
+            path, tasks, bundles, label_names, self.idk, self.encoding, self.worker_id_case
         )
         enforce_policy(rejects, self.policy, path)
         annotations = tables.ANNOTATIONS.validate(accepted.drop(columns="row"), where=str(path))

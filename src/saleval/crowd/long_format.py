@@ -8,8 +8,10 @@ a task run's ``tasks.csv``/``bundles.csv``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,31 @@ import pandas as pd
 
 from saleval.crowd.answers import IDK_ALIASES, AnswerParser
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.reading import Rejects, read_rows
+from saleval.crowd.reading import MAX_LISTED_REJECTS, Rejects, read_rows
+
+log = logging.getLogger(__name__)
 
 ANSWER_FILE = "answers.csv"
 """The file name of a long answer file inside a run dir (``saleval-simulate``, export)."""
+
+
+class WorkerIdCase(StrEnum):
+    """Whether worker IDs that differ only in case are one worker (``crowd.worker_id_case``)."""
+
+    insensitive = "insensitive"  # 'A1B2' and 'a1b2' are one worker (platform IDs, typed IDs)
+    sensitive = "sensitive"  # case tells workers apart (a platform whose IDs need it)
+
+
+def worker_key(raw: str, case: WorkerIdCase | str = WorkerIdCase.insensitive) -> str:
+    """Who a worker ID names: surrounding spaces never count, case only under ``sensitive``
+    (docs/aggregation.md#worker-ids).
+
+    >>> worker_key(" A1b2 "), worker_key(" A1b2 ", "sensitive")
+    ('a1b2', 'A1b2')
+    """
+    value = raw.strip()
+    return value if WorkerIdCase(case) == WorkerIdCase.sensitive else value.casefold()
+
 
 _TIME_FIELDS = ("started_at", "submitted_at")
 
@@ -38,6 +61,7 @@ def read_answers(
     label_names: Sequence[str],
     idk: Iterable[str] = IDK_ALIASES,
     encoding: str = "utf-8",
+    worker_id_case: WorkerIdCase | str = WorkerIdCase.insensitive,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Validate a long answer file against a task set; returns (accepted, rejects, info).
 
@@ -47,6 +71,12 @@ def read_answers(
     unknown label, malformed or inverted times, negative durations, a duplicate
     answer of one worker to one task, a worker answering the same sample twice, and a
     worker taking more than one bundle (docs/study-design.md: one bundle per worker and dataset).
+
+    Worker IDs are compared by :func:`worker_key` (``worker_id_case``); IDs that name one
+    worker are logged in one line and take the spelling of their first row
+    (``info["worker_ids_merged"]``). A bundle answered by more than one worker is a
+    warning naming file, row and field (``info["bundles_with_several_workers"]``):
+    expected after a released lease, a mistake otherwise.
     """
     path = Path(path)
     header, rows, undecodable = read_rows(path, encoding=encoding)
@@ -92,6 +122,10 @@ def read_answers(
     seen_task: dict[tuple[str, str], int] = {}
     seen_sample: dict[tuple[str, str], tuple[str, int]] = {}
     seen_bundle: dict[str, tuple[str, int]] = {}
+    spelling: dict[str, str] = {}  # worker key -> the ID as first written (stripped)
+    spellings: dict[str, dict[str, None]] = {}  # worker key -> every raw ID seen
+    bundle_workers: dict[str, dict[str, int]] = {}  # bundle -> worker -> first row
+    shared: list[str] = []  # the warnings about bundles with a second worker
     accepted: list[dict[str, Any]] = []
     simulated = False
     n_fields = len(header)
@@ -113,6 +147,10 @@ def read_answers(
         worker = get("worker_id")
         if not worker:
             problems.append(("worker_id", "empty worker id"))
+        else:
+            key = worker_key(worker, worker_id_case)
+            worker = spelling.setdefault(key, worker)
+            spellings.setdefault(key, {})[values[col["worker_id"]]] = None
         task = get("task_id")
         bundle = get("bundle_id") or None
         position: int | None = None
@@ -203,6 +241,16 @@ def read_answers(
         seen_sample[(worker, sample)] = (task, r)
         if bundle:
             seen_bundle.setdefault(worker, (bundle, r))
+            holders = bundle_workers.setdefault(bundle, {})
+            if holders and worker not in holders:
+                w0, r0 = next(iter(holders.items()))
+                shared.append(
+                    f"{path}, row {r}, field bundle_id: bundle {bundle!r} is answered by "
+                    f"another worker {worker!r} (first {w0!r}, row {r0}); expected only when "
+                    "its lease ran out or the admin released it (released.csv), otherwise "
+                    "check the worker IDs"
+                )
+            holders.setdefault(worker, r)
         if "simulated" in col and get("simulated").lower() in ("true", "1", "yes"):
             simulated = True
         accepted.append(
@@ -233,12 +281,45 @@ def read_answers(
     acc = acc.join(meta, on="task_id")
     if acc["bundle_id"].isna().all():
         acc = acc.drop(columns="bundle_id")
-    info = {
+    merged = {spelling[k]: list(raw) for k, raw in spellings.items() if len(raw) > 1}
+    several = {b: list(w) for b, w in bundle_workers.items() if len(w) > 1}
+    info: dict[str, Any] = {
         "n_rows": len(rows),
         "n_accepted": len(acc),
         "n_rejected_rows": len(rejects.bad_rows),
         "columns": header,
         "timings": "started_at/submitted_at" if has_times else "duration_s",
         "simulated_column": simulated,
+        "worker_id_case": str(worker_id_case),
+        "worker_ids_merged": merged,
+        "bundles_with_several_workers": several,
     }
+    _warn_worker_ids(path, merged, worker_id_case, shared)
     return acc, rejects.frame(), info
+
+
+def _warn_worker_ids(
+    path: Path, merged: dict[str, list[str]], case: WorkerIdCase | str, shared: list[str]
+) -> None:
+    """One line for the worker IDs read as one worker; one per bundle with a second worker."""
+    if merged:
+        groups = [" = ".join(repr(s) for s in raw) for raw in merged.values()]
+        insensitive = WorkerIdCase(case) == WorkerIdCase.insensitive
+        no_case = ", case ignored: crowd.worker_id_case=insensitive" if insensitive else ""
+        more = len(groups) - MAX_LISTED_REJECTS
+        log.warning(
+            "%s, field worker_id: %d spellings read as %d workers (surrounding spaces "
+            "ignored%s): %s%s",
+            path,
+            sum(len(raw) for raw in merged.values()),
+            len(merged),
+            no_case,
+            "; ".join(groups[:MAX_LISTED_REJECTS]),
+            f"; and {more} more" if more > 0 else "",
+        )
+    for line in shared[:MAX_LISTED_REJECTS]:
+        log.warning("%s", line)
+    if len(shared) > MAX_LISTED_REJECTS:
+        log.warning(
+            "%s: %d more bundles with another worker", path, len(shared) - MAX_LISTED_REJECTS
+        )

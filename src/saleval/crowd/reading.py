@@ -5,7 +5,10 @@ Nothing is dropped silently: every data row is either accepted or listed in the
 rejects table with the file, the 1-based data row, the field and the problem.
 With policy ``strict`` any reject is an error; with ``report`` the good rows go
 on and the rejects are written next to them. A file that cannot be read at all
-(missing file, missing required column) is an error under both policies.
+(missing file, missing required column) is an error under both policies. Under both,
+the import ends by printing one line per reason with its count and rows
+(:func:`reject_summary`). Fields may be of any size (a CSV field is not capped at
+Python's default 131,072 characters).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import codecs
 import csv
 import hashlib
+import re
+import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -24,6 +29,7 @@ from saleval import tables
 from saleval.crowd.errors import CrowdImportError
 
 MAX_LISTED_REJECTS = 20
+MAX_PROBLEM_CHARS = 400  # longer problem texts (a huge field quoted in them) are cut
 
 
 class Policy(StrEnum):
@@ -59,13 +65,29 @@ def read_rows(
     if not path.is_file():
         raise CrowdImportError(f"{path}: file not found")
     codec = _codec(encoding)
+    allow_any_field_size()
+    rows: list[list[str]] = []
     with open(path, encoding=codec, errors="surrogateescape", newline="") as fh:
         reader = csv.reader(fh, delimiter=delimiter, quoting=quoting)
+
+        def unreadable(where: str, err: csv.Error) -> CrowdImportError:
+            """Whatever the csv module still refuses: located, never a traceback."""
+            return CrowdImportError(
+                f"{path}, {where} (line {reader.line_num}): the file cannot be read as "
+                f"delimited text ({err}); check its quoting around that line"
+            )
+
         try:
             header = next(reader)
         except StopIteration:
             raise CrowdImportError(f"{path}: empty file (no header row)") from None
-        rows = list(reader)
+        except csv.Error as err:
+            raise unreadable("row header", err) from None
+        try:
+            for values in reader:  # one by one: a failing row is located by its number
+                rows.append(values)
+        except csv.Error as err:
+            raise unreadable(f"row {len(rows) + 1}", err) from None
     for j, name in enumerate(header):
         problem = _undecodable(name, encoding)
         if problem:
@@ -89,6 +111,22 @@ def read_rows(
                 bad[r] = (header[j] if j < len(header) else f"column {j + 1}", problem)
                 break
     return header, rows, bad
+
+
+def allow_any_field_size() -> None:
+    """Let the csv module read fields of any size the platform can hold.
+
+    Its default limit (131,072 characters) made a long free-text answer crash the whole
+    import; the largest limit the C ``long`` accepts is set instead (``sys.maxsize`` on
+    64-bit Linux, halved until accepted where ``long`` is 32 bits).
+    """
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            return
+        except OverflowError:
+            limit //= 2
 
 
 def _codec(encoding: str) -> str:
@@ -122,7 +160,7 @@ class Rejects:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, row: int | None, fld: str, problem: str) -> None:
-        self.rows.append({"file": self.file, "row": row, "field": fld, "problem": problem})
+        self.rows.append({"file": self.file, "row": row, "field": fld, "problem": clip(problem)})
 
     def frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self.rows, columns=list(tables.REJECTS.columns))
@@ -134,8 +172,89 @@ class Rejects:
         return {int(r["row"]) for r in self.rows if r["row"] is not None}
 
 
+def clip(problem: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    """A problem text short enough for a console line: the middle of a longer one (a
+    200,000-character field quoted in it) is left out, the start and the advice at the
+    end are kept.
+
+    >>> clip("unknown label 'xxxxxxxxxxxxxxxxxxxxxxxxx'; expected one of [A, B]", 40)
+    "unknown label 'x … [33 characters left out] … ed one of [A, B]"
+    """
+    if len(problem) <= limit:
+        return problem
+    head, tail = limit * 2 // 5, limit * 2 // 5
+    cut = len(problem) - head - tail
+    return f"{problem[:head]} … [{cut} characters left out] … {problem[-tail:]}"
+
+
+_SPECIFIC = re.compile(
+    r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a quoted value
+    r"|0x[0-9A-Fa-f]+|(?<![\w-])\d+(?![\w-])"  # a byte, a number (not the 8 of utf-8)
+)
+
+
+def reject_reason(problem: str) -> str:
+    """A reject's problem without the row's own values (quoted values, numbers, bytes):
+    the key rejects are counted by.
+
+    >>> reject_reason("unknown task 't99' (first at row 12)")
+    'unknown task … (first at row …)'
+    >>> reject_reason("byte 0xE9 at character 3 is not valid utf-8")
+    'byte … at character … is not valid utf-8'
+    """
+    return _SPECIFIC.sub("…", problem)
+
+
+def reject_summary(rejects: pd.DataFrame, policy: str, rejects_csv: str | Path | None) -> list[str]:
+    """The console lines that end an import with rejects (every policy): one headline with
+    the count, the policy and where ``rejects.csv`` is, then one line per file, field and
+    reason (:func:`reject_reason`) with its count, its rows and the first problem in full.
+
+    >>> df = pd.DataFrame({"file": ["a.csv"] * 3, "row": [2, 5, 9], "field": ["task_id"] * 3,
+    ...     "problem": ["unknown task 'x'", "unknown task 'y'", "empty task id"]})
+    >>> print("\\n".join(reject_summary(df, "report", "run/rejects.csv")))
+    3 rows rejected (crowd.policy=report: the other rows were imported); every reject is in run/rejects.csv
+      a.csv, rows 2, 5, field task_id (2 rows): unknown task 'x'
+      a.csv, row 9, field task_id: empty task id
+    """
+    if not len(rejects):
+        return []
+    rows = rejects["row"].dropna().astype(int)
+    n_rows = rows.nunique() + int(rejects["row"].isna().sum())
+    outcome = "nothing was imported" if policy == Policy.strict else "the other rows were imported"
+    where = f"every reject is in {rejects_csv}" if rejects_csv else "rejects.csv was not written"
+    lines = [
+        f"{n_rows} row{'s' if n_rows != 1 else ''} rejected (crowd.policy={policy}: "
+        f"{outcome}); {where}"
+    ]
+    keyed = rejects.assign(reason=[reject_reason(str(p)) for p in rejects["problem"]])
+    groups = list(keyed.groupby(["file", "field", "reason"], sort=False, dropna=False))
+    for (file, fld, _), group in groups[:MAX_LISTED_REJECTS]:
+        listed = [str(int(r)) for r in group["row"].dropna().head(5)]
+        more = len(group) - len(listed)
+        at = ("row " if len(group) == 1 else "rows ") + ", ".join(listed)
+        if not listed:
+            at = "no row"
+        elif more > 0:
+            at += f" and {more} more"
+        count = f" ({len(group)} rows)" if len(group) > 1 else ""
+        lines.append(f"  {file}, {at}, field {fld}{count}: {group['problem'].iloc[0]}")
+    if len(groups) > MAX_LISTED_REJECTS:
+        lines.append(f"  ... and {len(groups) - MAX_LISTED_REJECTS} more reasons")
+    return lines
+
+
+class RejectedRows(CrowdImportError):
+    """Policy ``strict`` met rejects; ``rejects`` holds them (written to the run dir)."""
+
+    def __init__(self, message: str, rejects: pd.DataFrame) -> None:
+        super().__init__(message)
+        self.rejects = rejects
+
+
 def enforce_policy(rejects: pd.DataFrame, policy: str, source: str | Path) -> None:
-    """``strict``: any reject is an error listing the first ones; ``report``: go on."""
+    """``strict``: any reject is an error (:class:`RejectedRows`) listing the first ones;
+    ``report``: go on."""
     if policy not in tuple(Policy):
         raise CrowdImportError(f"crowd.policy must be 'strict' or 'report', not {policy!r}")
     if policy == Policy.strict and len(rejects):
@@ -144,11 +263,12 @@ def enforce_policy(rejects: pd.DataFrame, policy: str, source: str | Path) -> No
             for r in rejects.head(MAX_LISTED_REJECTS).itertuples()
         )
         more = len(rejects) - MAX_LISTED_REJECTS
-        raise CrowdImportError(
+        raise RejectedRows(
             f"{source}: {len(rejects)} problem(s) under policy 'strict'; nothing was imported:\n"
             f"{listed}"
             + (f"\n  ... and {more} more" if more > 0 else "")
-            + "\n(policy 'report' imports the good rows and writes rejects.csv)"
+            + "\n(policy 'report' imports the good rows and writes rejects.csv)",
+            rejects,
         )
 
 

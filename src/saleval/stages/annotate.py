@@ -107,6 +107,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             completion_url=cfg.annotate.completion_url,
             allowed_origins=tuple(str(o) for o in cfg.annotate.allowed_origins),
             admin_max_failures=int(cfg.annotate.admin_max_failures),
+            resume_max_failures=int(cfg.annotate.resume_max_failures),
         )
         app = create_app(study, settings)
         host, port = str(cfg.annotate.host), int(cfg.annotate.port)

@@ -20,6 +20,9 @@ Main options: ``inputs.tasks``, ``inputs.answers``, ``crowd`` (answers, lu2024),
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from saleval import tables, tracking
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.long_format import ANSWER_FILE
-from saleval.crowd.reading import CrowdImport, sha256_file
+from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary, sha256_file
 from saleval.jsonfiles import write_json
 from saleval.stage import (
     LATEST,
@@ -75,6 +78,26 @@ def nothing_left(path: Path, report: dict[str, Any]) -> str:
         f"filters: {filtered or 'none'}. See rejects.csv and filtered.csv in the run dir; fix "
         "the file, or loosen crowd.filters.* (null disables a filter)"
     )
+
+
+def tell_rejects(rejects: pd.DataFrame, policy: str, rejects_csv: Path) -> None:
+    """Print the reject summary (:func:`saleval.crowd.reading.reject_summary`) on stderr:
+    every import with rejects ends with it, whatever the policy."""
+    lines = reject_summary(rejects, str(policy), rejects_csv)
+    if lines:
+        print("[saleval-import] " + "\n".join(lines), file=sys.stderr, flush=True)
+
+
+@contextmanager
+def rejects_told(st: Stage, policy: str) -> Iterator[None]:
+    """Under ``crowd.policy=strict`` a reject stops the import: its rejects still go to
+    ``rejects.csv`` in the (failed) run dir and are summed up before the error is raised."""
+    try:
+        yield
+    except RejectedRows as err:
+        path = st.write(tables.REJECTS, err.rejects)
+        tell_rejects(err.rejects, policy, path)
+        raise
 
 
 def study_record(st: Stage) -> dict[str, str]:
@@ -156,7 +179,8 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
         bundles = tables.BUNDLES.read(tasks_dir) if bundles_path.is_file() else None
         expert_path = source.expert.path
         expert = pd.read_csv(expert_path, dtype=str, keep_default_na=False) if expert_path else None
-        result = source.import_(answers_file, tasks, bundles, label_names, expert=expert)
+        with rejects_told(st, source.policy):
+            result = source.import_(answers_file, tasks, bundles, label_names, expert=expert)
         if result.report.pop("simulated_column", False):
             st.provide(simulated=True)
         result.report.update(
@@ -169,6 +193,7 @@ def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
             study=study_record(st),
         )
         out = write_outputs(st, result, st.provenance.simulated)
+        tell_rejects(result.rejects, source.policy, st.path(tables.REJECTS.filename))
         if not len(result.annotations):  # the outputs above stay, to see where answers went
             raise CrowdImportError(nothing_left(answers_file, result.report))
         return out
@@ -182,13 +207,16 @@ def _run_published(cfg: DictConfig, source: PublishedSource) -> dict[str, Any]:
         st.provide(target=Target.gold, population=Population.correct)
         tracking.log_params({"source.path": str(path), "source.sha256": digest})
         dataset = cfg.dataset
-        result = source.import_(path, list(dataset.label_names), str(dataset.name))
+        with rejects_told(st, source.policy):
+            result = source.import_(path, list(dataset.label_names), str(dataset.name))
         result.report.update(
             dataset=str(dataset.name),
             source={"path": str(path), "sha256": digest},
             study=study_record(st),
         )
-        return write_outputs(st, result, simulated=False)
+        out = write_outputs(st, result, simulated=False)
+        tell_rejects(result.rejects, source.policy, st.path(tables.REJECTS.filename))
+        return out
 
 
 main = hydra_main("import", run)

@@ -147,6 +147,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     uri = tracking.tracking_uri(cfg.tracking.uri)
     experiment_id = tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
     mark_orphans_killed(out_root)
+    tracking.end_dead_runs()  # what every stage does when it starts (saleval.stage)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
@@ -161,6 +162,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "model": str(profile.model),
             "run_dir": str(out_root),
             "simulated": "true" if simulated else "false",
+            **tracking.process_tags(),
         },
     ) as parent:
         tracking.log_params(
@@ -251,23 +253,23 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
 
     A ``kill -9`` leaves no chance to end a run, so its pipeline run and the stage run
     it was in stay RUNNING for ever. A resume in the same run dir is the first moment
-    that knows they are dead (two pipelines never share a run dir); their ids are
-    returned and logged.
+    that knows they are dead (two pipelines never share a run dir), whichever host ran
+    them; they are ended by :func:`saleval.tracking.mark_killed` (the same as runs
+    whose process is gone, :func:`saleval.tracking.end_dead_runs`) and their ids
+    returned.
     """
     root = out_root.resolve()
     client = MlflowClient()
     exps = [e.experiment_id for e in client.search_experiments()]
     if not exps:
         return []
-    killed = []
-    for r in client.search_runs(exps, filter_string="attributes.status = 'RUNNING'"):
-        d = r.data.tags.get("run_dir")
-        if d and (Path(d).resolve() == root or root in Path(d).resolve().parents):
-            client.set_terminated(r.info.run_id, status="KILLED")
-            killed.append(r.info.run_id)
-    if killed:
-        log.warning("[run] %d run(s) of an earlier, killed pipeline marked KILLED", len(killed))
-    return killed
+    orphans = [
+        r
+        for r in client.search_runs(exps, filter_string="attributes.status = 'RUNNING'")
+        if (d := r.data.tags.get("run_dir"))
+        and (Path(d).resolve() == root or root in Path(d).resolve().parents)
+    ]
+    return tracking.mark_killed(client, orphans, "of an earlier, killed pipeline in this run dir")
 
 
 def _hydra_dir() -> Path:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,7 @@ from saleval import tables
 
 _POSITION_RE = re.compile(r'name="position" value="(\d+)"')
 _OPTION_RE = re.compile(r'name="answer" value="([^"]*)"')
+_NOT_SAVED = "NOT saved"  # what every refused answer's page says (saleval.annotate.app)
 
 
 # -- servers -------------------------------------------------------------------------
@@ -124,6 +125,30 @@ class WorkerLog:
     failed_pages: list[str] = field(default_factory=list)  # bodies of refused answers
     completion_code: str | None = None
     error: str | None = None
+    refused: dict[int, str] = field(default_factory=dict)  # answers the server said NOT saved
+    bundle_lost: bool = False  # the bundle went to another worker while this one was away
+    no_bundle: bool = False  # never got a bundle before the deadline (all were taken)
+    came_back: bool = False  # left mid-bundle and got it back
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What a simulated worker does besides answering (the attack scenario).
+
+    ``urls``: further servers of the same store, tried in turn when one does not answer
+    (as a load balancer would). ``leave_after``: open the next task after that many
+    answers, then stay away ``away_s`` (longer than a lease) before answering it.
+    ``wait_for_bundle``: a latecomer who retries the start page while every bundle is
+    taken. ``may_be_refused``: a refused answer (410, "NOT saved") or a released bundle
+    ends the worker's run instead of failing it; those answers count as not
+    acknowledged.
+    """
+
+    urls: tuple[str, ...] = ()
+    leave_after: int | None = None
+    away_s: float = 0.0
+    wait_for_bundle: bool = False
+    may_be_refused: bool = False
 
 
 def simulate_worker(
@@ -134,15 +159,18 @@ def simulate_worker(
     resend_prob: float = 0.1,
     start: threading.Barrier | None = None,
     think_s: float = 0.0,
+    behaviour: Behaviour | None = None,
 ) -> WorkerLog:
     """One worker through the pages; an answer counts as sent once the server said 303.
 
     A request that meets no server (killed, restarting) is sent again until the deadline,
     as a browser's user would reload: the same answer to the same position, which the
-    server stores at most once.
+    server stores at most once; with ``behaviour.urls`` it goes to the next server.
     """
     rng = random.Random(seed)
+    behaviour = behaviour or Behaviour()
     out = WorkerLog(worker_id)
+    urls = [base_url, *behaviour.urls]
     try:
         with httpx.Client(base_url=base_url, follow_redirects=False, timeout=60) as c:
 
@@ -154,11 +182,19 @@ def simulate_worker(
                         if time.monotonic() > deadline:
                             raise
                         out.retries += 1
+                        if len(urls) > 1:  # the next server of the same store
+                            c.base_url = httpx.URL(urls[out.retries % len(urls)])
                         time.sleep(0.2)
 
             if start is not None:
                 start.wait(timeout=60)
             r = send("POST", "/start", {"worker_id": worker_id})
+            while behaviour.wait_for_bundle and r.status_code == 410:
+                if time.monotonic() > deadline:
+                    out.no_bundle = True
+                    return out
+                time.sleep(0.3)
+                r = send("POST", "/start", {"worker_id": worker_id})
             _expect(r, 303, "/instructions")
             _expect(send("POST", "/instructions"), 303, "/task")
             while time.monotonic() < deadline:
@@ -166,6 +202,9 @@ def simulate_worker(
                 if r.status_code == 303:
                     _expect(r, 303, "/done")
                     break
+                if r.status_code == 410 and behaviour.may_be_refused:
+                    out.bundle_lost = True  # released and taken: the page said so
+                    return out
                 _expect(r, 200)
                 match = _POSITION_RE.search(r.text)
                 if match is None:
@@ -173,15 +212,23 @@ def simulate_worker(
                 position = int(match.group(1))
                 answer = rng.choice([html.unescape(o) for o in _OPTION_RE.findall(r.text)])
                 form = {"position": str(position), "answer": answer}
-                if think_s:  # reading the task: uniform in [0.5, 1.5] × think_s
+                away = behaviour.leave_after == len(out.sent) and not out.came_back
+                if away:  # the task stays open while the worker is away
+                    time.sleep(behaviour.away_s)
+                elif think_s:  # reading the task: uniform in [0.5, 1.5] × think_s
                     time.sleep(think_s * rng.uniform(0.5, 1.5))
                 t0 = time.perf_counter()
                 r = send("POST", "/answer", form)
                 out.latencies.append(time.perf_counter() - t0)
                 if r.status_code != 303:
                     out.failed_pages.append(r.text)
+                if behaviour.may_be_refused and r.status_code == 410 and _NOT_SAVED in r.text:
+                    out.refused[position] = answer
+                    out.bundle_lost = True
+                    return out
                 _expect(r, 303)
                 out.sent[position] = answer
+                out.came_back = out.came_back or away
                 if rng.random() < resend_prob:
                     _expect(send("POST", "/answer", form), 303)
                     out.resends += 1
@@ -310,3 +357,143 @@ def limit_database_pages(store: Any, extra_pages: int) -> int:
 
     store._conn = limited
     return limit
+
+
+# -- the attack scenario: two servers on one store, kill -9, short leases ----------------------
+def run_attack(
+    urls: Sequence[str],
+    token: str,
+    n_workers: int,
+    n_leavers: int,
+    lease_s: float,
+    deadline_s: float = 300,
+    think_s: float = 0.2,
+    seed: int = 0,
+    during: Callable[[], None] | None = None,
+) -> LoadResult:
+    """Workers spread over several servers of one store, while ``during`` (the killer)
+    runs beside them; the export is read after both are done.
+
+    ``n_workers`` start together, each on one server and failing over to the others;
+    the first ``n_leavers`` of them leave after two answers with the third task open
+    and come back after three leases. As many latecomers arrive after one and a half
+    leases and retry until a bundle comes free: they take the leavers' bundles, and a
+    leaver's late answer then meets the "NOT saved" page. Every worker may be refused
+    (a lease can also run out while both servers are down); a refused answer is never
+    counted as acknowledged, so the check still finds any answer stored without one.
+    """
+    deadline = time.monotonic() + deadline_s
+    barrier = threading.Barrier(n_workers)
+    jobs: list[tuple[float, str, Behaviour, threading.Barrier | None, str]] = []
+    for i in range(n_workers):
+        home = urls[i % len(urls)]
+        others = tuple(u for u in urls if u != home)
+        leaves = i < n_leavers
+        behaviour = Behaviour(
+            urls=others,
+            leave_after=2 if leaves else None,
+            away_s=3 * lease_s if leaves else 0.0,
+            may_be_refused=True,
+        )
+        jobs.append((0.0, home, behaviour, barrier, f"attack-{seed}-{i:03d}"))
+    for j in range(n_leavers):
+        home = urls[j % len(urls)]
+        others = tuple(u for u in urls if u != home)
+        behaviour = Behaviour(urls=others, wait_for_bundle=True, may_be_refused=True)
+        jobs.append((1.5 * lease_s, home, behaviour, None, f"late-{seed}-{j:03d}"))
+
+    def worker(k: int) -> WorkerLog:
+        delay, home, behaviour, start, worker_id = jobs[k]
+        time.sleep(delay)
+        return simulate_worker(
+            home, worker_id, seed * 1000 + k, deadline, 0.1, start, think_s, behaviour
+        )
+
+    t0 = time.perf_counter()
+    side = threading.Thread(target=during, name="attack") if during else None
+    if side is not None:
+        side.start()
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        workers = list(pool.map(worker, range(len(jobs))))
+    if side is not None:
+        side.join()
+    seconds = time.perf_counter() - t0
+    return LoadResult(workers, read_export(urls, token), seconds)
+
+
+def read_export(urls: Sequence[str], token: str) -> pd.DataFrame:
+    """The admin export over HTTP from the first server that answers."""
+    last: Exception | None = None
+    for url in urls:
+        try:
+            r = httpx.get(
+                f"{url}/admin/export.csv", headers={"Authorization": f"Bearer {token}"}, timeout=60
+            )
+        except httpx.TransportError as err:
+            last = err
+            continue
+        _expect(r, 200)
+        exported = pd.read_csv(io.StringIO(r.text), keep_default_na=False, na_values=[""])
+        return tables.ANSWERS.validate(exported, "admin export")
+    raise RuntimeError(f"no server answered the export: {last}")
+
+
+_KEY = ["worker_id", "bundle_id", "position", "task_id", "answer"]
+
+
+def answer_keys(df: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """One answer as who, where, what: the rows compared between store, export and backup."""
+    return sorted(
+        (str(w), str(b), int(p), str(t), str(a))
+        for w, b, p, t, a in df[_KEY].itertuples(index=False)
+    )
+
+
+def store_checks(db: Path, run_key: str, exported: pd.DataFrame, backup_to: Path) -> dict[str, Any]:
+    """What the database itself says after a run: stored = exported = backed up, and no
+    bundle was held by two workers at once.
+
+    ``bundle_held_twice`` counts bundles with more than one active assignment;
+    ``answers_after_release`` answers stored for an assignment after it was released (a
+    late answer that should have met the "NOT saved" page). An assignment taken back by
+    its own worker is active again and not released, so neither count errs on it. The
+    backup is SQLite's online backup (:meth:`AnnotationStore.backup`), read back
+    read-only.
+    """
+    from saleval.annotate.store import AnnotationStore
+
+    store = AnnotationStore(db, readonly=True)
+    try:
+        stored = store.answers(run_key)
+        con = store._conn()
+        two_active = con.execute(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM assignments WHERE run_key=? AND released_at "
+            "IS NULL GROUP BY bundle_id HAVING COUNT(*) > 1)",
+            (run_key,),
+        ).fetchone()[0]
+        after_release = con.execute(
+            "SELECT COUNT(*) FROM answers n JOIN assignments a USING (assignment_id) "
+            "WHERE a.run_key=? AND a.released_at IS NOT NULL AND n.submitted_at > a.released_at",
+            (run_key,),
+        ).fetchone()[0]
+        n_assignments = con.execute(
+            "SELECT COUNT(*) FROM assignments WHERE run_key=?", (run_key,)
+        ).fetchone()[0]
+        store.backup(backup_to)
+    finally:
+        store.close()
+    copy = AnnotationStore(backup_to, readonly=True)
+    try:
+        backed_up = copy.answers(run_key)
+    finally:
+        copy.close()
+    stored_keys, exported_keys = answer_keys(stored), answer_keys(exported)
+    return {
+        "stored": len(stored),
+        "backed_up": len(backed_up),
+        "stored_equals_exported": stored_keys == exported_keys,
+        "backup_equals_stored": answer_keys(backed_up) == stored_keys,
+        "assignments": int(n_assignments),
+        "bundle_held_twice": int(two_active),
+        "answers_after_release": int(after_release),
+    }
