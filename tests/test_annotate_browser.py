@@ -228,7 +228,11 @@ def test_server_killed_mid_bundle_loses_no_committed_answer(
         stop(proc)
     killed = json.loads((tmp_path / "serve1" / "run.json").read_text())
     ended = json.loads((tmp_path / "serve2" / "run.json").read_text())
-    assert (killed["status"], ended["status"]) == ("RUNNING", "FINISHED")
+    # the second server, started on the same store and host, ended the killed one's run
+    # (docs/tracking.md, issue #28): KILLED in run.json and in MLflow, with an end time
+    assert (killed["status"], ended["status"]) == ("KILLED", "FINISHED")
+    dead = MlflowClient().get_run(killed["run_id"]).info
+    assert (dead.status, dead.end_time is not None) == ("KILLED", True)
     assert MlflowClient().get_run(ended["run_id"]).data.metrics["n_answers"] == 5
     pd.testing.assert_frame_equal(
         after.iloc[:3].drop(columns="bundle_complete"), before.drop(columns="bundle_complete")
