@@ -265,8 +265,13 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
     def login_page(request: Request, status: int, message: str | None = None) -> Response:
         return page(request, "admin_login.html", status, error=message)
 
-    def too_many(request: Request, wait: int, login: bool) -> Response:
-        text = "Too many wrong admin tokens from your address; try again later."
+    def too_many(
+        request: Request,
+        wait: int,
+        login: bool,
+        text: str = "Too many wrong admin tokens from your address; try again later.",
+    ) -> Response:
+        """429 with ``Retry-After``, on the login page or an error page."""
         slow = login_page(request, 429, text) if login else error(request, text, 429)
         slow.headers["Retry-After"] = str(wait)
         return slow
@@ -387,9 +392,9 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
         key = client_key(request)
         wait = resume_throttle.retry_after(key) if resume_code else 0
         if wait:
-            slow = error(request, "Too many wrong resume codes; try again later.", 429)
-            slow.headers["Retry-After"] = str(wait)
-            return slow
+            return too_many(
+                request, wait, login=False, text="Too many wrong resume codes; try again later."
+            )
         try:
             a = store.assign(
                 study.run_key,
