@@ -43,6 +43,7 @@ WRITES = {
     "shortcut": ["shortcut_results.csv"],
     "run": ["pipeline.json"],
     "report": ["report.csv", "report_correlations.csv"],
+    "plan": ["plan.csv", "plan.md", "power.png"],
 }
 LIGHTNING_CHATTER = ("Tip:", "GPU available", "TPU available", "HPU available", "was configured")
 

@@ -50,6 +50,7 @@ STAGES: dict[str, str] = {
     "shortcut": "saleval.stages.shortcut",
     "run": "saleval.stages.run",
     "report": "saleval.stages.report",
+    "plan": "saleval.stages.plan",
 }
 
 #: the errors a user fixes from the message alone: one line, no traceback
@@ -328,3 +329,4 @@ compare = _script("compare")
 shortcut = _script("shortcut")
 run = _script("run")
 report = _script("report")
+plan = _script("plan")

@@ -455,6 +455,88 @@ REPORT_RUNS = TableSpec(
     doc="saleval-report: every run it gathered, with what it is about.",
 )
 
+PLAN = TableSpec(
+    name="plan",
+    filename="plan.csv",
+    columns={
+        "design": "int64",
+        "source": "string",
+        "n": "int64",
+        "repeats": "int64",
+        "n_methods": "int64",
+        "n_ks": "int64",
+        "tasks": "int64",
+        "answers": "int64",
+        "bundles": "int64",
+        "worker_minutes": "float64",
+        "cost": "float64",
+        "p_best": "float64",
+        "spearman_mean": "float64",
+        "ci_width_mean": "float64",
+        "meets_target": "bool",
+    },
+    key=("design",),
+    optional={
+        "methods": "string",
+        "ks": "string",
+        "spearman_p05": "float64",
+        "ci_width_max": "float64",
+        "p_order_min": "float64",
+        "power_min": "float64",
+    },
+    doc=(
+        "One row per design of saleval-plan (docs/planning.md): its size and cost, and what "
+        "studies of it drawn from the source show: p_best = P(top method = the reference's), "
+        "spearman_mean/_p05 = Spearman's rho with the reference ranking (mean, 5th "
+        "percentile), ci_width_* = width of the 95 % interval of s_j in points, p_order_min "
+        "= the least reliably ordered adjacent pair, power_min = the least power against "
+        "the baseline; cost in plan.cost.currency."
+    ),
+)
+
+PLAN_METHODS = TableSpec(
+    name="plan_methods",
+    filename="plan_methods.csv",
+    columns={
+        "design": "int64",
+        "method": "string",
+        "reference_score": "float64",
+        "reference_rank": "int64",
+        "mean_score": "float64",
+        "ci_width": "float64",
+    },
+    key=("design", "method"),
+    optional={"p_order_next": "float64", "power": "float64"},
+    doc=(
+        "Per design and method (docs/planning.md): the reference score and rank, the mean "
+        "score over drawn studies, the width of its 95 % interval, the probability of being "
+        "ordered above the next method of the reference ranking, and the power of the "
+        "paired test against the baseline."
+    ),
+)
+
+PLAN_CHECK = TableSpec(
+    name="plan_check",
+    filename="half_sample_check.csv",
+    columns={
+        "row": "string",
+        "n": "int64",
+        "sampling": "string",
+        "p_best": "float64",
+        "spearman_mean": "float64",
+        "ci_width_mean": "float64",
+    },
+    key=("row",),
+    optional={"spearman_p05": "float64", "p_order_min": "float64", "ci_width_max": "float64"},
+    doc=(
+        "saleval-plan's check against the published study (docs/planning.md#check): the "
+        "empirical prediction for n = N/2, the same at n = N (what half-samples of the pool "
+        "should resemble once the finite-population correction is applied), and what "
+        "half-samples drawn without replacement actually show."
+    ),
+)
+
+
 ALL: dict[str, TableSpec] = {
     t.name: t
     for t in (
@@ -477,6 +559,9 @@ ALL: dict[str, TableSpec] = {
         REPORT,
         REPORT_CORRELATIONS,
         REPORT_RUNS,
+        PLAN,
+        PLAN_METHODS,
+        PLAN_CHECK,
     )
 }
 

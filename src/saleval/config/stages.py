@@ -17,6 +17,7 @@ from saleval.config.annotate import AnnotateAction, AnnotateConfig
 from saleval.config.common import KGridConfig, PathsConfig, TrackingConfig
 from saleval.config.dataset import DatasetConfig
 from saleval.config.model import ModelConfig
+from saleval.config.plan import PlanConfig
 from saleval.config.profile import ProfileConfig
 from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
@@ -293,6 +294,27 @@ class ShortcutStageConfig(StageConfig):
     progress: bool = True
 
 
+# -- plan ----------------------------------------------------------------------------
+
+
+@dataclass
+class PlanInputs:
+    explain: str | None = None  # an explain run: the simulated crowd answers its tasks
+    answers: str | None = None  # real answers with times (answers.csv or its run): s per task
+
+
+@dataclass
+class PlanStageConfig(StageConfig):
+    dataset: DatasetConfig | None = None  # null: the explain run's; required with crowd=...
+    crowd: Any = None  # crowd=lu2024 crowd.path=<published file>: the published study
+    study: StudyConfig = MISSING  # explain runs: how tasks are built (n_samples: the pool)
+    kgrid: KGridConfig = MISSING
+    simulation: SimulationConfig = MISSING
+    published: PublishedTasksConfig = field(default_factory=PublishedTasksConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    inputs: PlanInputs = field(default_factory=PlanInputs)
+
+
 @dataclass
 class RunStageConfig:
     """``saleval-run``: every stage under one parent run, overrides from a profile."""
@@ -320,4 +342,5 @@ ROOTS: dict[str, type] = {
     "shortcut_schema": ShortcutStageConfig,
     "report_schema": ReportStageConfig,
     "run_schema": RunStageConfig,
+    "plan_schema": PlanStageConfig,
 }

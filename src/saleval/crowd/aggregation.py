@@ -24,6 +24,21 @@ from saleval.crowd.answers import IDK_CODE, AnswerParser
 log = logging.getLogger(__name__)
 
 
+def unique_winner(counts: np.ndarray) -> np.ndarray:
+    """The strict-majority rule on answer counts ``(..., options)``: the index of the one
+    most frequent option, or −1 where the top count is shared (a tie names nothing).
+
+    One function for :class:`StrictMajority` and the study planner's resampled crowds
+    (saleval.planning), so both aggregate by the same rule.
+
+    >>> unique_winner(np.array([[0, 3, 1], [0, 2, 2], [1, 0, 0]])).tolist()
+    [1, -1, 0]
+    """
+    top = counts.max(axis=-1, keepdims=True)
+    unique = (counts == top).sum(axis=-1) == 1
+    return np.where(unique, counts.argmax(axis=-1), -1)
+
+
 class Aggregator(Protocol):
     """crowd-kit's aggregator contract, which :class:`StrictMajority` follows too."""
 
@@ -51,9 +66,11 @@ class StrictMajority:
 
     def fit(self, data: pd.DataFrame) -> StrictMajority:
         counts = data.groupby(["task", "label"]).size().unstack(fill_value=0)
-        top = counts.max(axis=1)
-        unique = (counts.eq(top, axis=0)).sum(axis=1) == 1
-        winner = counts.idxmax(axis=1).astype("Int64").where(unique)
+        won = unique_winner(counts.to_numpy())
+        codes = np.asarray(counts.columns, dtype="int64")
+        winner = pd.Series(
+            np.where(won >= 0, codes[np.maximum(won, 0)], 0), index=counts.index, dtype="Int64"
+        ).where(won >= 0)
         winner.index.name = "task"
         self.labels_ = winner.rename("agg_label")
         return self

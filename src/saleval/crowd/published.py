@@ -44,6 +44,7 @@ from saleval.crowd.sampling import interleave
 from saleval.crowd.seeding import seeded_rng
 from saleval.data import (
     DataError,
+    DatasetSplits,
     _file,
     read_ag_news,
     read_imdb,
@@ -97,6 +98,16 @@ def exclude_texts(frame: pd.DataFrame, texts: Iterable[str]) -> tuple[pd.DataFra
     keys = {text_key(t) for t in texts}
     hit = frame["text"].astype(str).map(text_key).isin(keys)
     return frame[~hit].reset_index(drop=True), int(hit.sum())
+
+
+def reader_training_data(
+    splits: DatasetSplits, names: Sequence[str], study_texts: Iterable[str]
+) -> tuple[pd.DataFrame, int]:
+    """What a simulated crowd's reader may learn from for a published study: the named
+    dataset splits together, every study text removed (:func:`exclude_texts`), so the
+    reader never saw a text it is asked about. Returns the rows and how many were removed."""
+    pool = pd.concat([splits[s] for s in names], ignore_index=True)
+    return exclude_texts(pool, study_texts)
 
 
 @dataclass

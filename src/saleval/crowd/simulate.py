@@ -135,6 +135,15 @@ def draw_workers(bundle_ids: Sequence[str], n_labels: int, cfg: SimulationConfig
     return pd.DataFrame(rows)
 
 
+def expected_seconds(timing: Any, words_shown: float) -> float:
+    """Mean seconds an honest simulated worker spends on a task showing ``words_shown``
+    words: E[speed] · (base_s + per_word_s · words) · E[lognormal(0, sigma)], the timing
+    rule of :func:`simulate_answers` in expectation (both factors are lognormal, mean
+    exp(σ²/2)). The study planner's default seconds per task (docs/planning.md#cost)."""
+    spread = np.exp(float(timing.speed_sigma) ** 2 / 2) * np.exp(float(timing.sigma) ** 2 / 2)
+    return float(spread * (float(timing.base_s) + float(timing.per_word_s) * words_shown))
+
+
 def _iso(t: datetime) -> str:
     return t.isoformat(timespec="milliseconds")
 

@@ -36,7 +36,7 @@ from saleval import tables, tracking
 from saleval.config.stages import SimulateAction
 from saleval.crowd.config import SimulationConfig
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
-from saleval.crowd.published import exclude_texts, read_study, study_bundles
+from saleval.crowd.published import read_study, reader_training_data, study_bundles
 from saleval.crowd.reading import enforce_policy, sha256_file
 from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.crowd.validation import (
@@ -138,10 +138,10 @@ def run_published(
         enforce_policy(study.rejects, source.policy, path)
         if len(study.rejects):
             st.write(tables.REJECTS, study.rejects)
-        data = load_dataset(cfg.dataset)
         splits = [str(s) for s in cfg.published.reader_splits]
-        pool = pd.concat([data[s] for s in splits], ignore_index=True)
-        train, n_excluded = exclude_texts(pool, study.samples["text"])
+        train, n_excluded = reader_training_data(
+            load_dataset(cfg.dataset), splits, study.samples["text"]
+        )
         bundles = study_bundles(
             study, int(cfg.published.repeats), int(cfg.published.bundle_size), int(sim.seed)
         )

@@ -1,0 +1,330 @@
+"""``saleval-plan``: how many samples, methods, k values and workers a crowd study needs,
+and what it costs, before anyone is paid (docs/planning.md).
+
+From the published crowd (real people)::
+
+    saleval-plan crowd=lu2024 crowd.path=<data root>/published/lu2024/IMDB.csv dataset=lu2024_imdb
+
+The simulated crowd on the same published tasks (to set beside the empirical plan)::
+
+    saleval-plan crowd=lu2024 crowd.path=... dataset=lu2024_imdb plan.source=simulated
+
+The simulated crowd on your own explanations::
+
+    saleval-plan inputs.explain=<explain run dir | runs:/id | latest>
+
+Writes ``plan.csv``, ``plan_methods.csv``, ``power.png``, ``plan.md`` and, from the
+published crowd, ``half_sample_check.csv``. Main options: ``plan.n``, ``plan.repeats``,
+``plan.methods``, ``plan.ks``, ``plan.target.*``, ``plan.cost.*``, ``inputs.answers``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from saleval import planning, reports, tables, tracking
+from saleval.config.plan import PlanConfig, PlanSource
+from saleval.crowd.config import SimulationConfig, StudyConfig
+from saleval.crowd.importer import PublishedSource, crowd_source
+from saleval.crowd.published import read_study, reader_training_data, study_bundles
+from saleval.crowd.reading import enforce_policy, sha256_file
+from saleval.crowd.simulate import expected_seconds, simulate_crowd
+from saleval.data import load_dataset
+from saleval.schema import to_schema
+from saleval.stage import InputError, Stage, given_input, hydra_main
+from saleval.vocab import Population, Target
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    pc = to_schema(PlanConfig, cfg.plan)
+    planning.Costing(1.0, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)  # fail early
+    crowd_node = OmegaConf.select(cfg, "crowd")
+    source = None if crowd_node is None else crowd_source(crowd_node)
+    explain = given_input(cfg, "explain")
+    if source is not None and not isinstance(source, PublishedSource):
+        raise InputError(
+            f"saleval-plan takes crowd=lu2024 (a published crowd) or inputs.explain=<run>; "
+            f"crowd={source.name} answers go through saleval-import and saleval-score"
+        )
+    if (source is None) == (explain is None):
+        raise InputError(
+            "saleval-plan needs exactly one source: crowd=lu2024 crowd.path=<published file> "
+            "dataset=<name> (the published crowd), or inputs.explain=<explain run> (a "
+            "simulated crowd on your own explanations)"
+        )
+    kind = (
+        PlanSource(pc.source)
+        if pc.source
+        else (PlanSource.empirical if source is not None else PlanSource.simulated)
+    )
+    if explain is not None and kind == PlanSource.empirical:
+        raise InputError(
+            "plan.source=empirical needs real answers: crowd=lu2024 crowd.path=<published "
+            "file>; an explain run has none, so its plan rests on the simulated crowd"
+        )
+    simulated = kind == PlanSource.simulated
+    tags = {"plan_source": str(kind)} | ({"simulated": "true"} if simulated else {})
+    if isinstance(source, PublishedSource):
+        path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
+        digest = sha256_file(path)
+        tags |= {"source_path": str(path), "source_sha256": digest}
+        with Stage(cfg, "plan", tags=tags) as st:
+            st.provide(target=Target.gold, population=Population.correct, simulated=simulated)
+            tracking.log_params({"source.path": str(path), "source.sha256": digest})
+            pool = _published_pool(cfg, pc, source, path, digest, kind)
+            return _plan(st, cfg, pc, pool)
+    with Stage(cfg, "plan", {"explain": explain}, tags=tags, requires=["dataset"]) as st:
+        st.provide(simulated=True)
+        pool = _explain_pool(st, cfg, pc)
+        return _plan(st, cfg, pc, pool)
+
+
+def _published_pool(
+    cfg: DictConfig,
+    pc: PlanConfig,
+    source: PublishedSource,
+    path: Path,
+    digest: str,
+    kind: PlanSource,
+) -> planning.Pool:
+    labels = [str(n) for n in cfg.dataset.label_names]
+    dataset = str(cfg.dataset.name)
+    origin = f"`{path}` (sha256 {digest[:12]}…)"
+    if kind == PlanSource.empirical:
+        imported = source.import_(path, labels, dataset)
+        return planning.empirical_pool(
+            imported.aggregated,
+            int(cfg.published.repeats),
+            f"the published crowd's majority verdicts, {origin}",
+        )
+    study = read_study(path, labels, dataset, source.methods)
+    enforce_policy(study.rejects, source.policy, path)
+    splits = [str(s) for s in cfg.published.reader_splits]
+    train, _ = reader_training_data(load_dataset(cfg.dataset), splits, study.samples["text"])
+    sim = to_schema(SimulationConfig, cfg.simulation)
+    bundles = study_bundles(study, pc.pool_repeats, int(cfg.published.bundle_size), int(sim.seed))
+    crowd = simulate_crowd(study.tasks, bundles, train, labels, sim)
+    return planning.simulated_pool(
+        study.tasks,
+        crowd.answers,
+        labels,
+        f"the SIMULATED crowd on the published tasks of {origin}",
+    )
+
+
+def _explain_pool(st: Stage, cfg: DictConfig, pc: PlanConfig) -> planning.Pool:
+    from saleval.crowd.design import build_study  # transformers-free, but heavy
+
+    preds = st.read(tables.PREDICTIONS, "explain")
+    attrs = st.read(tables.ATTRIBUTIONS, "explain")
+    labels = [str(n) for n in cfg.dataset.label_names]
+    ks = sorted({int(k) for k in cfg.kgrid.ks} | {int(k) for g in pc.ks or [] for k in g})
+    longest = int(attrs.groupby("sample_id")["word_index"].max().max()) + 1
+    for a, grid in enumerate(pc.ks or []):
+        for k in grid:
+            if int(k) > longest:
+                raise planning.PlanError(
+                    f"plan.ks[{a}]: k = {k} exceeds every explained text (the longest has "
+                    f"{longest} words), so its tasks would show whole texts; use k <= {longest}"
+                )
+    # the pool's own bundles only decide which simulated worker answers what (B = N, as
+    # the main study); a design's bundle size enters its cost
+    study = dataclasses.replace(
+        to_schema(StudyConfig, cfg.study), repeats=pc.pool_repeats, bundle_size=None
+    )
+    design = build_study(preds, attrs, labels, study, ks, where=str(st.inputs["explain"]))
+    sim = to_schema(SimulationConfig, cfg.simulation)
+    split = str(sim.reader.get("split", "train"))
+    crowd = simulate_crowd(
+        design.tasks, design.bundles, load_dataset(cfg.dataset)[split], labels, sim
+    )
+    return planning.simulated_pool(
+        design.tasks,
+        crowd.answers,
+        labels,
+        f"the SIMULATED crowd on the explain run `{st.inputs['explain']}`",
+    )
+
+
+def designs(pool: planning.Pool, pc: PlanConfig) -> list[planning.Design]:
+    """Every combination of the grid, checked against the pool (one located line each)."""
+    if not pc.n:
+        raise planning.PlanError("plan.n: empty; give the sample sizes to plan, e.g. [20, 50, 100]")
+    method_sets = pc.methods if pc.methods is not None else [pool.methods]
+    k_sets = pc.ks if pc.ks is not None else [pool.ks]
+    repeats = pc.repeats if pc.repeats is not None else [pool.repeats]
+    out = []
+    for (a, ms), (b, ks), (c, r), (d, n) in itertools.product(
+        enumerate(method_sets), enumerate(k_sets), enumerate(repeats), enumerate(pc.n)
+    ):
+        design = planning.Design(
+            int(n),
+            tuple(str(m) for m in ms),
+            tuple(sorted(int(k) for k in ks)),
+            int(r),
+            int(pc.bundle_size),
+        )
+        where = {
+            "methods": f"plan.methods[{a}]" if pc.methods is not None else "plan.methods",
+            "ks": f"plan.ks[{b}]" if pc.ks is not None else "plan.ks",
+            "repeats": f"plan.repeats[{c}]" if pc.repeats is not None else "plan.repeats",
+            "n": f"plan.n[{d}]",
+            "bundle_size": "plan.bundle_size",
+        }
+        pool.check(design, where)
+        out.append(design)
+    return out
+
+
+def task_seconds(cfg: DictConfig, pc: PlanConfig) -> tuple[Any, str]:
+    """Seconds per answer: ``plan.cost.seconds_per_task``, else the median of
+    ``inputs.answers``, else the simulated crowd's timing model at the design's mean k
+    (a function of the design). Returns it and where it came from."""
+    if pc.cost.seconds_per_task is not None:
+        return float(pc.cost.seconds_per_task), "plan.cost.seconds_per_task"
+    spec = given_input(cfg, "answers")
+    if spec is not None:
+        path = Path(spec)
+        path = tables.ANSWERS.path(path) if path.is_dir() else path
+        if not path.is_file():
+            raise InputError(
+                f"inputs.answers: {spec} is neither an answers file nor a run dir holding {tables.ANSWERS.filename}"
+            )
+        answers = pd.read_csv(path)
+        if "duration_s" not in answers:
+            start = pd.to_datetime(answers["started_at"], utc=True, format="ISO8601")
+            end = pd.to_datetime(answers["submitted_at"], utc=True, format="ISO8601")
+            answers["duration_s"] = (end - start).dt.total_seconds()
+        seconds = pd.to_numeric(answers["duration_s"], errors="coerce").dropna()
+        seconds = seconds[seconds > 0]
+        if seconds.empty:
+            raise InputError(
+                f"{path}: field duration_s: no positive answer time; give plan.cost.seconds_per_task"
+            )
+        kind = (
+            "simulated "
+            if str(answers.get("simulated", pd.Series([False])).iloc[0]).lower() == "true"
+            else ""
+        )
+        return float(seconds.median()), f"median of {len(seconds):,} {kind}answer times in `{path}`"
+    sim = to_schema(SimulationConfig, cfg.simulation)
+
+    def model(design: planning.Design) -> float:
+        return expected_seconds(sim.timing, float(np.mean(design.ks)))
+
+    return model, (
+        "the simulated crowd's timing model at each design's mean k, not a measurement; "
+        "pass inputs.answers=<a pilot's answers.csv> or plan.cost.seconds_per_task"
+    )
+
+
+def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> dict[str, Any]:
+    grid = designs(pool, pc)
+    seconds, seconds_source = task_seconds(cfg, pc)
+    settings = planning.Settings(
+        replicates=pc.replicates,
+        power_replicates=pc.power_replicates,
+        test_resamples=pc.test_resamples,
+        alpha=pc.alpha,
+        level=pc.level,
+        baseline=pc.baseline,
+    )
+    rng = np.random.default_rng(pc.seed)
+    rows, per_method = [], []
+    for i, d in enumerate(tqdm(grid, desc="designs", leave=False)):
+        row, pm = planning.predict(pool, d, settings, rng)
+        secs = seconds(d) if callable(seconds) else seconds
+        costing = planning.Costing(secs, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)
+        rows.append(
+            {
+                "design": i + 1,
+                "source": pool.source,
+                "n": d.n,
+                "repeats": d.repeats,
+                "n_methods": len(d.methods),
+                "n_ks": len(d.ks),
+                "methods": ",".join(d.methods),
+                "ks": ",".join(map(str, d.ks)),
+                **costing.of(d),
+                **row,
+            }
+        )
+        per_method.append(pm.assign(design=i + 1))
+    table = pd.DataFrame(rows)
+    table["meets_target"] = (table["p_best"] >= pc.target.p_best) & (
+        table["spearman_mean"] >= pc.target.spearman
+    )
+    methods = pd.concat(per_method, ignore_index=True)
+    st.write(tables.PLAN, table)
+    st.write(tables.PLAN_METHODS, methods)
+    recommended = planning.cheapest(table, pc.target.p_best, pc.target.spearman)
+    check = None
+    if pool.source == "empirical" and pc.half_sample_check:
+        check = planning.half_sample_check(pool, grid[0], settings, rng)
+        st.write(tables.PLAN_CHECK, check)
+    simulated = pool.source == "simulated"
+    caption = f"{cfg.dataset.name}: what a study of n samples would show"
+    st.log_file(reports.plot_power_curves(table, methods, st.path("power.png"), caption, simulated))
+    shown_seconds = seconds(grid[0]) if callable(seconds) else seconds
+    info: dict[str, object] = {
+        "source": pool.source,
+        "origin": pool.origin,
+        "n_pool": pool.n_samples,
+        "methods": pool.methods,
+        "ks": pool.ks,
+        "pool_repeats": pool.repeats,
+        "target_p_best": pc.target.p_best,
+        "target_spearman": pc.target.spearman,
+        "seconds": shown_seconds,
+        "seconds_source": seconds_source,
+        "hourly_rate": pc.cost.hourly_rate,
+        "fee": pc.cost.fee,
+        "currency": pc.cost.currency,
+        "baseline": pc.baseline,
+        "alpha": pc.alpha,
+        "power_replicates": pc.power_replicates,
+        "test_resamples": pc.test_resamples,
+        "replicates": pc.replicates,
+    }
+    md = st.path("plan.md")
+    md.write_text(reports.plan_markdown(table, methods, recommended, info, check))
+    st.log_file(md)
+    first = table[
+        (table["methods"] == table["methods"].iloc[0])
+        & (table["ks"] == table["ks"].iloc[0])
+        & (table["repeats"] == table["repeats"].iloc[0])
+    ]
+    for r in first.itertuples():
+        st.log_metrics(
+            {"p_best": r.p_best, "spearman": r.spearman_mean, "ci_width": r.ci_width_mean},
+            step=int(r.n),
+        )
+    out: dict[str, Any] = {
+        "run_dir": str(st.run_dir),
+        "run_id": st.run_id,
+        "source": pool.source,
+        "designs": len(table),
+    }
+    if recommended is not None:
+        best = {
+            f"recommended_{k}": float(recommended[k])
+            for k in ("n", "repeats", "cost", "p_best", "spearman_mean")
+        }
+        st.log_metrics(best)
+        out.update(best)
+    st.set_tags(
+        {"plan_recommended": "none" if recommended is None else str(int(recommended["design"]))}
+    )
+    print(f"[saleval-plan] {'SIMULATED crowd: ' if simulated else ''}{md}")
+    return out
+
+
+main = hydra_main("plan", run)
