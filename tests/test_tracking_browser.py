@@ -33,7 +33,7 @@ from PIL import Image
 from saleval import tables
 from saleval.stage import read_run_info
 from saleval.testing.annotate_load import free_port, stop, wait_healthy
-from saleval.tracking import method_rows
+from saleval.tracking import VIEW_PARAM, method_rows
 from tests.annotate_support import launch_chromium, needs_chromium
 from tests.conftest import FinishedPipeline
 
@@ -139,7 +139,8 @@ def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
         ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
         ctx.set_default_timeout(60_000)  # the first page load compiles MLflow's bundle
         page = ctx.new_page()
-        page.goto(base + printed[-1])
+        # the plain runs table (the printed link without its saved view)
+        page.goto(base + printed[-1].split("&" + VIEW_PARAM)[0])
         shot = tmp_path / "mlflow_runs.png"
         try:
             walk_runs_table(page, parent_id, compare, children, human)
@@ -150,3 +151,54 @@ def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
     assert shot.stat().st_size > 20_000
     pixels = np.asarray(Image.open(shot).convert("L"))
     assert pixels.std() > 10 and len(np.unique(pixels)) > 50  # drawn, not a blank page
+
+
+def test_the_printed_link_opens_the_comparison_methods_as_rows(
+    smoke_pipeline: FinishedPipeline, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """saleval-run's printed link opens the compare stage's saved view (docs/tracking.md#views):
+    without a click, the rows are the methods (and nothing else), sorted by the human score,
+    whose column is shown with comparison.csv's values."""
+    compare_id = read_run_info(smoke_pipeline.dirs["compare"])["run_id"]
+    children = method_rows(compare_id).set_index("method")["run_id"]
+    human = tables.COMPARISON.read(smoke_pipeline.dirs["compare"]).set_index("method")
+    human = human["human_score"]
+    printed = PRINTED.findall(smoke_pipeline.out)
+    assert printed and f"&{VIEW_PARAM}=" in printed[-1], printed
+
+    with (
+        mlflow_server(mlflow_uri, tmp_path / "mlflow_server.log") as base,
+        sync_api.sync_playwright() as pw,
+    ):
+        browser = launch_chromium(pw)
+        ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+        ctx.set_default_timeout(60_000)
+        page = ctx.new_page()
+        page.goto(base + printed[-1])
+        shot = tmp_path / "mlflow_view.png"
+        try:
+            page.get_by_role("heading", name="Runs", exact=True).wait_for()
+            close = page.get_by_role("button", name="Close")  # the assistant side panel
+            if close.count():
+                close.first.click()
+            header = page.get_by_role("columnheader").filter(has_text="human_score").first
+            header.wait_for()
+            for method, run_id in children.items():
+                page.locator(f'[role=row][row-id="{run_id}"] [{HUMAN}]').wait_for()
+            rows = [  # the header row has the column too, but no row-id
+                r.get_attribute("row-id") for r in page.locator(f"[role=row]:has([{NAME}])").all()
+            ]
+            rows = [r for r in rows if r is not None]
+            assert sorted(rows) == sorted(children), "the methods' rows, and no other"
+            shown = {
+                rid: float(page.locator(f'[role=row][row-id="{rid}"] [{HUMAN}]').inner_text())
+                for rid in rows
+            }
+            by_id = {run_id: human[m] for m, run_id in children.items()}
+            for rid, value in shown.items():
+                assert value == pytest.approx(by_id[rid]), rid
+            values = [shown[r] for r in rows]
+            assert values == sorted(values, reverse=True), "sorted by the human score"
+        finally:
+            page.screenshot(path=str(shot), full_page=True)
+            browser.close()

@@ -15,6 +15,7 @@ A trained model is a ``model/`` dir written by ``save_pretrained`` in a train ru
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +35,8 @@ from transformers import (
 from saleval.config import to_schema
 from saleval.config.model import ModelConfig
 from saleval.errors import UserError
+
+log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 
@@ -80,13 +83,49 @@ class ModelSource:
         """A fresh classifier: the encoder from :meth:`location` and a new head."""
         where = self.location()
         try:
-            return AutoModelForSequenceClassification.from_pretrained(where, **kwargs)
+            return _with_new_head(where, kwargs)
         except OSError as err:
             raise ModelError(
                 f"could not load model weights from '{where}' ({err}). Offline machines reach "
                 "no hub: use model=minilm (embedded) or point model.pretrained at a local "
                 "directory."
             ) from err
+
+
+#: parameters a new classification head brings: the ones a fine-tuning run initialises
+HEAD_PREFIXES = ("classifier.", "score.", "pre_classifier.", "classification_head.")
+
+
+def _with_new_head(where: str, kwargs: dict[str, Any]) -> PreTrainedModel:
+    """``from_pretrained`` of an encoder checkpoint with a fresh classification head.
+
+    transformers prints a multi-line load report for the head's weights, which a
+    fine-tuning run always initialises: a line every user would learn to ignore. It is
+    silenced for that call, and the loading info is read instead: a newly initialised
+    head is logged in one line; any other missing or mismatched weight (a checkpoint that
+    does not fit the architecture) is a warning naming the weights.
+    """
+    tf_log = logging.getLogger("transformers.modeling_utils")
+    level = tf_log.level
+    tf_log.setLevel(logging.ERROR)
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            where, output_loading_info=True, **kwargs
+        )
+    finally:
+        tf_log.setLevel(level)
+    missing = [str(k) for k in info.get("missing_keys", [])]
+    head = [k for k in missing if k.startswith(HEAD_PREFIXES)]
+    other = [k for k in missing if k not in head] + [
+        str(k) for k in info.get("mismatched_keys", [])
+    ]
+    if other:
+        log.warning("%s: weights not in the checkpoint, initialised at random: %s", where, other)
+    if head:
+        log.info(
+            "%s: new classification head (%d tensors), trained by fine-tuning", where, len(head)
+        )
+    return cast(PreTrainedModel, model)
 
 
 class EmbeddedSource(ModelSource):

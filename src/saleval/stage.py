@@ -328,6 +328,8 @@ class Stage:
         self.fingerprint = stage_fingerprint(cfg, stage, self._runs, self._infos, self.resolved)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None
+        #: the saved MLflow view of this run's per-method rows (tracking.save_view)
+        self.view: str | None = None
         self.tags: dict[str, str] = {}
         #: False in a DDP rank > 0: the context then writes and logs nothing
         self.is_main = is_main_process()
@@ -513,7 +515,7 @@ class Stage:
             f"  MLflow run {self.run_id} in {mlflow.get_tracking_uri()}",
         ]
         if self.experiment_id is not None:
-            hint = tracking.ui_hint(mlflow.get_tracking_uri(), self.experiment_id)
+            hint = tracking.ui_hint(mlflow.get_tracking_uri(), self.experiment_id, self.view)
             lines.append(f"  open: {hint}")
         for template in NEXT.get(self.stage, []):
             command = template
@@ -539,6 +541,7 @@ class Stage:
             # which machine and process ran it: jobs of a parallel multirun or a cluster differ
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            **({"mlflow_view": self.view} if self.view else {}),
             **extra,
         }
         (self.run_dir / RUN_JSON).write_text(json.dumps(info, indent=2))
@@ -581,23 +584,46 @@ class Stage:
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)
 
-    def log_method_rows(self, rows: pd.DataFrame, table: str | None = None) -> dict[str, str]:
+    def log_method_rows(
+        self,
+        rows: pd.DataFrame,
+        table: str | None = None,
+        key: str = tracking.METHOD,
+        order_by: str | None = None,
+        ascending: bool = False,
+    ) -> dict[str, str]:
         """One nested child run per method (:func:`saleval.tracking.log_method_rows`),
         tagged with this run's dataset, model and ``simulated``, with the method's own
         settings from the ``method`` group as params (:func:`saleval.tracking.method_settings`);
-        the rows' methods become the run's ``methods`` when not given yet. Returns method →
-        child run id."""
+        the rows' methods become the run's ``methods`` when not given yet. A saved MLflow
+        view shows the rows side by side (:func:`saleval.tracking.save_view`), sorted by
+        ``order_by`` (default: ``human_score`` where there is one, else the first numeric
+        column); the printed link opens it. ``key``: the column that names the rows when
+        they are not methods (saleval-plan: ``design``). Returns row name → child run id."""
         if not self.is_main or self.run_id is None:
             return {}
-        if self.methods is None:
-            self.log_methods(rows["method"].astype(str).tolist())
+        if self.methods is None and key == tracking.METHOD:
+            self.log_methods(rows[key].astype(str).tolist())
         keep = ("dataset", "model", "simulated")
         tags = {k: v for k, v in self.tags.items() if k in keep}
         params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
         settings = tracking.method_settings(self.resolved.get("method"))
-        return tracking.log_method_rows(
-            rows, self.stage, table=table, tags=tags, params=params, settings=settings
+        ids = tracking.log_method_rows(
+            rows, self.stage, table=table, tags=tags, params=params, settings=settings, key=key
         )
+        # the printed link opens these rows side by side (docs/tracking.md#views)
+        columns = [c for c in rows.columns if c != key and pd.api.types.is_numeric_dtype(rows[c])]
+        columns.sort(key=lambda c: c != "human_score")  # the human score first, where there is one
+        if self.experiment_id is not None and columns:
+            self.view = tracking.save_view(
+                self.experiment_id,
+                self.run_id,
+                self.run_name(),
+                columns,
+                order_by=order_by or columns[0],
+                ascending=ascending,
+            )
+        return ids
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)

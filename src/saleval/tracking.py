@@ -131,8 +131,9 @@ def setup(uri: str | None, experiment: str, artifact_root: str | None = None) ->
     return experiment_id
 
 
-def ui_url(uri: str, experiment_id: str) -> str:
-    """Where the experiment's runs table opens in the MLflow UI.
+def ui_url(uri: str, experiment_id: str, view: str | None = None) -> str:
+    """Where the experiment's runs table opens in the MLflow UI; with ``view`` (a key of
+    :func:`save_view`), opened on that saved view: its filter, sort and columns.
 
     MLflow 3's UI opens an experiment on its GenAI pages unless the page's
     ``workflowType`` says machine learning (the sidebar switch; remembered by the
@@ -141,19 +142,87 @@ def ui_url(uri: str, experiment_id: str) -> str:
 
     >>> ui_url("http://mlflow.lab:5000/", "3")
     'http://mlflow.lab:5000/#/experiments/3/runs?workflowType=machine_learning'
+    >>> ui_url("sqlite:///x.db", "3", view="saleval-abc")
+    'http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning&viewStateShareKey=saleval-abc'
     """
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    url = f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    return url + (f"&{VIEW_PARAM}={view}" if view else "")
 
 
-def ui_hint(uri: str, experiment_id: str | None) -> str:
+def ui_hint(uri: str, experiment_id: str | None, view: str | None = None) -> str:
     """How to open the runs: the ``mlflow ui`` command for a local store, then the link."""
     lines = []
     if _is_local(uri):
         lines.append(f"mlflow ui --backend-store-uri {uri}")
     if experiment_id is not None:
-        lines.append(ui_url(uri, experiment_id))
+        lines.append(ui_url(uri, experiment_id, view))
     return "\n  ".join(lines)
+
+
+#: MLflow's saved views ("Views" menu of the runs page; docs/tracking.md#views): an
+#: experiment tag ``mlflow.sharedViewState.<key>`` holding ``{name, createdAt, updatedAt,
+#: state}``, opened by the page parameter ``viewStateShareKey=<key>``. ``state`` is the
+#: page's JSON (filter, sort, columns); MLflow also reads it uncompressed.
+VIEW_TAG = "mlflow.sharedViewState."
+VIEW_PARAM = "viewStateShareKey"
+VIEW_KEY = "saleval-"  # the views saleval writes; others are the user's and are never touched
+MAX_VIEWS = 30  # saleval's own views kept per experiment (MLflow's UI saves at most 40)
+
+
+def save_view(
+    experiment_id: str,
+    parent_run_id: str,
+    name: str,
+    columns: Sequence[str],
+    order_by: str | None = None,
+    ascending: bool = False,
+) -> str:
+    """A saved view of ``parent_run_id``'s child runs (e.g. one row per method) with the
+    metric ``columns`` shown, sorted by the metric ``order_by``; returns the
+    key for :func:`ui_url`. saleval's oldest views beyond :data:`MAX_VIEWS` are deleted."""
+    client = MlflowClient()
+    key = f"{VIEW_KEY}{parent_run_id}"
+    shown = [f"metrics.`{metric_key(c)}`" for c in columns]
+    state = {
+        "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+        "orderByKey": f"metrics.`{metric_key(order_by)}`" if order_by else "attributes.start_time",
+        "orderByAsc": ascending,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "datasetsFilter": [],
+        "modelVersionFilter": "All Runs",
+        "selectedColumns": shown,
+        # the given columns first, right after the run's name (MLflow lists metrics A-Z)
+        "columnOrder": ["attributes.`Run Name`", *shown],
+        "columnWidths": {},
+        "runsHiddenMode": "FIRST_10_RUNS",
+        "viewMaximized": False,
+        "runListHidden": False,
+        "isAccordionReordered": False,
+        "useGroupedValuesInCharts": True,
+        "hideEmptyCharts": True,
+        "groupBy": None,
+        "groupsExpanded": {},
+        "globalLineChartConfig": {
+            "xAxisKey": "step",
+            "lineSmoothness": 0,
+            "selectedXAxisMetricKey": "",
+        },
+    }
+    now = int(time.time() * 1000)
+    envelope = {"name": name[:200], "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    client.set_experiment_tag(experiment_id, VIEW_TAG + key, json.dumps(envelope))
+    ours = []
+    for tag, value in client.get_experiment(experiment_id).tags.items():
+        if tag.startswith(VIEW_TAG + VIEW_KEY):
+            try:
+                ours.append((int(json.loads(value)["createdAt"]), tag))
+            except (ValueError, KeyError, TypeError):
+                continue
+    for _, tag in sorted(ours)[:-MAX_VIEWS]:
+        client.delete_experiment_tag(experiment_id, tag)
+    return key
 
 
 def run_name(
@@ -358,6 +427,7 @@ def log_method_rows(
     tags: Mapping[str, str] | None = None,
     params: Mapping[str, Any] | None = None,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
+    key: str = METHOD,
 ) -> dict[str, str]:
     """One nested child run per method under the active (stage) run; returns their ids.
 
@@ -368,24 +438,25 @@ def log_method_rows(
     the tag ``stage``, ``tags`` (dataset, model, simulated...), ``params`` and its own
     ``settings[method]`` as params (:func:`method_settings`). ``table``: the rows also go
     to the stage run as an MLflow table (``tables/<table>.json``), shown in the UI's
-    artifact view.
+    artifact view. ``key``: the column naming the rows when they are not methods (e.g.
+    ``design`` for saleval-plan); it takes the place of ``method`` in names and tags.
     """
     parent = mlflow.active_run()
     if parent is None:
         return {}
-    if rows["method"].duplicated().any():
-        dup = sorted(rows.loc[rows["method"].duplicated(), "method"].astype(str))
-        raise ValueError(f"log_method_rows({stage}): methods {dup} have more than one row")
+    if rows[key].duplicated().any():
+        dup = sorted(rows.loc[rows[key].duplicated(), key].astype(str))
+        raise ValueError(f"log_method_rows({stage}): {key}s {dup} have more than one row")
     client = MlflowClient()
     experiment_id = parent.info.experiment_id
-    values = rows.drop(columns=["method"]).select_dtypes(include="number")
+    values = rows.drop(columns=[key]).select_dtypes(include="number")
     now = int(time.time() * 1000)
     ids: dict[str, str] = {}
-    for i, method in enumerate(rows["method"].astype(str)):
+    for i, method in enumerate(rows[key].astype(str)):
         run_tags = {
             **(tags or {}),
             "stage": stage,
-            METHOD: method,
+            key: method,
             "mlflow.parentRunId": parent.info.run_id,
         }
         child = client.create_run(experiment_id, tags=run_tags, run_name=f"{method}{SEP}{stage}")
@@ -397,7 +468,7 @@ def log_method_rows(
         own = (settings or {}).get(method, {})
         run_params = [
             Param(param_key(k), str(v)[:_MAX_PARAM_LEN])
-            for k, v in {**own, **(params or {}), METHOD: method}.items()
+            for k, v in {**own, **(params or {}), key: method}.items()
         ]
         for j in range(0, max(len(metrics), 1), _BATCH):
             client.log_batch(

@@ -320,6 +320,25 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
         }
         st.log_metrics(best)
         out.update(best)
+    # one child run per design, so the printed link opens the designs side by side
+    rows = table.assign(
+        design=[
+            f"{r.design}: n={r.n} R={r.repeats} J={r.n_methods} K={r.n_ks}"
+            for r in table.itertuples()
+        ]
+    )
+    keep = [
+        "design",
+        "cost",
+        "p_best",
+        "spearman_mean",
+        "ci_width_mean",
+        "power_min",
+        "n",
+        "repeats",
+        "worker_minutes",
+    ]
+    st.log_method_rows(rows[keep], key="design", order_by="cost", ascending=True)
     st.set_tags(
         {"plan_recommended": "none" if recommended is None else str(int(recommended["design"]))}
     )

@@ -308,7 +308,11 @@ def _final_report(
             + (" (our side SIMULATED)" if "simulate" in dirs else "")
         )
     # each stage's methods are rows of its child runs (docs/tracking.md)
-    print(f"\nOpen the runs side by side:\n  {tracking.ui_hint(uri, experiment_id)}\n")
+    # the compare stage's saved view: its methods as rows, human score and metrics as columns
+    view = None
+    if "compare" in dirs:
+        view = read_run_info(dirs["compare"]).get("mlflow_view")
+    print(f"\nOpen the comparison:\n  {tracking.ui_hint(uri, experiment_id, view)}\n")
 
 
 main = hydra_main("run", run)
