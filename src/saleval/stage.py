@@ -39,7 +39,7 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import merge, paths, tracking
+from saleval import merge, paths, stage_table, tracking
 from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
 from saleval.config import DatasetConfig
 from saleval.data import complete_label_names
@@ -71,16 +71,9 @@ class InputError(UserError, ValueError):
     """An ``inputs.<name>`` value does not point at a usable run."""
 
 
-#: the stage whose runs an input names (``inputs.<name>=latest`` looks there)
-PRODUCERS = {
-    "model": "train",
-    "explain": "explain",
-    "tasks": "tasks",
-    "answers": "simulate",
-    "crowd": "import",
-    "score": "score",
-    "metrics": "metrics",
-}
+#: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
+#: stage table
+PRODUCERS = stage_table.producers()
 LATEST = "latest"
 
 
@@ -231,26 +224,6 @@ def _run_dir_of(cfg: DictConfig) -> Path:
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
     raise ValueError("no run dir: set run_dir=<path> when calling a stage outside Hydra")
-
-
-#: what usually follows a stage, printed when it finishes ({run}: its run dir; {model},
-#: {tasks}: its inputs of that name; an unknown one becomes ``latest``)
-NEXT: dict[str, list[str]] = {
-    "train": [
-        "saleval-explain inputs.model={run} data.n_samples=40 data.population=correct "
-        "method.lime.num_samples=300"
-    ],
-    "explain": [
-        "saleval-tasks inputs.explain={run}",
-        "saleval-metrics inputs.model={model} inputs.explain={run}",
-    ],
-    "tasks": ["saleval-simulate inputs.tasks={run}", "saleval-annotate inputs.tasks={run}"],
-    "simulate": ["saleval-import inputs.tasks={tasks} inputs.answers={run}"],
-    "annotate": ["saleval-import inputs.tasks={tasks} inputs.answers={run}"],
-    "import": ["saleval-score inputs.crowd={run}"],
-    "score": ["saleval-compare inputs.score={run} inputs.metrics=latest"],
-    "metrics": ["saleval-compare inputs.score=latest inputs.metrics={run}"],
-}
 
 
 class Stage:
@@ -515,7 +488,7 @@ class Stage:
         if self.experiment_id is not None:
             hint = tracking.ui_hint(mlflow.get_tracking_uri(), self.experiment_id)
             lines.append(f"  open: {hint}")
-        for template in NEXT.get(self.stage, []):
+        for template in stage_table.next_steps(self.stage):
             command = template
             for key in ("run", "model", "tasks"):
                 command = command.replace("{" + key + "}", known.get(key, LATEST))
