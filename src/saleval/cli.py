@@ -2,8 +2,9 @@
 
 Each script (``pyproject.toml``) is a function here, one per row of
 :data:`saleval.stage_table.TABLE`, that composes the stage's config with Hydra and imports
-the stage module (whose ``run(cfg)`` does the work) only once the job starts, so ``--help`` and ``--cfg job`` answer without loading
-torch, Lightning, transformers or MLflow. ``--help`` shows the stage module's docstring (what the stage
+the stage module (whose ``run(cfg)`` does the work) only once the job starts, so
+``--help`` and ``--cfg job`` answer without loading torch, Lightning, transformers or
+MLflow. ``--help`` shows the stage module's docstring (what the stage
 reads, writes, its main options and an example; read from the source file, not imported)
 above Hydra's lists of config groups and the composed config (the ``help`` node of
 ``conf/hydra/default.yaml``).
