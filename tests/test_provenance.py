@@ -120,3 +120,22 @@ def test_stage_refuses_a_given_dataset_that_differs(tmp_path: Path, mlflow_uri: 
     with pytest.raises(ProvenanceError, match="pass dataset=imdb"):
         Stage(cfg, "tasks", inputs={"explain": str(explain)})
     assert not (tmp_path / "r").exists()  # fails before anything is written
+
+
+def test_run_inputs_alone_adopts_and_checks_without_a_run(tmp_path: Path) -> None:
+    """What a stage learns from its inputs needs no run dir, no MLflow run."""
+    from saleval.run_inputs import RunInputs
+
+    node = {"name": "imdb", "label_names": ["negative", "positive"]}
+    a = _parent(tmp_path, "a", {"dataset": node}, {"fingerprint": "fa"})
+    b = _parent(tmp_path, "b", {"dataset": node}, {"fingerprint": "fb"})
+    cfg = OmegaConf.create({"dataset": None})
+    got = RunInputs(cfg, "tasks", {"explain": [str(a), str(b)]}, requires=["dataset"])
+    assert got.provenance.dataset == "imdb" and cfg.dataset.name == "imdb"
+    assert got.input_runs["explain"] == [a.resolve(), b.resolve()]
+    assert got.inputs == {"explain": a.resolve()}  # an input's first run
+    assert [info["fingerprint"] for _, info, _ in got.runs_of("explain")] == ["fa", "fb"]
+    assert not got.provenance.simulated
+    assert RunInputs(OmegaConf.create({"dataset": None}), "x", simulated=True).provenance.simulated
+    with pytest.raises(ProvenanceError, match="saleval-x: no model is given"):
+        RunInputs(OmegaConf.create({"dataset": None}), "x", {"explain": str(a)}, requires=["model"])

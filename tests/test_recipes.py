@@ -38,6 +38,7 @@ RECIPES = {
     "shortcut": "shortcut",
     "shortcut_piece": "shortcut",
     "shortcut_full": "shortcut",
+    "shortcut_table11": "shortcut",
 }
 EXPERIMENTS = paths.conf_dir() / "experiment"
 PUBLISHED = paths.default_data_root() / "published" / "lu2024"
@@ -118,13 +119,17 @@ def test_sweep_points_set_what_the_recipe_names() -> None:
     assert "study.noise=0.2" in stage_overrides(cfg.profile, "tasks")
     assert "study=forward" in stage_overrides(cfg.profile, "tasks")
     assert cfg.profile.dataset == "sst2"
-    for name in ("shortcut", "shortcut_piece", "shortcut_full"):
+    for name in ("shortcut", "shortcut_piece", "shortcut_full", "shortcut_table11"):
         assert [p[0] for p in sweep_points(name)] == [f"shortcut={k}" for k in ("st", "tic", "op")]
     piece = _compose("shortcut", ["+experiment=shortcut_piece", "shortcut=op"])
     assert piece.shortcut.unit == "piece" and piece.shortcut.kind == "op"
     full = _compose("shortcut", ["+experiment=shortcut_full"])
     assert list(full.explain.budget) == [] and list(full.explain.skip) == []
     assert _compose("shortcut", ["+experiment=shortcut"]).shortcut.unit == "word"
+    t11 = _compose("shortcut", ["+experiment=shortcut_table11"])
+    assert t11.shortcut.unit == "piece" and t11.explain.n_samples == 50
+    assert str(t11.reference).endswith("published/bastings2022/table11_bert.csv")
+    assert {"grad_x_input_logits_wemb", "ig_zero_all_100_logits", "occlusion"} <= set(t11.method)
     cheap = stage_overrides(_compose("run", ["+experiment=cheaper_variants"]).profile, "explain")
     default = stage_overrides(_compose("run", []).profile, "explain")
     assert set(default) < set(cheap)  # the default study, plus the two opt-in settings only

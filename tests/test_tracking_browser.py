@@ -183,7 +183,7 @@ def test_the_printed_link_opens_the_comparison_methods_as_rows(
                 close.first.click()
             header = page.get_by_role("columnheader").filter(has_text="human_score").first
             header.wait_for()
-            for method, run_id in children.items():
+            for run_id in children.to_numpy():
                 page.locator(f'[role=row][row-id="{run_id}"] [{HUMAN}]').wait_for()
             rows = [  # the header row has the column too, but no row-id
                 r.get_attribute("row-id") for r in page.locator(f"[role=row]:has([{NAME}])").all()

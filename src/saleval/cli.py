@@ -1,9 +1,10 @@
 """The console scripts ``saleval-<stage>``: quick to answer, self-describing, quiet on user errors.
 
-Each script (``pyproject.toml``) is a function here that composes the stage's config with
-Hydra and imports the stage module (``saleval.stages.<stage>``, whose ``run(cfg)`` does the
-work) only once the job starts, so ``--help`` and ``--cfg job`` answer without loading
-torch, Lightning, transformers or MLflow. ``--help`` shows the stage module's docstring (what the stage
+Each script (``pyproject.toml``) is a function here, one per row of
+:data:`saleval.stage_table.TABLE`, that composes the stage's config with Hydra and imports
+the stage module (whose ``run(cfg)`` does the work) only once the job starts, so
+``--help`` and ``--cfg job`` answer without loading torch, Lightning, transformers or
+MLflow. ``--help`` shows the stage module's docstring (what the stage
 reads, writes, its main options and an example; read from the source file, not imported)
 above Hydra's lists of config groups and the composed config (the ``help`` node of
 ``conf/hydra/default.yaml``).
@@ -32,26 +33,12 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, ValidationError
 
-from saleval import paths
+from saleval import paths, stage_table
 from saleval.errors import EXIT_USER_ERROR, UserError
 
 #: each console script's stage -> the module whose ``run(cfg)`` it calls (its config:
-#: ``conf/<stage>.yaml``)
-STAGES: dict[str, str] = {
-    "train": "saleval.stages.train",
-    "explain": "saleval.stages.explain",
-    "tasks": "saleval.stages.tasks",
-    "simulate": "saleval.stages.simulate",
-    "annotate": "saleval.stages.annotate",
-    "import": "saleval.stages.import_",
-    "score": "saleval.stages.score",
-    "metrics": "saleval.stages.metrics",
-    "compare": "saleval.stages.compare",
-    "shortcut": "saleval.stages.shortcut",
-    "run": "saleval.stages.run",
-    "report": "saleval.stages.report",
-    "plan": "saleval.stages.plan",
-}
+#: ``conf/<stage>.yaml``); read from :data:`saleval.stage_table.TABLE`
+STAGES: dict[str, str] = {s.name: s.module for s in stage_table.TABLE}
 
 #: the errors a user fixes from the message alone: one line, no traceback
 EXPECTED: tuple[type[BaseException], ...] = (UserError, MissingMandatoryValue, ValidationError)
@@ -317,16 +304,13 @@ def _script(stage: str) -> Callable[[], Any]:
     return main
 
 
-train = _script("train")
-explain = _script("explain")
-tasks = _script("tasks")
-simulate = _script("simulate")
-annotate = _script("annotate")
-import_ = _script("import")
-score = _script("score")
-metrics = _script("metrics")
-compare = _script("compare")
-shortcut = _script("shortcut")
-run = _script("run")
-report = _script("report")
-plan = _script("plan")
+def __getattr__(name: str) -> Callable[[], Any]:
+    """The console scripts: ``saleval.cli:<attr>`` of each row of the stage table
+    (``pyproject.toml`` names them; ``tests/test_stage_table.py`` checks it agrees),
+    built on first use and kept."""
+    for row in stage_table.TABLE:
+        if row.attr == name:
+            main = _script(row.name)
+            globals()[name] = main
+            return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

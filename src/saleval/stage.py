@@ -9,15 +9,14 @@ through :mod:`saleval.cli`, which imports the module only when the job starts). 
         st.write(tables.SCORES, scores)        # writes into the run dir and logs it
         st.log_metrics({...})
 
-``Stage`` resolves ``inputs.<name>`` (a run dir or ``runs:/<id>``; or several runs, a
-list or a ``-m`` sweep dir, whose tables ``st.read`` merges: :mod:`saleval.merge`), loads
-each parent's ``config.yaml`` and ``run.json`` once, applies the one provenance rule
-(:mod:`saleval.provenance`: adopt the parents' dataset, model, max_length, study target and
-population when the config gives none, check them when it does), writes the resolved
-config and ``run.json`` (run id, fingerprint, parents, provenance) into the run dir,
-starts an MLflow run (nested under an active pipeline run), tags it (with the host, pid
-and pid start time that let a later stage tell it died), and always ends it, marking it
-FAILED on an exception; before starting, it marks KILLED the RUNNING runs of this host
+``Stage`` first reads its parent runs through :class:`saleval.run_inputs.RunInputs`
+(``inputs.<name>`` resolved, each parent's ``config.yaml`` and ``run.json`` read once, the
+one provenance rule applied; ``st.read`` merges the tables of an input that names several
+runs), then owns the run's lifecycle: it writes the resolved config and ``run.json`` (run
+id, fingerprint, parents, provenance) into the run dir, starts an MLflow run (nested under
+an active pipeline run), tags it (with the host, pid and pid start time that let a later
+stage tell it died), and always ends it, marking it FAILED on an exception; before
+starting, it marks KILLED the RUNNING runs of this host
 whose process is gone (:func:`saleval.tracking.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 """
@@ -39,18 +38,24 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import merge, paths, tracking
+from saleval import stage_table, tracking
 from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
-from saleval.config import DatasetConfig
-from saleval.data import complete_label_names
-from saleval.errors import UserError
-from saleval.provenance import Provenance, ProvenanceError, resolve
+from saleval.provenance import Provenance
+from saleval.run_inputs import LATEST as LATEST
+from saleval.run_inputs import PRODUCERS as PRODUCERS
+from saleval.run_inputs import RUN_JSON as RUN_JSON
+from saleval.run_inputs import InputError as InputError
+from saleval.run_inputs import RunInputs as RunInputs
+from saleval.run_inputs import given_input as given_input
+from saleval.run_inputs import latest_link as latest_link
+from saleval.run_inputs import read_run_config as read_run_config
+from saleval.run_inputs import read_run_info as read_run_info
+from saleval.run_inputs import resolve_input as resolve_input
+from saleval.run_inputs import resolve_inputs as resolve_inputs
+from saleval.run_inputs import run_or_checkpoint as run_or_checkpoint
 from saleval.tables import TableSpec
 
 log = logging.getLogger(__name__)
-
-RUN_JSON = "run.json"
-
 
 #: where launchers put a process's rank: Lightning's ``ddp`` launcher (``LOCAL_RANK``,
 #: ``NODE_RANK``), ``torchrun`` (``RANK``), ``srun`` (``SLURM_PROCID``), LSF (``JSM_...``).
@@ -65,119 +70,6 @@ def is_main_process() -> bool:
     ranks are all 0 (or unset) may write the run dir and log to MLflow.
     """
     return all(os.environ.get(v, "0").strip() in ("", "0") for v in _RANK_VARS)
-
-
-class InputError(UserError, ValueError):
-    """An ``inputs.<name>`` value does not point at a usable run."""
-
-
-#: the stage whose runs an input names (``inputs.<name>=latest`` looks there)
-PRODUCERS = {
-    "model": "train",
-    "explain": "explain",
-    "tasks": "tasks",
-    "answers": "simulate",
-    "crowd": "import",
-    "score": "score",
-    "metrics": "metrics",
-}
-LATEST = "latest"
-
-
-def latest_link(output_root: str | Path, stage: str) -> Path:
-    """``<output root>/<stage>/latest``: a link to the stage's last finished run."""
-    return Path(output_root, stage, LATEST)
-
-
-def resolve_input(
-    name: str, spec: str | os.PathLike[str], output_root: str | Path | None = None
-) -> Path:
-    """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files."""
-    spec = str(spec)
-    if spec in ("???", "", "None"):
-        raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
-    if spec == LATEST:
-        stage = PRODUCERS.get(name, name)
-        link = latest_link(output_root or paths.project_root() / "outputs", stage)
-        if not link.exists():
-            raise InputError(
-                f"inputs.{name}=latest: {link} does not exist; no saleval-{stage} run has "
-                "finished there yet: pass a run dir"
-            )
-        spec = str(link.resolve())
-    if spec.startswith("runs:/"):
-        run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
-        try:
-            run = mlflow.tracking.MlflowClient().get_run(run_id)
-        except mlflow.exceptions.MlflowException as err:
-            raise InputError(f"inputs.{name}={spec}: no such MLflow run ({err})") from err
-        local = run.data.tags.get("run_dir")
-        if local and Path(local, RUN_JSON).is_file():
-            return Path(local)
-        target = Path(paths.project_root(), "outputs", "downloads", run_id)
-        if not Path(target, RUN_JSON).is_file():
-            target.mkdir(parents=True, exist_ok=True)
-            tracking.download_run(run_id, target)
-        return target
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise InputError(f"inputs.{name}={spec}: not a directory")
-    if not (path / RUN_JSON).is_file():
-        raise InputError(f"inputs.{name}={spec}: {RUN_JSON} missing; is this a saleval run dir?")
-    return path.resolve()
-
-
-def resolve_inputs(name: str, value: Any, output_root: str | Path | None = None) -> list[Path]:
-    """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
-    list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
-    stage producing ``<name>``); see :mod:`saleval.merge`."""
-    if value is None or (isinstance(value, str) and value in ("???", "", "None")):
-        return [resolve_input(name, "" if value is None else value, output_root)]
-    try:
-        return merge.expand(
-            name, value, lambda n, s: resolve_input(n, s, output_root), PRODUCERS.get(name, name)
-        )
-    except merge.MergeError as err:
-        raise InputError(str(err)) from err
-
-
-def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
-    """``inputs.model``: a saleval train run (``runs:/<id>`` or a dir with ``run.json``)
-    becomes a parent run; anything else (a ``save_pretrained`` directory, a hub id) is a
-    checkpoint to load, with no parent run and no provenance but its name.
-
-    >>> run_or_checkpoint("runs:/0123")
-    ('runs:/0123', None)
-    >>> run_or_checkpoint("bert-base-uncased")
-    (None, 'bert-base-uncased')
-    """
-    if spec.startswith("runs:/") or spec == LATEST or Path(spec, RUN_JSON).is_file():
-        return spec, None
-    return None, spec
-
-
-def read_run_info(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads(Path(run_dir, RUN_JSON).read_text())
-
-
-def read_run_config(run_dir: str | Path) -> DictConfig:
-    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file)."""
-    path = Path(run_dir, "config.yaml")
-    if not path.is_file():
-        raise InputError(f"{path}: the run's config.yaml is missing; is this a saleval run dir?")
-    cfg = OmegaConf.load(path)
-    if not isinstance(cfg, DictConfig):
-        raise InputError(f"{path}: not a mapping")
-    return cfg
-
-
-def given_input(cfg: DictConfig, key: str) -> str | None:
-    """``inputs.<key>`` as a string, or None when left at ``???``/null/empty."""
-    inputs = OmegaConf.select(cfg, "inputs")
-    if inputs is None or key not in inputs or OmegaConf.is_missing(inputs, key):
-        return None
-    value = inputs[key]
-    return None if value in (None, "", "None", "???") else str(value)
 
 
 def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
@@ -233,28 +125,9 @@ def _run_dir_of(cfg: DictConfig) -> Path:
     raise ValueError("no run dir: set run_dir=<path> when calling a stage outside Hydra")
 
 
-#: what usually follows a stage, printed when it finishes ({run}: its run dir; {model},
-#: {tasks}: its inputs of that name; an unknown one becomes ``latest``)
-NEXT: dict[str, list[str]] = {
-    "train": [
-        "saleval-explain inputs.model={run} data.n_samples=40 data.population=correct "
-        "method.lime.num_samples=300"
-    ],
-    "explain": [
-        "saleval-tasks inputs.explain={run}",
-        "saleval-metrics inputs.model={model} inputs.explain={run}",
-    ],
-    "tasks": ["saleval-simulate inputs.tasks={run}", "saleval-annotate inputs.tasks={run}"],
-    "simulate": ["saleval-import inputs.tasks={tasks} inputs.answers={run}"],
-    "annotate": ["saleval-import inputs.tasks={tasks} inputs.answers={run}"],
-    "import": ["saleval-score inputs.crowd={run}"],
-    "score": ["saleval-compare inputs.score={run} inputs.metrics=latest"],
-    "metrics": ["saleval-compare inputs.score=latest inputs.metrics={run}"],
-}
-
-
 class Stage:
-    """Context of one stage run: inputs, run dir, MLflow run, table writing."""
+    """One stage run's lifecycle: run dir, run.json, MLflow run, table writing; what it
+    reads comes from its :class:`RunInputs` (``st.inputs``, ``st.parents``, ``st.read``)."""
 
     def __init__(
         self,
@@ -271,61 +144,20 @@ class Stage:
         self.cfg = cfg
         self.stage = stage
         self.run_dir = _run_dir_of(cfg).resolve()
-        root = OmegaConf.select(cfg, "paths.output_root", default=None)
-        #: every run behind each input (several for a list or a sweep dir: saleval.merge)
-        self.input_runs: dict[str, list[Path]] = {
-            k: resolve_inputs(k, v, root) for k, v in (inputs or {}).items() if v is not None
-        }
-        #: each run by its label (the input's name; ``<name>.<i>`` when it has several)
-        self._runs: dict[str, Path] = {
-            merge.label(k, i, len(ps)): p
-            for k, ps in self.input_runs.items()
-            for i, p in enumerate(ps)
-        }
-        #: each parent run's run.json and config.yaml, read once
-        self._infos = {k: read_run_info(p) for k, p in self._runs.items()}
-        self._configs = {k: read_run_config(p) for k, p in self._runs.items()}
-        self._provenance = {
-            k: Provenance.of_run(p, self._infos[k], self._configs[k]) for k, p in self._runs.items()
-        }
-        first = {k: merge.label(k, 0, len(ps)) for k, ps in self.input_runs.items()}
-        #: per input, its (first) run: the runs of one input agree on what is inherited
-        self.inputs: dict[str, Path] = {k: self._runs[f] for k, f in first.items()}
-        self.parents: dict[str, dict[str, Any]] = {k: self._infos[f] for k, f in first.items()}
-        self.parent_configs: dict[str, DictConfig] = {k: self._configs[f] for k, f in first.items()}
-        complete_label_names(cfg)  # a local dataset given without label names
-        #: each parent's provenance record (saleval.provenance)
-        self.parent_provenance: dict[str, Provenance] = {
-            k: self._provenance[f] for k, f in first.items()
-        }
-        if isinstance(inherits, Mapping):  # an input's name stands for each of its runs
-            inherits = {
-                f: [merge.label(n, i, len(self.input_runs[n]))
-                    for n in names if n in self.input_runs
-                    for i in range(len(self.input_runs[n]))]
-                for f, names in inherits.items()
-            }  # fmt: skip
-        self.provenance: Provenance = resolve(
-            Provenance.from_config(cfg),
-            self._provenance,
-            {k: str(p) for k, p in self._runs.items()},
-            inherits,
+        #: the parent runs, read once, and the provenance they give (saleval.run_inputs)
+        self.run_inputs = RunInputs(
+            cfg, stage, inputs, inherits, requires, (tags or {}).get("simulated") == "true"
         )
-        if (tags or {}).get("simulated") == "true":
-            self.provenance = dataclasses.replace(self.provenance, simulated=True)
-        unknown = [f for f in requires if getattr(self.provenance, f) is None]
-        if unknown:
-            where = ", ".join(f"inputs.{k}={p}" for k, p in self.inputs.items()) or "no inputs"
-            raise ProvenanceError(
-                f"saleval-{stage}: no {' or '.join(unknown)} is given and none is recorded by "
-                f"{where}; pass " + " ".join(f"{f}=<name>" for f in unknown)
-            )
-        self._adopt_dataset()
+        ri = self.run_inputs
+        self.input_runs, self.inputs, self.parents = ri.input_runs, ri.inputs, ri.parents
+        self.parent_configs, self.parent_provenance = ri.parent_configs, ri.parent_provenance
+        #: the run's provenance: the parents' (:class:`RunInputs`), then what it provides
+        self.provenance: Provenance = ri.provenance
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
         # a stage config's keys are str
         self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)
-        self.fingerprint = stage_fingerprint(cfg, stage, self._runs, self._infos, self.resolved)
+        self.fingerprint = stage_fingerprint(cfg, stage, ri.runs, ri.infos, self.resolved)
         self.extra_tags = dict(tags or {})
         self.run_id: str | None = None
         #: the saved MLflow view of this run's per-method rows (tracking.save_view)
@@ -341,39 +173,6 @@ class Stage:
         self.experiment_id: str | None = None
         self._params: dict[str, str] = {}  # the identity params logged so far
         self._name: str | None = None  # the run name given to MLflow
-
-    def _adopt_dataset(self) -> None:
-        """A dataset adopted from a parent comes with its whole config node (files, label
-        descriptions...), read from there, so the stage loads the data its parents used."""
-        name = self.provenance.dataset
-        if name is None or OmegaConf.select(self.cfg, "dataset", default=None) is not None:
-            return
-        for parent in self.parent_configs.values():
-            node = OmegaConf.select(parent, "dataset", default=None)
-            if node is not None and str(node.get("name")) == name:
-                plain = OmegaConf.to_container(node, resolve=False)
-                assert isinstance(plain, dict)
-                # the shared data root is re-pointed to where it sits here; a data_root
-                # of the user's own (docs/own-data.md) is kept as recorded
-                shared = OmegaConf.select(parent, "paths.data_root", default=None)
-                if OmegaConf.select(self.cfg, "paths.data_root", default=None) is not None and (
-                    shared is None or str(plain.get("data_root")) == str(shared)
-                ):
-                    plain["data_root"] = "${paths.data_root}"
-                try:  # typed: a recorded node is checked against today's schema
-                    typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
-                except Exception as err:
-                    raise ProvenanceError(
-                        f"the dataset config recorded by an input run cannot be read with "
-                        f"this version of saleval ({err}); pass dataset={name}"
-                    ) from err
-                with open_dict(self.cfg):
-                    self.cfg.dataset = typed
-                return
-        raise ProvenanceError(
-            f"the inputs are about dataset {name!r} but none of their config.yaml files holds "
-            f"its config; pass dataset={name}"
-        )
 
     def provide(self, **fields: Any) -> None:
         """Record provenance this stage computes itself (e.g. the explain stage's
@@ -415,8 +214,8 @@ class Stage:
             "run_dir": str(self.run_dir),
             "fingerprint": self.fingerprint,
             **tracking.process_tags(),  # host, pid, pid_start: tells a dead run later
-            **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self._infos.items()},
-            **{f"parent_dir.{k}": str(p) for k, p in self._runs.items()},
+            **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self.run_inputs.infos.items()},
+            **{f"parent_dir.{k}": str(p) for k, p in self.run_inputs.runs.items()},
             **self.extra_tags,
         }
         tags.update(_sweep_tags())
@@ -517,7 +316,7 @@ class Stage:
         if self.experiment_id is not None:
             hint = tracking.ui_hint(mlflow.get_tracking_uri(), self.experiment_id, self.view)
             lines.append(f"  open: {hint}")
-        for template in NEXT.get(self.stage, []):
+        for template in stage_table.next_steps(self.stage):
             command = template
             for key in ("run", "model", "tasks"):
                 command = command.replace("{" + key + "}", known.get(key, LATEST))
@@ -534,8 +333,8 @@ class Stage:
             "run_id": self.run_id,
             "tracking_uri": mlflow.get_tracking_uri(),
             "fingerprint": self.fingerprint,
-            "parents": {k: v.get("run_id") for k, v in self._infos.items()},
-            "parent_dirs": {k: str(p) for k, p in self._runs.items()},
+            "parents": {k: v.get("run_id") for k, v in self.run_inputs.infos.items()},
+            "parent_dirs": {k: str(p) for k, p in self.run_inputs.runs.items()},
             "simulated": "true" if self.provenance.simulated else "false",
             "provenance": self.provenance.to_json(),
             # which machine and process ran it: jobs of a parallel multirun or a cluster differ
@@ -548,17 +347,12 @@ class Stage:
 
     # -- inputs -------------------------------------------------------------------
     def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
-        """``spec``'s table of ``inputs.<name>``: of its run, or merged over its runs when it
-        names several (a list, a sweep dir; :func:`saleval.merge.read_merged`)."""
-        return merge.read_merged(spec, self.input_runs[name], f"inputs.{name}")
+        """``spec``'s table of ``inputs.<name>``, merged over its runs (:meth:`RunInputs.read`)."""
+        return self.run_inputs.read(spec, name)
 
     def runs_of(self, name: str) -> list[tuple[Path, dict[str, Any], DictConfig]]:
         """Every run behind ``inputs.<name>``: (run dir, run.json, config.yaml)."""
-        n = len(self.input_runs[name])
-        return [
-            (p, self._infos[merge.label(name, i, n)], self._configs[merge.label(name, i, n)])
-            for i, p in enumerate(self.input_runs[name])
-        ]
+        return self.run_inputs.runs_of(name)
 
     # -- outputs ------------------------------------------------------------------
     def path(self, name: str) -> Path:

@@ -5,7 +5,11 @@
 * :mod:`saleval.annotate.store` is the durable store: SQLite in WAL mode, every answer
   committed on its own with timestamps, one bundle per worker per dataset enforced by a
   unique constraint in the database.
-* :mod:`saleval.annotate.app` builds the FastAPI app (server-rendered Jinja2 pages).
+* :mod:`saleval.annotate.app` builds the FastAPI app (server-rendered Jinja2 pages) from
+  :mod:`~saleval.annotate.routes_worker` (the worker's pages),
+  :mod:`~saleval.annotate.routes_admin` (the admin view) and
+  :mod:`~saleval.annotate.security` (origin check, headers, throttles), which share one
+  :class:`~saleval.annotate.state.AppState`.
 * :mod:`saleval.annotate.export` writes the answers in the import format (``tables.ANSWERS``).
 
 ``saleval-annotate`` (:mod:`saleval.stages.annotate`) is the console script.

@@ -23,6 +23,7 @@ from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
 from saleval.crowd.config import SimulationConfig, StudyConfig
 from saleval.metrics_config import MetricsConfig
+from saleval.stage_table import TABLE, StageSpec
 from saleval.vocab import Population, Target
 
 
@@ -328,19 +329,13 @@ class RunStageConfig:
     profile: ProfileConfig = MISSING
 
 
+def _root(row: StageSpec) -> type:
+    """The root schema a stage-table row names: a dataclass of this module."""
+    schema = globals().get(row.schema)
+    if not isinstance(schema, type):
+        raise TypeError(f"stage {row.name}: no schema class {row.schema} in {__name__}")
+    return schema
+
+
 #: ConfigStore name → root schema; ``conf/<stage>.yaml`` lists ``<name>`` first.
-ROOTS: dict[str, type] = {
-    "train_schema": TrainStageConfig,
-    "explain_schema": ExplainStageConfig,
-    "tasks_schema": TasksStageConfig,
-    "simulate_schema": SimulateStageConfig,
-    "annotate_schema": AnnotateStageConfig,
-    "import_schema": ImportStageConfig,
-    "score_schema": ScoreStageConfig,
-    "metrics_schema": MetricsStageConfig,
-    "compare_schema": CompareStageConfig,
-    "shortcut_schema": ShortcutStageConfig,
-    "report_schema": ReportStageConfig,
-    "run_schema": RunStageConfig,
-    "plan_schema": PlanStageConfig,
-}
+ROOTS: dict[str, type] = {row.schema_name: _root(row) for row in TABLE}

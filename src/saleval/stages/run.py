@@ -34,7 +34,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import paths, tracking
+from saleval import paths, stage_table, tracking
 from saleval.config import register_configs
 from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
@@ -43,16 +43,10 @@ from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, st
 
 log = logging.getLogger(__name__)
 
-# (stage, module, config name, {input name: producing stage})
+#: (stage, module, config name, {input name: producing stage}), in the order they run:
+#: the stage table's rows marked ``in_pipeline``
 PIPELINE: list[tuple[str, str, str, dict[str, str]]] = [
-    ("train", "saleval.stages.train", "train", {}),
-    ("explain", "saleval.stages.explain", "explain", {"model": "train"}),
-    ("tasks", "saleval.stages.tasks", "tasks", {"explain": "explain"}),
-    ("simulate", "saleval.stages.simulate", "simulate", {"tasks": "tasks"}),
-    ("import", "saleval.stages.import_", "import", {"tasks": "tasks", "answers": "simulate"}),
-    ("score", "saleval.stages.score", "score", {"crowd": "import"}),
-    ("metrics", "saleval.stages.metrics", "metrics", {"model": "train", "explain": "explain"}),
-    ("compare", "saleval.stages.compare", "compare", {"score": "score", "metrics": "metrics"}),
+    (row.name, row.module, row.name, dict(row.inputs)) for row in stage_table.pipeline()
 ]
 
 

@@ -1,0 +1,120 @@
+"""What the annotation app's routes share: its settings, its study and store, and the
+page helpers every route answers with.
+
+One :class:`AppState` per app, kept as ``app.state.annotate`` and read by the routes
+(:func:`state_of`), so the worker routes (:mod:`saleval.annotate.routes_worker`) and the
+admin routes (:mod:`saleval.annotate.routes_admin`) are plain module functions rather
+than closures inside one long factory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
+
+from saleval.annotate.security import SECURITY_HEADERS, Throttle
+from saleval.annotate.store import AnnotationStore, Assignment, LeasePolicy
+from saleval.annotate.study import Study
+
+NOT_SAVED = "Your answer was NOT saved."
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """What the app needs besides the study. ``admin_token`` must be non-empty."""
+
+    db_path: Path
+    admin_token: str
+    title: str | None = None
+    completion_code: str | None = None
+    synchronous: str = "FULL"
+    secure_cookies: bool = False  # set when served over HTTPS behind a proxy
+    lease: LeasePolicy = field(default_factory=LeasePolicy)
+    completion_url: str | None = None  # "{code}" is replaced by the completion code
+    allowed_origins: tuple[str, ...] = ()  # more origins a POST may come from
+    admin_max_failures: int = 5  # wrong admin credentials (any path) per client per window
+    resume_max_failures: int = 5  # wrong resume codes per client per window
+    failure_window_s: float = 900.0
+
+
+@dataclass
+class AppState:
+    """One app's study, store, cookies, throttles and templates, built by ``create_app``."""
+
+    study: Study
+    store: AnnotationStore
+    settings: AppSettings
+    templates: Jinja2Templates
+    title: str
+    session_cookie: str  # per task set: several apps may share a host
+    admin_cookie: str
+    admin_cookie_value: str
+    instructions_html: Markup
+    options: list[dict[str, Any]]
+    # two throttles: admin guesses must not lock workers out of resuming (docs/annotate.md)
+    admin_throttle: Throttle
+    resume_throttle: Throttle
+    allowed_origins: frozenset[str]
+
+    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        """A template rendered with the app's title, with the security headers set here
+        too: a 500 is answered where no middleware runs."""
+        base = {"title": self.title, "dataset": self.study.dataset}
+        response = self.templates.TemplateResponse(
+            request, name, {**base, **context}, status_code=status
+        )
+        response.headers.update(SECURITY_HEADERS)
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def error(
+        self,
+        request: Request,
+        message: str,
+        status: int,
+        heading: str = "Sorry",
+        saved: str | None = None,
+    ) -> HTMLResponse:
+        """The error page; a refused ``POST /answer`` says its answer was not saved."""
+        if saved is None and request.method == "POST" and request.url.path == "/answer":
+            saved = NOT_SAVED
+        return self.page(
+            request, "error.html", status, heading=heading, message=message, saved=saved
+        )
+
+    def login_page(self, request: Request, status: int, message: str | None = None) -> Response:
+        return self.page(request, "admin_login.html", status, error=message)
+
+    def too_many(
+        self,
+        request: Request,
+        wait: int,
+        login: bool,
+        text: str = "Too many wrong admin tokens from your address; try again later.",
+    ) -> Response:
+        """429 with ``Retry-After``, on the login page or an error page."""
+        slow = self.login_page(request, 429, text) if login else self.error(request, text, 429)
+        slow.headers["Retry-After"] = str(wait)
+        return slow
+
+    def current(self, request: Request) -> Assignment | None:
+        """The assignment of the request's session cookie, if it is of this task set."""
+        a = self.store.by_session(request.cookies.get(self.session_cookie))
+        return a if a is not None and a.run_key == self.study.run_key else None
+
+
+def redirect(path: str) -> RedirectResponse:
+    """Post/redirect/get: a reload never resubmits."""
+    return RedirectResponse(path, status_code=303)
+
+
+def state_of(request: Request) -> AppState:
+    """The state of the app serving ``request``."""
+    state: AppState = request.app.state.annotate
+    return state

@@ -1,0 +1,271 @@
+"""A stage's parent runs: what ``inputs.<name>`` names, read once, and what it means.
+
+:class:`RunInputs` is everything a stage learns from its inputs before it starts: each
+``inputs.<name>`` resolved to run dirs (a run dir, ``runs:/<id>``, ``latest``; or several
+runs, a list or a ``-m`` sweep dir, whose tables :meth:`RunInputs.read` merges:
+:mod:`saleval.merge`), each parent's ``run.json`` and ``config.yaml`` read once, and the
+one provenance rule applied (:mod:`saleval.provenance`: adopt the parents' dataset, model,
+max_length, study target and population when the config gives none, check them when it
+does). It writes nothing and logs nothing, so it can be built, and fail, before a run
+exists; :class:`saleval.stage.Stage` owns the run's lifecycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saleval import merge, paths, stage_table, tracking
+from saleval.config import DatasetConfig
+from saleval.data import complete_label_names
+from saleval.errors import UserError
+from saleval.merge import RUN_JSON as RUN_JSON
+from saleval.provenance import Provenance, ProvenanceError, resolve
+from saleval.tables import TableSpec
+
+
+class InputError(UserError, ValueError):
+    """An ``inputs.<name>`` value does not point at a usable run."""
+
+
+#: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
+#: stage table
+PRODUCERS = stage_table.producers()
+LATEST = "latest"
+
+
+def latest_link(output_root: str | Path, stage: str) -> Path:
+    """``<output root>/<stage>/latest``: a link to the stage's last finished run."""
+    return Path(output_root, stage, LATEST)
+
+
+def resolve_input(
+    name: str, spec: str | os.PathLike[str], output_root: str | Path | None = None
+) -> Path:
+    """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files."""
+    spec = str(spec)
+    if spec in ("???", "", "None"):
+        raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
+    if spec == LATEST:
+        stage = PRODUCERS.get(name, name)
+        link = latest_link(output_root or paths.project_root() / "outputs", stage)
+        if not link.exists():
+            raise InputError(
+                f"inputs.{name}=latest: {link} does not exist; no saleval-{stage} run has "
+                "finished there yet: pass a run dir"
+            )
+        spec = str(link.resolve())
+    if spec.startswith("runs:/"):
+        run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
+        try:
+            run = mlflow.tracking.MlflowClient().get_run(run_id)
+        except mlflow.exceptions.MlflowException as err:
+            raise InputError(f"inputs.{name}={spec}: no such MLflow run ({err})") from err
+        local = run.data.tags.get("run_dir")
+        if local and Path(local, RUN_JSON).is_file():
+            return Path(local)
+        target = Path(paths.project_root(), "outputs", "downloads", run_id)
+        if not Path(target, RUN_JSON).is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            tracking.download_run(run_id, target)
+        return target
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise InputError(f"inputs.{name}={spec}: not a directory")
+    if not (path / RUN_JSON).is_file():
+        raise InputError(f"inputs.{name}={spec}: {RUN_JSON} missing; is this a saleval run dir?")
+    return path.resolve()
+
+
+def resolve_inputs(name: str, value: Any, output_root: str | Path | None = None) -> list[Path]:
+    """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
+    list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
+    stage producing ``<name>``); see :mod:`saleval.merge`."""
+    if value is None or (isinstance(value, str) and value in ("???", "", "None")):
+        return [resolve_input(name, "" if value is None else value, output_root)]
+    try:
+        return merge.expand(
+            name, value, lambda n, s: resolve_input(n, s, output_root), PRODUCERS.get(name, name)
+        )
+    except merge.MergeError as err:
+        raise InputError(str(err)) from err
+
+
+def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
+    """``inputs.model``: a saleval train run (``runs:/<id>`` or a dir with ``run.json``)
+    becomes a parent run; anything else (a ``save_pretrained`` directory, a hub id) is a
+    checkpoint to load, with no parent run and no provenance but its name.
+
+    >>> run_or_checkpoint("runs:/0123")
+    ('runs:/0123', None)
+    >>> run_or_checkpoint("bert-base-uncased")
+    (None, 'bert-base-uncased')
+    """
+    if spec.startswith("runs:/") or spec == LATEST or Path(spec, RUN_JSON).is_file():
+        return spec, None
+    return None, spec
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    """A run's ``run.json``."""
+    return json.loads(Path(run_dir, RUN_JSON).read_text())
+
+
+def read_run_config(run_dir: str | Path) -> DictConfig:
+    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file)."""
+    path = Path(run_dir, "config.yaml")
+    if not path.is_file():
+        raise InputError(f"{path}: the run's config.yaml is missing; is this a saleval run dir?")
+    cfg = OmegaConf.load(path)
+    if not isinstance(cfg, DictConfig):
+        raise InputError(f"{path}: not a mapping")
+    return cfg
+
+
+def given_input(cfg: DictConfig, key: str) -> str | None:
+    """``inputs.<key>`` as a string, or None when left at ``???``/null/empty."""
+    inputs = OmegaConf.select(cfg, "inputs")
+    if inputs is None or key not in inputs or OmegaConf.is_missing(inputs, key):
+        return None
+    value = inputs[key]
+    return None if value in (None, "", "None", "???") else str(value)
+
+
+class RunInputs:
+    """The parent runs of one stage run, read once, and the provenance they give it.
+
+    Building it resolves ``inputs`` (input name → value; None values are left out), reads
+    every parent's ``run.json`` and ``config.yaml``, and resolves the run's provenance:
+    ``inherits`` names the fields taken from the parents (names, or field → input names;
+    None: every field from every parent), ``requires`` the fields that must then be known,
+    ``simulated`` marks a run that is simulated whatever its parents say. A dataset adopted
+    from a parent is written into ``cfg`` with its whole config node.
+    """
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        stage: str,
+        inputs: Mapping[str, Any] | None = None,
+        inherits: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
+        requires: Sequence[str] = (),
+        simulated: bool = False,
+    ) -> None:
+        root = OmegaConf.select(cfg, "paths.output_root", default=None)
+        #: every run behind each input (several for a list or a sweep dir: saleval.merge)
+        self.input_runs: dict[str, list[Path]] = {
+            k: resolve_inputs(k, v, root) for k, v in (inputs or {}).items() if v is not None
+        }
+        #: each run by its label (the input's name; ``<name>.<i>`` when it has several)
+        self.runs: dict[str, Path] = {
+            merge.label(k, i, len(ps)): p
+            for k, ps in self.input_runs.items()
+            for i, p in enumerate(ps)
+        }
+        #: each parent run's run.json and config.yaml by label, read once
+        self.infos = {k: read_run_info(p) for k, p in self.runs.items()}
+        self.configs = {k: read_run_config(p) for k, p in self.runs.items()}
+        self._provenance = {
+            k: Provenance.of_run(p, self.infos[k], self.configs[k]) for k, p in self.runs.items()
+        }
+        first = {k: merge.label(k, 0, len(ps)) for k, ps in self.input_runs.items()}
+        #: per input, its (first) run: the runs of one input agree on what is inherited
+        self.inputs: dict[str, Path] = {k: self.runs[f] for k, f in first.items()}
+        self.parents: dict[str, dict[str, Any]] = {k: self.infos[f] for k, f in first.items()}
+        self.parent_configs: dict[str, DictConfig] = {k: self.configs[f] for k, f in first.items()}
+        complete_label_names(cfg)  # a local dataset given without label names
+        #: each parent's provenance record (saleval.provenance)
+        self.parent_provenance: dict[str, Provenance] = {
+            k: self._provenance[f] for k, f in first.items()
+        }
+        #: the run's provenance: given by ``cfg``, adopted from and checked against its parents
+        self.provenance = self._resolve(cfg, inherits, simulated)
+        self._require(stage, requires)
+        self._adopt_dataset(cfg)
+
+    def _resolve(
+        self,
+        cfg: DictConfig,
+        inherits: Mapping[str, Sequence[str]] | Sequence[str] | None,
+        simulated: bool,
+    ) -> Provenance:
+        """The one provenance rule over every parent run (an input's name in ``inherits``
+        stands for each of its runs)."""
+        if isinstance(inherits, Mapping):
+            inherits = {
+                f: [merge.label(n, i, len(self.input_runs[n]))
+                    for n in names if n in self.input_runs
+                    for i in range(len(self.input_runs[n]))]
+                for f, names in inherits.items()
+            }  # fmt: skip
+        out = resolve(
+            Provenance.from_config(cfg),
+            self._provenance,
+            {k: str(p) for k, p in self.runs.items()},
+            inherits,
+        )
+        return dataclasses.replace(out, simulated=True) if simulated else out
+
+    def _require(self, stage: str, requires: Sequence[str]) -> None:
+        """Fail before the run starts when a required field is neither given nor adopted."""
+        unknown = [f for f in requires if getattr(self.provenance, f) is None]
+        if unknown:
+            where = ", ".join(f"inputs.{k}={p}" for k, p in self.inputs.items()) or "no inputs"
+            raise ProvenanceError(
+                f"saleval-{stage}: no {' or '.join(unknown)} is given and none is recorded by "
+                f"{where}; pass " + " ".join(f"{f}=<name>" for f in unknown)
+            )
+
+    def _adopt_dataset(self, cfg: DictConfig) -> None:
+        """A dataset adopted from a parent comes with its whole config node (files, label
+        descriptions...), read from there, so the stage loads the data its parents used."""
+        name = self.provenance.dataset
+        if name is None or OmegaConf.select(cfg, "dataset", default=None) is not None:
+            return
+        for parent in self.parent_configs.values():
+            node = OmegaConf.select(parent, "dataset", default=None)
+            if node is not None and str(node.get("name")) == name:
+                plain = OmegaConf.to_container(node, resolve=False)
+                assert isinstance(plain, dict)
+                # the shared data root is re-pointed to where it sits here; a data_root
+                # of the user's own (docs/own-data.md) is kept as recorded
+                shared = OmegaConf.select(parent, "paths.data_root", default=None)
+                if OmegaConf.select(cfg, "paths.data_root", default=None) is not None and (
+                    shared is None or str(plain.get("data_root")) == str(shared)
+                ):
+                    plain["data_root"] = "${paths.data_root}"
+                try:  # typed: a recorded node is checked against today's schema
+                    typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
+                except Exception as err:
+                    raise ProvenanceError(
+                        f"the dataset config recorded by an input run cannot be read with "
+                        f"this version of saleval ({err}); pass dataset={name}"
+                    ) from err
+                with open_dict(cfg):
+                    cfg.dataset = typed
+                return
+        raise ProvenanceError(
+            f"the inputs are about dataset {name!r} but none of their config.yaml files holds "
+            f"its config; pass dataset={name}"
+        )
+
+    def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
+        """``spec``'s table of ``inputs.<name>``: of its run, or merged over its runs when it
+        names several (a list, a sweep dir; :func:`saleval.merge.read_merged`)."""
+        return merge.read_merged(spec, self.input_runs[name], f"inputs.{name}")
+
+    def runs_of(self, name: str) -> list[tuple[Path, dict[str, Any], DictConfig]]:
+        """Every run behind ``inputs.<name>``: (run dir, run.json, config.yaml)."""
+        n = len(self.input_runs[name])
+        return [
+            (p, self.infos[merge.label(name, i, n)], self.configs[merge.label(name, i, n)])
+            for i, p in enumerate(self.input_runs[name])
+        ]
