@@ -104,3 +104,21 @@ def test_other_labels_fail_naming_both_and_unnamed_ones_are_taken_in_order(caplo
         align_labels(unnamed, ["negative", "positive"], where="inputs.model=x")
     assert "taking them as the dataset's" in caplog.text
     assert unnamed.config.id2label == {0: "negative", 1: "positive"}
+
+
+def test_a_new_head_is_one_info_line_not_transformers_load_report(caplog, capfd) -> None:
+    """The embedded MiniLM with a fresh 2-class head: transformers' multi-line load report
+    ("classifier.weight | MISSING") is replaced by one line, and no other warning appears
+    (setting transformers' logger to WARNING would trigger its "not sharded" warning)."""
+    from omegaconf import OmegaConf
+
+    from saleval import paths
+
+    cfg = OmegaConf.load(paths.conf_dir() / "model" / "minilm.yaml")
+    with caplog.at_level(logging.INFO, logger="saleval.models"):
+        model = build_model(cfg, ["neg", "pos"])
+    assert model.config.num_labels == 2
+    printed = capfd.readouterr().err + "\n".join(r.getMessage() for r in caplog.records)
+    assert "LOAD REPORT" not in printed and "MISSING" not in printed
+    assert "not sharded" not in printed
+    assert "new classification head (2 tensors)" in printed

@@ -96,6 +96,13 @@ class ModelSource:
 HEAD_PREFIXES = ("classifier.", "score.", "pre_classifier.", "classification_head.")
 
 
+class _DropLoadReport(logging.Filter):
+    """Drops transformers' multi-line load report (read from the loading info instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
 def _with_new_head(where: str, kwargs: dict[str, Any]) -> PreTrainedModel:
     """``from_pretrained`` of an encoder checkpoint with a fresh classification head.
 
@@ -105,15 +112,17 @@ def _with_new_head(where: str, kwargs: dict[str, Any]) -> PreTrainedModel:
     head is logged in one line; any other missing or mismatched weight (a checkpoint that
     does not fit the architecture) is a warning naming the weights.
     """
+    # a filter, not a level: transformers runs an extra check (and warns) when this
+    # logger's level is WARNING or above
     tf_log = logging.getLogger("transformers.modeling_utils")
-    level = tf_log.level
-    tf_log.setLevel(logging.ERROR)
+    report = _DropLoadReport()
+    tf_log.addFilter(report)
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(
             where, output_loading_info=True, **kwargs
         )
     finally:
-        tf_log.setLevel(level)
+        tf_log.removeFilter(report)
     missing = [str(k) for k in info.get("missing_keys", [])]
     head = [k for k in missing if k.startswith(HEAD_PREFIXES)]
     other = [k for k in missing if k not in head] + [
