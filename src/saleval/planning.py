@@ -142,9 +142,15 @@ class Pool:
         if self.codes is None:
             assert self.A is not None
             return self.A[:, js][:, :, ks][idx]
+        return self._thinned(self.codes[:, js][:, :, ks][idx], idx, design.repeats, rng)
+
+    def _thinned(
+        self, codes: np.ndarray, idx: np.ndarray, repeats: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Verdicts from ``repeats`` of each task's pool answers, drawn without replacement;
+        ``codes`` (..., R_pool) of the samples ``idx``."""
         assert self.target is not None
-        codes = self.codes[:, js][:, :, ks][idx]  # (B, n, J, K, R_pool)
-        pick = np.argsort(rng.random(codes.shape), axis=-1)[..., : design.repeats]
+        pick = np.argsort(rng.random(codes.shape), axis=-1)[..., :repeats]
         return verdicts(np.take_along_axis(codes, pick, axis=-1), self.target[idx], self.n_options)
 
     def reference(self, design: Design, rng: np.random.Generator, draws: int = 200) -> np.ndarray:
@@ -156,18 +162,15 @@ class Pool:
                 assert self.A is not None
                 p = scoring.accuracy(self.A[:, js][:, :, ks])
             else:
-                full = Design(self.n_samples, design.methods, design.ks, design.repeats, 1)
-                idx = np.arange(self.n_samples)
-                assert self.target is not None
-                ps = []
-                for _ in range(draws if design.repeats < self.repeats else 1):
-                    codes = self.codes[:, js][:, :, ks]
-                    pick = np.argsort(rng.random(codes.shape), axis=-1)[..., : full.repeats]
-                    A = verdicts(
-                        np.take_along_axis(codes, pick, -1), self.target[idx], self.n_options
-                    )
-                    ps.append(scoring.accuracy(A))
-                p = np.mean(ps, axis=0)
+                codes, idx = self.codes[:, js][:, :, ks], np.arange(self.n_samples)
+                n_draws = draws if design.repeats < self.repeats else 1  # all answers: no draw
+                p = np.mean(
+                    [
+                        scoring.accuracy(self._thinned(codes, idx, design.repeats, rng))
+                        for _ in range(n_draws)
+                    ],
+                    axis=0,
+                )
             self._reference[key] = scoring.method_scores(np.nan_to_num(p))
         return self._reference[key]
 

@@ -327,6 +327,17 @@ def plan_markdown(
         "## Recommendation",
         "",
     ]
+    lines += _plan_recommendation(plan, recommended, cur)
+    lines += _plan_designs(plan, per_method, recommended, cur)
+    if check is not None:
+        lines += _plan_check(check)
+    lines += _plan_assumptions(info)
+    return "\n".join(lines)
+
+
+def _plan_recommendation(plan: pd.DataFrame, recommended: pd.Series | None, cur: str) -> list[str]:
+    """plan.md: the cheapest design meeting the target, or the closest one."""
+    lines: list[str] = []
     if recommended is None:
         closest = plan.sort_values(["p_best", "spearman_mean"], ascending=False).iloc[0]
         lines += [
@@ -346,6 +357,14 @@ def plan_markdown(
             f"percentile {r['spearman_p05']:.2f}), mean 95 % interval of s_j "
             f"±{r['ci_width_mean'] / 2:.1f} points.",
         ]
+    return lines
+
+
+def _plan_designs(
+    plan: pd.DataFrame, per_method: pd.DataFrame, recommended: pd.Series | None, cur: str
+) -> list[str]:
+    """plan.md: every design, then the recommended (or largest) one per method."""
+    lines: list[str] = []
     header = [
         "design",
         "n",
@@ -407,29 +426,40 @@ def plan_markdown(
         ),
         "",
     ]
-    if check is not None:
-        lines += [
-            "## Check against half-samples of the published study",
-            "",
-            _md_table(
-                ["", "n", "P(best)", "E[ρ]", "CI width"],
+    return lines
+
+
+def _plan_check(check: pd.DataFrame) -> list[str]:
+    """plan.md: predictions beside half-samples of the published study."""
+    lines: list[str] = []
+    lines += [
+        "## Check against half-samples of the published study",
+        "",
+        _md_table(
+            ["", "n", "P(best)", "E[ρ]", "CI width"],
+            [
                 [
-                    [
-                        str(c.row),
-                        str(int(c.n)),
-                        f"{c.p_best:.3f}",
-                        f"{c.spearman_mean:.3f}",
-                        f"{c.ci_width_mean:.1f}",
-                    ]
-                    for c in check.itertuples()
-                ],
-            ),
-            "",
-            "Half-samples share half their samples with the reference ranking, so they should "
-            "match the prediction for n = N, not for n = N/2 (finite-population correction); "
-            "a new, independent study of N/2 samples is what the n = N/2 row predicts.",
-            "",
-        ]
+                    str(c.row),
+                    str(int(c.n)),
+                    f"{c.p_best:.3f}",
+                    f"{c.spearman_mean:.3f}",
+                    f"{c.ci_width_mean:.1f}",
+                ]
+                for c in check.itertuples()
+            ],
+        ),
+        "",
+        "Half-samples share half their samples with the reference ranking, so they should "
+        "match the prediction for n = N, not for n = N/2 (finite-population correction); "
+        "a new, independent study of N/2 samples is what the n = N/2 row predicts.",
+        "",
+    ]
+    return lines
+
+
+def _plan_assumptions(info: dict[str, Any]) -> list[str]:
+    """plan.md: what every figure rests on."""
+    lines: list[str] = []
     lines += [
         "## Assumptions",
         "",
@@ -449,7 +479,7 @@ def plan_markdown(
         "pilot runs come on top.",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def _watermark(fig: Figure) -> None:
