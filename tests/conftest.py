@@ -21,6 +21,7 @@ from omegaconf import DictConfig, open_dict
 
 from saleval import paths
 from saleval.config import register_configs
+from saleval.config.keys import check_keys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -52,6 +53,7 @@ def compose_config(
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides))
+    check_keys(cfg)  # as the console scripts do: a key added with `+` is refused
     if run_dir is not None:
         with open_dict(cfg):
             cfg.run_dir = str(run_dir)

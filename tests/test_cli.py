@@ -150,7 +150,10 @@ def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_trace
     done = script("score", f"inputs.crowd={missing}", *scratch(tmp_path))
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert lines == [f"saleval-score: inputs.crowd={missing}: not a directory"], done.stderr
+    assert lines == [
+        f"saleval-score: inputs.crowd={missing}: no such file or directory; pass a "
+        "saleval-import run dir, runs:/<id> or latest"
+    ], done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     full = script(
         "score", f"inputs.crowd={missing}", *scratch(tmp_path), env={"HYDRA_FULL_ERROR": "1"}
@@ -166,6 +169,14 @@ def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_trace
         ("train", ["trainer.max_epochs=many"], "trainer.max_epochs=many"),
         ("train", ["trainer=no_such_trainer"], "Could not find 'trainer/no_such_trainer'"),
         ("tasks", [], "inputs.explain is required: pass inputs.explain=<value>"),
+        # `+` adds a key like `key=` does: refused the same way, with the node's keys
+        (
+            "explain",
+            ["+data.n_sample=8"],
+            "data.n_sample is not a setting of data (ExplainData): did you mean "
+            "data.n_samples? Its keys: split, n_samples, sample_ids, population",
+        ),
+        ("tasks", ["study.balance_by=foo"], "expected one of [label, pred, outcome, none]"),
     ],
 )
 def test_config_errors_are_one_line(tmp_path: Path, stage: str, args: list[str], says: str) -> None:
@@ -185,7 +196,7 @@ def _wrapped(raises: str, tmp_path: Path, *args: str, env: dict[str, str] | None
         "sys.exit(hydra_main('score', run)())"
     )
     return subprocess.run(
-        [sys.executable, "-c", code, *args, "inputs.crowd=x", *scratch(tmp_path)],
+        [sys.executable, "-c", code, *args, f"inputs.crowd={tmp_path}", *scratch(tmp_path)],
         capture_output=True,
         text=True,
         env=environment(env),
@@ -212,6 +223,36 @@ def test_a_user_error_in_a_multirun_job_is_one_line_after_every_job_ran(tmp_path
     assert done.stderr.count("saleval-score: the message") == 1, done.stderr
     sweeps = list((tmp_path / "out" / "score" / "multirun").iterdir())
     assert len(sweeps) == 1 and {p.name for p in sweeps[0].iterdir()} >= {"0", "1"}
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_a_missing_input_path_is_named_before_the_stage_runs(
+    tmp_path: Path, multirun: bool
+) -> None:
+    """The stage's run (where its libraries are imported) is never called: the path is
+    checked first, also for a key added with `+` and in a -m job."""
+    missing = tmp_path / "nope"
+    code = (
+        "import sys\nfrom saleval.cli import hydra_main\n"
+        "def run(cfg):\n    raise RuntimeError('the stage ran')\n"
+        "sys.exit(hydra_main('explain', run)())"
+    )
+    args = ["-m"] if multirun else []
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args, f"inputs.model={missing}", *scratch(tmp_path)],
+        capture_output=True, text=True, env=environment(), timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert "the stage ran" not in done.stderr
+    says = (
+        f"saleval-explain: inputs.model={missing}: no such file or directory; pass a "
+        "saleval-train run dir, runs:/<id> or latest; or a save_pretrained directory or a hub id"
+    )
+    lines = done.stderr.strip().splitlines()
+    # alone: the first line; in a -m sweep, Hydra's report of the failed job holds it
+    assert (says in lines) if multirun else lines[0] == says, done.stderr
+    assert done.returncode == (1 if multirun else 2)
+    # a command line of overrides is refused before Hydra makes a run dir
+    assert multirun or not (tmp_path / "out").exists()
 
 
 def _messages(output: str) -> list[str]:

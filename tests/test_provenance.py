@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from saleval.provenance import Provenance, ProvenanceError, inherit, resolve
+from saleval.run_inputs import InputError
 from saleval.stage import Stage
 from saleval.vocab import Population, Target
 
@@ -127,8 +128,8 @@ def test_run_inputs_alone_adopts_and_checks_without_a_run(tmp_path: Path) -> Non
     from saleval.run_inputs import RunInputs
 
     node = {"name": "imdb", "label_names": ["negative", "positive"]}
-    a = _parent(tmp_path, "a", {"dataset": node}, {"fingerprint": "fa"})
-    b = _parent(tmp_path, "b", {"dataset": node}, {"fingerprint": "fb"})
+    a = _parent(tmp_path, "a", {"dataset": node}, {"fingerprint": "fa", "stage": "explain"})
+    b = _parent(tmp_path, "b", {"dataset": node}, {"fingerprint": "fb", "stage": "explain"})
     cfg = OmegaConf.create({"dataset": None})
     got = RunInputs(cfg, "tasks", {"explain": [str(a), str(b)]}, requires=["dataset"])
     assert got.provenance.dataset == "imdb" and cfg.dataset.name == "imdb"
@@ -139,3 +140,10 @@ def test_run_inputs_alone_adopts_and_checks_without_a_run(tmp_path: Path) -> Non
     assert RunInputs(OmegaConf.create({"dataset": None}), "x", simulated=True).provenance.simulated
     with pytest.raises(ProvenanceError, match="saleval-x: no model is given"):
         RunInputs(OmegaConf.create({"dataset": None}), "x", {"explain": str(a)}, requires=["model"])
+    # a run of another stage than the input takes is named with what to pass
+    with pytest.raises(
+        InputError,
+        match=r"inputs.crowd=.*/a is a saleval-explain run; "
+        r"saleval-score reads a saleval-import run dir, runs:/<id> or latest$",
+    ):
+        RunInputs(OmegaConf.create({"dataset": None}), "score", {"crowd": str(a)})

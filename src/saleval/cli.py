@@ -164,8 +164,15 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
     """
 
     def task(cfg: DictConfig) -> Any:
+        from saleval.config.keys import check_keys
+        from saleval.input_paths import check_input_paths
+
         quiet_libraries()
         try:
+            check_keys(
+                cfg
+            )  # a key added with `+` (also under -m, where compose_or_exit is not used)
+            check_input_paths(cfg)  # a path that is not there, before the stage imports anything
             result = run(cfg)
         except EXPECTED as err:
             if full_error():
@@ -230,16 +237,23 @@ def config_groups(hydra_groups: bool = False) -> str:
 
 def compose_or_exit(config_name: str, overrides: list[str]) -> DictConfig:
     """The config a command line composes (with its ``hydra`` node), or one line on stderr
-    and exit status 2 when it does not compose (an unknown key, a bad value, a missing
-    option), unless ``HYDRA_FULL_ERROR=1``."""
+    and exit status 2 when it does not compose (an unknown key, also one added with ``+``:
+    :mod:`saleval.config.keys`; a bad value, a missing option) or an ``inputs.*`` path is
+    not there (:mod:`saleval.input_paths`), unless ``HYDRA_FULL_ERROR=1``."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from saleval.config.keys import UnknownKeyError, check_keys
+    from saleval.input_paths import InputError, check_input_paths
+
     try:
         with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-            return compose(config_name, overrides=overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as err:
+            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        check_keys(cfg)
+        check_input_paths(cfg)  # before Hydra makes a run dir
+        return cfg
+    except (HydraException, OmegaConfBaseException, UnknownKeyError, InputError) as err:
         if full_error():
             raise
         print(f"saleval-{config_name}: {composition_error(err)}", file=sys.stderr, flush=True)

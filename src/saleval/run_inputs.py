@@ -26,25 +26,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saleval import merge, paths, stage_table, tracking
 from saleval.config import DatasetConfig
 from saleval.data import complete_label_names
-from saleval.errors import UserError
+from saleval.input_paths import LATEST as LATEST
+from saleval.input_paths import InputError as InputError
+from saleval.input_paths import accepted_stages, input_path_problem, what_it_takes
+from saleval.input_paths import latest_link as latest_link
 from saleval.merge import RUN_JSON as RUN_JSON
 from saleval.provenance import Provenance, ProvenanceError, resolve
 from saleval.tables import TableSpec
 
-
-class InputError(UserError, ValueError):
-    """An ``inputs.<name>`` value does not point at a usable run."""
-
-
 #: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
 #: stage table
 PRODUCERS = stage_table.producers()
-LATEST = "latest"
-
-
-def latest_link(output_root: str | Path, stage: str) -> Path:
-    """``<output root>/<stage>/latest``: a link to the stage's last finished run."""
-    return Path(output_root, stage, LATEST)
 
 
 def resolve_input(
@@ -54,15 +46,12 @@ def resolve_input(
     spec = str(spec)
     if spec in ("???", "", "None"):
         raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
+    root = output_root or paths.project_root() / "outputs"
+    problem = input_path_problem(name, spec, root)
+    if problem:
+        raise InputError(problem)
     if spec == LATEST:
-        stage = PRODUCERS.get(name, name)
-        link = latest_link(output_root or paths.project_root() / "outputs", stage)
-        if not link.exists():
-            raise InputError(
-                f"inputs.{name}=latest: {link} does not exist; no saleval-{stage} run has "
-                "finished there yet: pass a run dir"
-            )
-        spec = str(link.resolve())
+        spec = str(latest_link(root, PRODUCERS.get(name, name)).resolve())
     if spec.startswith("runs:/"):
         run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
         try:
@@ -111,6 +100,9 @@ def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
     """
     if spec.startswith("runs:/") or spec == LATEST or Path(spec, RUN_JSON).is_file():
         return spec, None
+    problem = input_path_problem("model", spec, "outputs")  # a local path that is not there
+    if problem:
+        raise InputError(problem)
     return None, spec
 
 
@@ -172,6 +164,7 @@ class RunInputs:
         }
         #: each parent run's run.json and config.yaml by label, read once
         self.infos = {k: read_run_info(p) for k, p in self.runs.items()}
+        self._check_kinds(stage)
         self.configs = {k: read_run_config(p) for k, p in self.runs.items()}
         self._provenance = {
             k: Provenance.of_run(p, self.infos[k], self.configs[k]) for k, p in self.runs.items()
@@ -190,6 +183,20 @@ class RunInputs:
         self.provenance = self._resolve(cfg, inherits, simulated)
         self._require(stage, requires)
         self._adopt_dataset(cfg)
+
+    def _check_kinds(self, stage: str) -> None:
+        """Each input is a run of a stage it takes (``inputs.crowd`` an import run...):
+        a run of another stage is named with what to pass instead, before anything is read
+        from its tables."""
+        for name, runs in self.input_runs.items():
+            accepted = accepted_stages(name)
+            for i, run in enumerate(runs):
+                kind = self.infos[merge.label(name, i, len(runs))].get("stage")
+                if accepted and kind and kind not in accepted:
+                    raise InputError(
+                        f"inputs.{name}={run} is a saleval-{kind} run; saleval-{stage} reads "
+                        f"{what_it_takes(name)}"
+                    )
 
     def _resolve(
         self,
