@@ -38,8 +38,6 @@ TINY = {
 class WordLength(Attributor):
     """A toy saliency method: longer words matter more (docs/extending.md, "A method")."""
 
-    forward_only = True
-
     def __init__(self, *, power: float = 1.0, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.power = float(power)

@@ -106,7 +106,6 @@ _SHARED_BATCHES = 512  # batches remembered per model (a few MB even at 512 toke
 
 
 class _Attention(TokenAttributor):
-    forward_only = True
     needs_attention_weights = True
     layers = "all"
 

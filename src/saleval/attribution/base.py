@@ -104,8 +104,6 @@ class Attributor(abc.ABC):
     """
 
     registry_name = "?"
-    #: forward-only methods may run under bf16 autocast (``bf16: true``).
-    forward_only = False
     #: methods that read attention weights run the model's eager attention; all others
     #: run the fused sdpa kernels (same outputs, faster; saleval.inference).
     needs_attention_weights = False

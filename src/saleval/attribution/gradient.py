@@ -161,6 +161,25 @@ class _EmbeddingMethod(TokenAttributor):
         return (batch.input_ids, batch.attention_mask, batch.token_type_ids)
 
 
+class _BaselineMethod(_EmbeddingMethod):
+    """An embedding method that compares the input with a baseline (IG, DeepLIFT): one
+    check of ``baseline`` and one set-up of the embeddings and the baseline's."""
+
+    def __init__(self, *, baseline: str = "zero", **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        if baseline not in BASELINES:
+            raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        self.baseline = baseline
+
+    def _setup_baseline(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, batch: Batch
+    ) -> tuple[EmbeddingForward, torch.Tensor, torch.Tensor]:
+        """The forward over embeddings, the input's embeddings (requiring grad) and the
+        baseline's (:func:`make_baseline`)."""
+        fwd, embeds = self._setup(model, batch)
+        return fwd, embeds, make_baseline(fwd, tokenizer, batch, embeds, self.baseline)
+
+
 def reduce_hidden(grad: torch.Tensor, reduction: str) -> torch.Tensor:
     """Gradient ``(B, T, H)`` → token score ``(B, T)``: l1 (|g| summed, Captum Saliency),
     l2 (Euclidean norm), mean or sum of the signed gradient."""
@@ -239,7 +258,7 @@ DEFAULT_INTERNAL_BATCH_SIZE = 100
 
 
 @register("integrated_gradients")
-class IntegratedGradientsMethod(_EmbeddingMethod):
+class IntegratedGradientsMethod(_BaselineMethod):
     """Captum IG from a baseline to the embeddings, summed over the hidden dim.
 
     ``n_steps`` interpolation points (integrated with ``method``, Gauss–Legendre by
@@ -271,14 +290,11 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         **kw: object,
     ):
         kw.setdefault("batch_size", 4)  # few examples: their n_steps rows are the batch
-        super().__init__(**kw)  # type: ignore[arg-type]
-        if baseline not in BASELINES:
-            raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        super().__init__(baseline=baseline, **kw)
         if method not in IG_METHODS:
             raise AttributionError(f"method must be one of {IG_METHODS}, got {method!r}")
         if int(n_steps) < 1:
             raise AttributionError(f"n_steps must be >= 1, got {n_steps}")
-        self.baseline = baseline
         self.n_steps = int(n_steps)
         self.method = method
         self.internal_batch_size = int(internal_batch_size) if internal_batch_size else None
@@ -312,8 +328,7 @@ class IntegratedGradientsMethod(_EmbeddingMethod):
         batch: Batch,
         targets: torch.Tensor,
     ) -> torch.Tensor:
-        fwd, embeds = self._setup(model, batch)
-        base = make_baseline(fwd, tokenizer, batch, embeds, self.baseline)
+        fwd, embeds, base = self._setup_baseline(model, tokenizer, batch)
         if self.n_steps == 1:
             attr, delta = self._one_step(fwd, embeds, base, targets, batch)
             self._note("convergence_delta", delta.detach().cpu().tolist())
@@ -433,7 +448,7 @@ def _select(batch: Batch, idx: torch.Tensor) -> Batch:
 
 
 @register("deeplift")
-class DeepLiftMethod(_EmbeddingMethod):
+class DeepLiftMethod(_BaselineMethod):
     """Captum DeepLIFT (rescale rule) from a baseline to the embeddings, summed over hidden.
 
     What Captum does on BERT (docs/methods.md, measured with Captum 0.9): its rescale rule is
@@ -447,12 +462,6 @@ class DeepLiftMethod(_EmbeddingMethod):
     approximately (the deltas land in ``diagnostics["convergence_delta"]``).
     """
 
-    def __init__(self, *, baseline: str = "zero", **kw: object):
-        super().__init__(**kw)  # type: ignore[arg-type]
-        if baseline not in BASELINES:
-            raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-        self.baseline = baseline
-
     def token_scores(
         self,
         model: PreTrainedModel,
@@ -460,8 +469,7 @@ class DeepLiftMethod(_EmbeddingMethod):
         batch: Batch,
         targets: torch.Tensor,
     ) -> torch.Tensor:
-        fwd, embeds = self._setup(model, batch)
-        base = make_baseline(fwd, tokenizer, batch, embeds, self.baseline)
+        fwd, embeds, base = self._setup_baseline(model, tokenizer, batch)
         with warnings.catch_warnings():  # Captum warns about its hooks on every call
             warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
             attr, delta = DeepLift(fwd, multiply_by_inputs=True).attribute(

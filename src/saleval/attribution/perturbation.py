@@ -47,8 +47,6 @@ def _probs(logits: np.ndarray) -> np.ndarray:
 
 
 class _Perturbation(Attributor):
-    forward_only = True
-
     def __init__(
         self,
         *,

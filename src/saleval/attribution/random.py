@@ -19,8 +19,6 @@ class RandomScores(Attributor):
     independent of batching, order and which other samples are explained.
     """
 
-    forward_only = True
-
     def __init__(self, *, seed: int = 0, **kw: object):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.seed = int(seed)

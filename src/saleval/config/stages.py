@@ -28,14 +28,29 @@ from saleval.vocab import Population, Target
 
 
 @dataclass
-class StageConfig:
-    """Keys every stage root has."""
+class RootConfig:
+    """Keys every root config has, ``saleval-run``'s included."""
 
     task_name: str = MISSING
-    seed: int = 42
     run_dir: str | None = None  # set by tests/pipeline; null = Hydra's run dir
     paths: PathsConfig = field(default_factory=PathsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+@dataclass
+class StageConfig(RootConfig):
+    """Keys every stage root has: a stage draws with its own seed (``saleval-run`` has none:
+    each stage's comes from its own config or the profile)."""
+
+    seed: int = 42
+
+
+#: the ``method`` group: method key -> its settings, ``_target_`` naming the class. The
+#: settings are open (``Any``) on purpose: each method class is its own schema, and
+#: ``hydra.utils.instantiate`` checks its keyword arguments when the method is built (an
+#: unknown one names the method and the argument), so a user's own method class
+#: (docs/extending.md) needs no schema registered here.
+MethodGroup = dict[str, Any] | None
 
 
 # -- train ---------------------------------------------------------------------------
@@ -77,8 +92,7 @@ class ExplainView:
 class ExplainStageConfig(StageConfig):
     dataset: DatasetConfig | None = None  # null: the train run's (saleval.provenance)
     trainer: TrainerConfig = MISSING
-    # method key -> settings with ``_target_``: each class checks its own keyword arguments
-    method: Any = None
+    method: MethodGroup = None
     inputs: ExplainInputs = field(default_factory=ExplainInputs)
     data: ExplainData = field(default_factory=ExplainData)
     target: Target = Target.prediction  # the class each explanation is for
@@ -283,8 +297,7 @@ class ShortcutStageConfig(StageConfig):
     model: ModelConfig = MISSING
     trainer: TrainerConfig = MISSING
     shortcut: ShortcutConfig = MISSING
-    # method key -> settings with ``_target_``: each class checks its own keyword arguments
-    method: Any = None
+    method: MethodGroup = None
     inputs: dict[str, str] = field(default_factory=dict)  # no parents
     label_map: list[int] | None = None  # source class → 0/1 (-1 drops it)
     explain: ShortcutExplainConfig = field(default_factory=ShortcutExplainConfig)
@@ -317,15 +330,12 @@ class PlanStageConfig(StageConfig):
 
 
 @dataclass
-class RunStageConfig:
+class RunStageConfig(RootConfig):
     """``saleval-run``: every stage under one parent run, overrides from a profile."""
 
     task_name: str = "run"
-    run_dir: str | None = None
     reuse: bool = True  # reuse a finished stage run with the same config and inputs
     inputs: dict[str, str] = field(default_factory=dict)  # <stage>: an existing run
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     profile: ProfileConfig = MISSING
 
 
