@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import stage_table, tracking
+from saleval import run_record, tracking
 from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
 from saleval.provenance import Provenance
 from saleval.run_inputs import LATEST as LATEST
@@ -53,6 +52,7 @@ from saleval.run_inputs import read_run_info as read_run_info
 from saleval.run_inputs import resolve_input as resolve_input
 from saleval.run_inputs import resolve_inputs as resolve_inputs
 from saleval.run_inputs import run_or_checkpoint as run_or_checkpoint
+from saleval.stage_tracking import StageTracking
 from saleval.tables import TableSpec
 
 log = logging.getLogger(__name__)
@@ -114,20 +114,11 @@ def stage_fingerprint(
     return fingerprint({"stage": stage, **stable}, prints)
 
 
-def _run_dir_of(cfg: DictConfig) -> Path:
-    explicit = cfg.get("run_dir")
-    if explicit:
-        return Path(str(explicit))
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    raise ValueError("no run dir: set run_dir=<path> when calling a stage outside Hydra")
-
-
 class Stage:
-    """One stage run's lifecycle: run dir, run.json, MLflow run, table writing; what it
-    reads comes from its :class:`RunInputs` (``st.inputs``, ``st.parents``, ``st.read``)."""
+    """One stage run's lifecycle: run dir, ``config.yaml`` and ``run.json``
+    (:mod:`saleval.run_record`), the MLflow run (:class:`StageTracking`), table writing;
+    what it reads comes from its :class:`RunInputs` (``st.inputs``, ``st.parents``,
+    ``st.read``)."""
 
     def __init__(
         self,
@@ -141,53 +132,49 @@ class Stage:
         """``inherits``: the provenance fields this stage takes from its parents (names,
         or field → input names); None: every field from every parent. ``requires``: fields
         that must be known once inherited (given or adopted), else it fails before starting."""
-        self.cfg = cfg
-        self.stage = stage
-        self.run_dir = _run_dir_of(cfg).resolve()
+        self.cfg, self.stage = cfg, stage
+        self.run_dir = run_record.run_dir_of(cfg).resolve()
         #: the parent runs, read once, and the provenance they give (saleval.run_inputs)
-        self.run_inputs = RunInputs(
+        self.run_inputs = ri = RunInputs(
             cfg, stage, inputs, inherits, requires, (tags or {}).get("simulated") == "true"
         )
-        ri = self.run_inputs
         self.input_runs, self.inputs, self.parents = ri.input_runs, ri.inputs, ri.parents
         self.parent_configs, self.parent_provenance = ri.parent_configs, ri.parent_provenance
         #: the run's provenance: the parents' (:class:`RunInputs`), then what it provides
         self.provenance: Provenance = ri.provenance
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
-        # a stage config's keys are str
-        self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)
+        self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)  # keys are str
         self.fingerprint = stage_fingerprint(cfg, stage, ri.runs, ri.infos, self.resolved)
         self.extra_tags = dict(tags or {})
-        self.run_id: str | None = None
-        #: the saved MLflow view of this run's per-method rows (tracking.save_view)
-        self.view: str | None = None
-        self.tags: dict[str, str] = {}
         #: False in a DDP rank > 0: the context then writes and logs nothing
         self.is_main = is_main_process()
+        self.tracking = StageTracking(stage, cfg, self.resolved, lambda: self.provenance)
         self._t0 = 0.0
-        self._started_here = False
-        self._nested = False
-        #: the saliency methods the run is about (:meth:`log_methods`)
-        self.methods: list[str] | None = None
-        self.experiment_id: str | None = None
-        self._params: dict[str, str] = {}  # the identity params logged so far
-        self._name: str | None = None  # the run name given to MLflow
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run's id (None before the run starts, and in a DDP rank > 0)."""
+        return self.tracking.run_id
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The MLflow run's tags (``simulated`` among them once known)."""
+        return self.tracking.tags
 
     def provide(self, **fields: Any) -> None:
         """Record provenance this stage computes itself (e.g. the explain stage's
         ``max_length``, a crowd import's ``simulated``); written into ``run.json``."""
         self.provenance = dataclasses.replace(self.provenance, **fields)
+        new = {k: str(fields[k]) for k in ("dataset", "model") if fields.get(k) is not None}
         if fields.get("simulated"):
-            self.set_tags({"simulated": "true"})
-        for key in ("dataset", "model"):
-            if fields.get(key) is not None:
-                self.set_tags({key: str(fields[key])})
+            new["simulated"] = "true"
+        if new:
+            self.set_tags(new)
         if self.is_main and self.run_id is not None:
-            self._log_identity()
+            self.tracking.log_identity()
             self._write_run_json(status="RUNNING")
 
-    # -- context ------------------------------------------------------------------
     def __enter__(self) -> Stage:
         if not self.is_main:  # a DDP rank > 0: rank 0 owns the run dir and the MLflow run
             return self
@@ -199,78 +186,10 @@ class Stage:
                 self.cfg.tracking.uri = uri
             self.resolved["tracking"]["uri"] = uri
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-        dataset = str(self.provenance.dataset or "none")
-        model = str(self.provenance.model or "none")
-        experiment = str(
-            OmegaConf.select(self.cfg, "tracking.experiment", default=None) or f"saleval/{dataset}"
-        )
-        self.experiment_id = tracking.setup(
-            uri, experiment, OmegaConf.select(self.cfg, "tracking.artifact_root", default=None)
-        )
-        tags = {
-            "stage": self.stage,
-            "dataset": dataset,
-            "model": model,
-            "run_dir": str(self.run_dir),
-            "fingerprint": self.fingerprint,
-            **tracking.process_tags(),  # host, pid, pid_start: tells a dead run later
-            **{f"parent.{k}": str(v.get("run_id", "")) for k, v in self.run_inputs.infos.items()},
-            **{f"parent_dir.{k}": str(p) for k, p in self.run_inputs.runs.items()},
-            **self.extra_tags,
-        }
-        tags.update(_sweep_tags())
-        if self.provenance.simulated:
-            tags["simulated"] = "true"
-        nested = mlflow.active_run() is not None
-        self._nested = nested
-        if not nested:  # inside saleval-run, the pipeline did this when it started
-            tracking.end_dead_runs()
-        self._name = self.run_name()
-        run = mlflow.start_run(run_name=self._name, nested=nested, tags=tags)
-        self._started_here = True
-        self.run_id = run.info.run_id
-        self.tags = tags
-        # a sweep job's overrides add what it varies; the resolved values win where both
-        # name a key (MLflow refuses a param logged twice with different strings)
-        swept = tracking.override_params(_sweep_overrides())
-        tracking.log_params({**swept, **tracking.stage_params(self.stage, self.resolved, uri)})
-        self._log_identity()
+        self.tracking.start(uri, self.run_dir, self.fingerprint, self.run_inputs, self.extra_tags)
         self._write_run_json(status="RUNNING")
         self._t0 = time.perf_counter()
         return self
-
-    # -- what ran: run name, params dataset/model/methods ------------------------------
-    def run_name(self) -> str:
-        """``tracking.run_name`` when given, else what ran (:func:`saleval.tracking.run_name`)."""
-        given = OmegaConf.select(self.cfg, "tracking.run_name", default=None)
-        if given:
-            return str(given)
-        p = self.provenance
-        return tracking.run_name(self.stage, p.dataset, p.model, self.methods, bool(p.simulated))
-
-    def log_methods(self, methods: Sequence[str]) -> None:
-        """The saliency methods this run is about: the ``methods`` param, and the run name."""
-        self.methods = [str(m) for m in methods]
-        self._log_identity()
-
-    def _log_identity(self) -> None:
-        """Params ``dataset``, ``model``, ``methods`` once known (a param never changes),
-        and the run name brought up to date."""
-        if not self.is_main or self.run_id is None:
-            return
-        known = {
-            "dataset": self.provenance.dataset,
-            "model": self.provenance.model,
-            "methods": ",".join(self.methods) if self.methods else None,
-        }
-        new = {k: str(v) for k, v in known.items() if v is not None and k not in self._params}
-        if new:
-            tracking.log_params(new)
-            self._params.update(new)
-        name = self.run_name()
-        if name != self._name:
-            mlflow.tracking.MlflowClient().update_run(self.run_id, name=name)
-            self._name = name
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self.is_main:
@@ -285,65 +204,26 @@ class Stage:
             else:
                 self._write_run_json(status=status, seconds=seconds, error=repr(exc))
         finally:
-            if self._started_here:
+            if self.run_id is not None:
                 mlflow.end_run(status=status)
-        if not exc_type and not self._nested:  # saleval-run prints its own summary
-            self._link_latest()
+        if not exc_type and not self.tracking.nested:  # saleval-run prints its own summary
+            root = OmegaConf.select(self.cfg, "paths.output_root", default=None)
+            run_record.link_latest(root, self.stage, self.run_dir)
             print(self.summary(), flush=True)
 
-    def _link_latest(self) -> None:
-        """Point ``<output root>/<stage>/latest`` at this run, when it lies there."""
-        root = OmegaConf.select(self.cfg, "paths.output_root", default=None)
-        if root is None:
-            return
-        link = latest_link(root, self.stage)
-        if link.parent.resolve() not in self.run_dir.parents:
-            return  # a run dir elsewhere (tests, run_dir=...) is not "the latest" of outputs/
-        tmp = link.with_name(f".{LATEST}.{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(self.run_dir, target_is_directory=True)
-        os.replace(tmp, link)  # atomic: a reader never sees no link
-
     def summary(self) -> str:
-        """Where the run went and the command(s) that take it further, paths filled in."""
+        """Where the run went and the command(s) that take it further (run_record.summary)."""
         known = {"run": str(self.run_dir), **{k: str(p) for k, p in self.inputs.items()}}
         if "checkpoint" in self.extra_tags:
             known.setdefault("model", self.extra_tags["checkpoint"])
-        lines = [
-            f"[saleval-{self.stage}] finished: {self.run_dir}",
-            f"  MLflow run {self.run_id} in {mlflow.get_tracking_uri()}",
-        ]
-        if self.experiment_id is not None:
-            hint = tracking.ui_hint(mlflow.get_tracking_uri(), self.experiment_id, self.view)
-            lines.append(f"  open: {hint}")
-        for template in stage_table.next_steps(self.stage):
-            command = template
-            for key in ("run", "model", "tasks"):
-                command = command.replace("{" + key + "}", known.get(key, LATEST))
-            lines.append(f"  next: {command}")
-        sweep = self.tags.get("sweep")
-        names = [n for n, s in PRODUCERS.items() if s == self.stage]
-        if sweep and names:  # a -m job: the whole sweep can be the next stage's input
-            lines.append(f"  sweep: all its jobs as one input: inputs.{names[0]}={sweep}")
-        return "\n".join(lines)
+        t = self.tracking
+        return run_record.summary(self.stage, self.run_dir, t.run_id, known,
+                                  t.experiment_id, t.view, t.tags.get("sweep"))  # fmt: skip
 
     def _write_run_json(self, **extra: Any) -> None:
-        info = {
-            "stage": self.stage,
-            "run_id": self.run_id,
-            "tracking_uri": mlflow.get_tracking_uri(),
-            "fingerprint": self.fingerprint,
-            "parents": {k: v.get("run_id") for k, v in self.run_inputs.infos.items()},
-            "parent_dirs": {k: str(p) for k, p in self.run_inputs.runs.items()},
-            "simulated": "true" if self.provenance.simulated else "false",
-            "provenance": self.provenance.to_json(),
-            # which machine and process ran it: jobs of a parallel multirun or a cluster differ
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            **({"mlflow_view": self.view} if self.view else {}),
-            **extra,
-        }
-        (self.run_dir / RUN_JSON).write_text(json.dumps(info, indent=2))
+        run_record.write_run_json(self.run_dir, self.stage, self.run_id, self.fingerprint,
+                                  self.run_inputs, self.provenance, self.tracking.view,
+                                  **extra)  # fmt: skip
 
     # -- inputs -------------------------------------------------------------------
     def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
@@ -378,79 +258,15 @@ class Stage:
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)
 
-    def log_method_rows(
-        self,
-        rows: pd.DataFrame,
-        table: str | None = None,
-        key: str = tracking.METHOD,
-        order_by: str | None = None,
-        ascending: bool = False,
-    ) -> dict[str, str]:
-        """One nested child run per method (:func:`saleval.tracking.log_method_rows`),
-        tagged with this run's dataset, model and ``simulated``, with the method's own
-        settings from the ``method`` group as params (:func:`saleval.tracking.method_settings`);
-        the rows' methods become the run's ``methods`` when not given yet. A saved MLflow
-        view shows the rows side by side (:func:`saleval.tracking.save_view`), sorted by
-        ``order_by`` (default: ``human_score`` where there is one, else the first numeric
-        column); the printed link opens it. ``key``: the column that names the rows when
-        they are not methods (saleval-plan: ``design``). Returns row name → child run id."""
-        if not self.is_main or self.run_id is None:
-            return {}
-        if self.methods is None and key == tracking.METHOD:
-            self.log_methods(rows[key].astype(str).tolist())
-        keep = ("dataset", "model", "simulated")
-        tags = {k: v for k, v in self.tags.items() if k in keep}
-        params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
-        settings = tracking.method_settings(self.resolved.get("method"))
-        ids = tracking.log_method_rows(
-            rows, self.stage, table=table, tags=tags, params=params, settings=settings, key=key
-        )
-        # the printed link opens these rows side by side (docs/tracking.md#views)
-        columns = [c for c in rows.columns if c != key and pd.api.types.is_numeric_dtype(rows[c])]
-        columns.sort(key=lambda c: c != "human_score")  # the human score first, where there is one
-        if self.experiment_id is not None and columns:
-            self.view = tracking.save_view(
-                self.experiment_id,
-                self.run_id,
-                self.run_name(),
-                columns,
-                order_by=order_by or columns[0],
-                ascending=ascending,
-            )
-        return ids
+    def log_methods(self, methods: Sequence[str]) -> None:
+        """The saliency methods this run is about (:meth:`StageTracking.log_methods`)."""
+        self.tracking.log_methods(methods)
+
+    def log_method_rows(self, rows: pd.DataFrame, **kw: Any) -> dict[str, str]:
+        """One child run per method and a saved view (:meth:`StageTracking.log_method_rows`)."""
+        return self.tracking.log_method_rows(rows, **kw) if self.is_main else {}
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        self.tags.update(tags)
         if tags.get("simulated") == "true" and not self.provenance.simulated:
             self.provenance = dataclasses.replace(self.provenance, simulated=True)
-        if self.is_main and self.run_id is not None:
-            mlflow.set_tags(dict(tags))
-            self._log_identity()
-
-
-def _multirun() -> Any:
-    """Hydra's config of this ``-m`` job (None outside a multirun)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None
-    return HydraConfig.get()
-
-
-def _sweep_overrides() -> list[str]:
-    """The overrides of this ``-m`` job ([] outside a multirun)."""
-    hc = _multirun()
-    return [] if hc is None else list(hc.overrides.task)
-
-
-def _sweep_tags() -> dict[str, str]:
-    """Group the jobs of one ``-m`` multirun: same sweep dir, job number, overrides."""
-    hc = _multirun()
-    if hc is None:
-        return {}
-    return {
-        "sweep": str(hc.sweep.dir),
-        "sweep.job": str(hc.job.num),
-        "sweep.overrides": ",".join(hc.overrides.task)[:5000],
-    }
+        self.tracking.set_tags(tags)

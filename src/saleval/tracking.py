@@ -170,6 +170,17 @@ VIEW_KEY = "saleval-"  # the views saleval writes; others are the user's and are
 MAX_VIEWS = 30  # saleval's own views kept per experiment (MLflow's UI saves at most 40)
 
 
+def rows_view_columns(rows: pd.DataFrame, key: str = METHOD) -> list[str]:
+    """The numeric columns of per-method (or per-``key``) rows, as a saved view shows
+    them: ``human_score`` first where there is one (it is what a study ranks methods by).
+
+    >>> rows_view_columns(pd.DataFrame({"method": ["a"], "aopc": [0.1], "human_score": [3.0]}))
+    ['human_score', 'aopc']
+    """
+    columns = [c for c in rows.columns if c != key and pd.api.types.is_numeric_dtype(rows[c])]
+    return sorted(columns, key=lambda c: c != "human_score")
+
+
 def save_view(
     experiment_id: str,
     parent_run_id: str,

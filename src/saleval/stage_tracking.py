@@ -1,0 +1,179 @@
+"""The MLflow side of one stage run (docs/tracking.md): the run started with what ran as its
+name and tags, the identity params (``dataset``, ``model``, ``methods``) logged once known,
+per-method child runs with a saved view, and the run ended with its status.
+
+:class:`saleval.stage.Stage` owns one :class:`StageTracking`; it reads the run's provenance
+through a callable, since a stage may learn its model or ``simulated`` while it runs
+(``Stage.provide``) and the run's name and params follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from saleval import run_record, tracking
+from saleval.provenance import Provenance
+from saleval.run_inputs import RunInputs
+
+
+class StageTracking:
+    """One stage run in MLflow: start, name, params, tags, method rows, end."""
+
+    def __init__(
+        self,
+        stage: str,
+        cfg: DictConfig,
+        resolved: dict[str, Any],
+        provenance: Callable[[], Provenance],
+    ) -> None:
+        self.stage, self.cfg, self.resolved, self._provenance = stage, cfg, resolved, provenance
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        #: the saved MLflow view of this run's per-method rows (tracking.save_view)
+        self.view: str | None = None
+        self.tags: dict[str, str] = {}
+        #: the saliency methods the run is about (:meth:`log_methods`)
+        self.methods: list[str] | None = None
+        self.nested = False  # inside saleval-run's pipeline run
+        self._params: dict[str, str] = {}  # the identity params logged so far
+        self._name: str | None = None  # the run name given to MLflow
+
+    def start(
+        self,
+        uri: str,
+        run_dir: Path,
+        fingerprint: str,
+        parents: RunInputs,
+        extra: Mapping[str, str],
+    ) -> None:
+        """Start the run (nested under an active pipeline run) in the config's experiment
+        (default ``saleval/<dataset>``), tagged (:func:`run_tags`), with the stage's params
+        and a ``-m`` job's overrides; first, outside a pipeline, end as KILLED the runs of
+        this host whose process is gone (:func:`saleval.tracking.end_dead_runs`)."""
+        p = self._provenance()
+        dataset, model = str(p.dataset or "none"), str(p.model or "none")
+        experiment = OmegaConf.select(self.cfg, "tracking.experiment", default=None)
+        self.experiment_id = tracking.setup(
+            uri,
+            str(experiment or f"saleval/{dataset}"),
+            OmegaConf.select(self.cfg, "tracking.artifact_root", default=None),
+        )
+        tags = run_tags(self.stage, dataset, model, run_dir, fingerprint, parents, extra)
+        if p.simulated:
+            tags["simulated"] = "true"
+        self.nested = mlflow.active_run() is not None
+        if not self.nested:  # inside saleval-run, the pipeline did this when it started
+            tracking.end_dead_runs()
+        self._name = self.run_name()
+        self.run_id = mlflow.start_run(
+            run_name=self._name, nested=self.nested, tags=tags
+        ).info.run_id
+        self.tags = tags
+        # a sweep job's overrides add what it varies; the resolved values win where both
+        # name a key (MLflow refuses a param logged twice with different strings)
+        swept = tracking.override_params(run_record.sweep_overrides())
+        tracking.log_params({**swept, **tracking.stage_params(self.stage, self.resolved, uri)})
+        self.log_identity()
+
+    def run_name(self) -> str:
+        """``tracking.run_name`` when given, else what ran (:func:`saleval.tracking.run_name`)."""
+        given = OmegaConf.select(self.cfg, "tracking.run_name", default=None)
+        if given:
+            return str(given)
+        p = self._provenance()
+        return tracking.run_name(self.stage, p.dataset, p.model, self.methods, bool(p.simulated))
+
+    def log_methods(self, methods: Sequence[str]) -> None:
+        """The saliency methods this run is about: the ``methods`` param, and the run name."""
+        self.methods = [str(m) for m in methods]
+        self.log_identity()
+
+    def log_identity(self) -> None:
+        """Params ``dataset``, ``model``, ``methods`` once known (a param never changes),
+        and the run name brought up to date."""
+        if self.run_id is None:
+            return
+        p = self._provenance()
+        methods = ",".join(self.methods) if self.methods else None
+        known = {"dataset": p.dataset, "model": p.model, "methods": methods}
+        new = {k: str(v) for k, v in known.items() if v is not None and k not in self._params}
+        if new:
+            tracking.log_params(new)
+            self._params.update(new)
+        name = self.run_name()
+        if name != self._name:
+            mlflow.tracking.MlflowClient().update_run(self.run_id, name=name)
+            self._name = name
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tag the run (and keep the tags for its child runs and summary)."""
+        self.tags.update(tags)
+        if self.run_id is not None:
+            mlflow.set_tags(dict(tags))
+            self.log_identity()
+
+    def log_method_rows(
+        self,
+        rows: pd.DataFrame,
+        table: str | None = None,
+        key: str = tracking.METHOD,
+        order_by: str | None = None,
+        ascending: bool = False,
+    ) -> dict[str, str]:
+        """One nested child run per method (:func:`saleval.tracking.log_method_rows`),
+        tagged with this run's dataset, model and ``simulated``, with the method's own
+        settings from the ``method`` group as params (:func:`saleval.tracking.method_settings`);
+        the rows' methods become the run's ``methods`` when not given yet. A saved MLflow
+        view shows the rows side by side (:func:`saleval.tracking.save_view`), sorted by
+        ``order_by`` (default: ``human_score`` where there is one, else the first numeric
+        column); the printed link opens it (docs/tracking.md#views). ``key``: the column
+        that names the rows when they are not methods (saleval-plan: ``design``). Returns
+        row name → child run id."""
+        if self.run_id is None:
+            return {}
+        if self.methods is None and key == tracking.METHOD:
+            self.log_methods(rows[key].astype(str).tolist())
+        tags = {k: v for k, v in self.tags.items() if k in ("dataset", "model", "simulated")}
+        params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
+        settings = tracking.method_settings(self.resolved.get("method"))
+        ids = tracking.log_method_rows(
+            rows, self.stage, table=table, tags=tags, params=params, settings=settings, key=key
+        )
+        columns = tracking.rows_view_columns(rows, key)
+        if self.experiment_id is not None and columns:
+            self.view = tracking.save_view(
+                self.experiment_id, self.run_id, self.run_name(), columns,
+                order_by=order_by or columns[0], ascending=ascending,
+            )  # fmt: skip
+        return ids
+
+
+def run_tags(
+    stage: str,
+    dataset: str,
+    model: str,
+    run_dir: Path,
+    fingerprint: str,
+    parents: RunInputs,
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    """A stage run's MLflow tags: what ran on what, its parents' run ids and dirs, the
+    process (host, pid, pid start: tells a dead run later) and the ``-m`` sweep it is in."""
+    return {
+        "stage": stage,
+        "dataset": dataset,
+        "model": model,
+        "run_dir": str(run_dir),
+        "fingerprint": fingerprint,
+        **tracking.process_tags(),
+        **{f"parent.{k}": str(v.get("run_id", "")) for k, v in parents.infos.items()},
+        **{f"parent_dir.{k}": str(p) for k, p in parents.runs.items()},
+        **extra,
+        **run_record.sweep_tags(),
+    }
