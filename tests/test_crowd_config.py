@@ -1,4 +1,4 @@
-"""The crowd side's config schemas (saleval.crowd.config): defaults written once, YAML
+"""The crowd side's config schemas (saleval.config.crowd): defaults written once, YAML
 that states only what differs, unknown keys and bad values rejected, and the crowd
 source and aggregator picked by ``_target_``."""
 
@@ -14,18 +14,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from saleval import paths
-from saleval.crowd.aggregation import StrictMajority
-from saleval.crowd.answers import IDK_ALIASES, AnswerParser, normalise
-from saleval.crowd.config import (
+from saleval.config.crowd import (
+    LU2024_METHODS,
     SCHEMAS,
     AnswersCrowdConfig,
     PublishedCrowdConfig,
     SimulationConfig,
     StudyConfig,
 )
+from saleval.crowd.aggregation import StrictMajority
+from saleval.crowd.answers import IDK_ALIASES, AnswerParser, normalise
 from saleval.crowd.errors import CrowdImportError, DesignError, SimulationError
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
-from saleval.crowd.lu2024 import LU2024_METHODS
 from saleval.schema import to_schema
 from tests.conftest import compose_config
 

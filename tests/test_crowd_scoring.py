@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from saleval import reports, scoring
+from saleval.config.crowd import FiltersConfig
 from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
-from saleval.crowd.config import FiltersConfig
 from saleval.crowd.importer import crowd_source
 from tests.conftest import compose_config
 

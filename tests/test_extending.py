@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from saleval import paths
 from saleval.attribution import Attributor, explain_frame
 from saleval.config import register_configs
-from saleval.crowd.config import StudyConfig
+from saleval.config.crowd import StudyConfig
 from saleval.crowd.design import build_study
 from saleval.data import load_dataset
 from saleval.models import build_model, load_tokenizer

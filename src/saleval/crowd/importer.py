@@ -11,7 +11,7 @@ Two sources reach the same tables (:class:`~saleval.crowd.reading.CrowdImport`):
   (:mod:`saleval.crowd.lu2024`), A[i, j, k] as given.
 
 Each source *is* its config schema (a subclass of the dataclass in
-:mod:`saleval.crowd.config`) plus what it does, so its fields are declared once;
+:mod:`saleval.config.crowd`) plus what it does, so its fields are declared once;
 :func:`crowd_source` builds the one a config's ``_target_`` names.
 """
 
@@ -28,9 +28,9 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from saleval import tables
+from saleval.config.crowd import AnswersCrowdConfig, PublishedCrowdConfig
 from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
-from saleval.crowd.config import AnswersCrowdConfig, PublishedCrowdConfig
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.long_format import read_answers
 from saleval.crowd.lu2024 import read_lu2024

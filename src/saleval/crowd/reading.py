@@ -19,24 +19,17 @@ import hashlib
 import re
 import sys
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 
 from saleval import tables
+from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
 
 MAX_LISTED_REJECTS = 20
 MAX_PROBLEM_CHARS = 400  # longer problem texts (a huge field quoted in them) are cut
-
-
-class Policy(StrEnum):
-    """What an import does with rejected rows (``crowd.policy``)."""
-
-    report = "report"  # import the good rows, write the rejects next to them
-    strict = "strict"  # any reject fails the import; nothing is written
 
 
 def sha256_file(path: str | Path) -> str:

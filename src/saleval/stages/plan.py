@@ -31,8 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from saleval import planning, reports, tables, tracking
+from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
-from saleval.crowd.config import SimulationConfig, StudyConfig
 from saleval.crowd.importer import PublishedSource, crowd_source
 from saleval.crowd.published import read_study, reader_training_data, study_bundles
 from saleval.crowd.reading import enforce_policy, sha256_file

@@ -33,8 +33,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
+from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
-from saleval.crowd.config import SimulationConfig
 from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
 from saleval.crowd.published import read_study, reader_training_data, study_bundles
 from saleval.crowd.reading import enforce_policy, sha256_file

@@ -22,7 +22,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
-from saleval.crowd.config import StudyConfig
+from saleval.config.crowd import StudyConfig
 from saleval.crowd.errors import DesignError
 from saleval.schema import to_schema
 from saleval.stage import Stage, hydra_main
