@@ -25,7 +25,8 @@ from saleval.config.crowd import (
 from saleval.crowd.aggregation import StrictMajority
 from saleval.crowd.answers import IDK_ALIASES, AnswerParser, normalise
 from saleval.crowd.errors import CrowdImportError, DesignError, SimulationError
-from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
+from saleval.crowd.importer import AnswersSource, PublishedSource
+from saleval.crowd.source import crowd_source
 from saleval.schema import to_schema
 from tests.conftest import compose_config
 
@@ -139,6 +140,10 @@ def test_the_crowd_source_is_picked_by_target() -> None:
         crowd_source({"_target_": "saleval.crowd.importer.AnswersSource", "bogus": 1})
     with pytest.raises(CrowdImportError, match="names no _target_"):
         crowd_source({"name": "answers", "format": "answers"})
+    with pytest.raises(CrowdImportError, match="StudyConfig is not a crowd source.*CrowdSource"):
+        crowd_source({"_target_": "saleval.config.crowd.StudyConfig"})
+    with pytest.raises(CrowdImportError, match="crowd._target_=mylab.Nope: cannot import it"):
+        crowd_source({"_target_": "mylab.Nope"})
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ They live with the other schemas, below the code that reads them: this module im
 nothing of :mod:`saleval.crowd`. The words their fields take (``Policy``,
 ``WorkerIdCase``, ``BalanceBy``, the published method names) and the errors their checks
 raise (``DesignError``, ``SimulationError``) are declared here, and the crowd modules take
-them from here (docs/architecture.md#4-configs-have-schemas-salevalconfig).
+them from here (docs/architecture.md, section 4).
 
 Each group's fields and defaults are declared once, here, as OmegaConf structured
 configs: the YAML files of a group list the schema first in their defaults and then

@@ -1,7 +1,7 @@
 """The crowd config schemas' old address, kept for code that imports them from here.
 
 They live in :mod:`saleval.config.crowd`, with the other schemas
-(docs/architecture.md#4-configs-have-schemas-salevalconfig); import them from there.
+(docs/architecture.md, section 4); import them from there.
 """
 
 from __future__ import annotations
