@@ -1,4 +1,4 @@
-"""The crowd side's config schemas (saleval.crowd.config): defaults written once, YAML
+"""The crowd side's config schemas (saleval.config.crowd): defaults written once, YAML
 that states only what differs, unknown keys and bad values rejected, and the crowd
 source and aggregator picked by ``_target_``."""
 
@@ -14,19 +14,20 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from saleval import paths
-from saleval.config.keys import UnknownKeyError
-from saleval.crowd.aggregation import StrictMajority
-from saleval.crowd.answers import IDK_ALIASES, AnswerParser, normalise
-from saleval.crowd.config import (
+from saleval.config.crowd import (
+    LU2024_METHODS,
     SCHEMAS,
     AnswersCrowdConfig,
     PublishedCrowdConfig,
     SimulationConfig,
     StudyConfig,
 )
+from saleval.config.keys import UnknownKeyError
+from saleval.crowd.aggregation import StrictMajority
+from saleval.crowd.answers import IDK_ALIASES, AnswerParser, normalise
 from saleval.crowd.errors import CrowdImportError, DesignError, SimulationError
-from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
-from saleval.crowd.lu2024 import LU2024_METHODS
+from saleval.crowd.importer import AnswersSource, PublishedSource
+from saleval.crowd.source import crowd_source
 from saleval.schema import to_schema
 from tests.conftest import compose_config
 
@@ -141,6 +142,10 @@ def test_the_crowd_source_is_picked_by_target() -> None:
         crowd_source({"_target_": "saleval.crowd.importer.AnswersSource", "bogus": 1})
     with pytest.raises(CrowdImportError, match="names no _target_"):
         crowd_source({"name": "answers", "format": "answers"})
+    with pytest.raises(CrowdImportError, match="StudyConfig is not a crowd source.*CrowdSource"):
+        crowd_source({"_target_": "saleval.config.crowd.StudyConfig"})
+    with pytest.raises(CrowdImportError, match="crowd._target_=mylab.Nope: cannot import it"):
+        crowd_source({"_target_": "mylab.Nope"})
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from saleval import tables
+from saleval.config.crowd import StudyConfig
 from saleval.crowd.answers import IDK
-from saleval.crowd.config import StudyConfig
 from saleval.crowd.design import (
     DesignError,
     assign_bundles,

@@ -20,6 +20,8 @@ from saleval import paths, tables
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.long_format import read_answers
 from saleval.crowd.lu2024 import read_lu2024
+from saleval.crowd.reading import sha256_file
+from saleval.stage import InputError
 from saleval.stages import import_, score
 from saleval.tracking import method_rows
 from tests.conftest import DATA_ROOT, compose_config
@@ -286,7 +288,7 @@ def test_round_trip_answers_import_score(
         assert (run / f).is_file(), f
     report = json.loads((run / "import_report.json").read_text())
     assert report["simulated"] is False and report["n_rejected_rows"] == 0
-    assert report["source"]["sha256"] == import_.sha256_file(answers)
+    assert report["source"]["sha256"] == sha256_file(answers)
     assert report["dataset"] == "imdb"
     speed = report["filters"][0]
     assert (speed["name"], speed["workers"], speed["n_answers"]) == (
@@ -519,6 +521,17 @@ def test_broken_published_rows_are_reported(tmp_path: Path) -> None:
         (7, "Text"),
         (8, "*"),
     ]
+
+
+def test_a_missing_input_fails_before_the_run_starts(
+    task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    with pytest.raises(CrowdImportError, match="needs inputs.tasks=<tasks run> and inputs.answers"):
+        import_.run(make_cfg("import", [f"inputs.tasks={task_run}"]))
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(InputError, match=f"inputs.answers={missing}: no such file or directory"):
+        import_.run(make_cfg("import", [f"inputs.tasks={task_run}", f"inputs.answers={missing}"]))
+    assert not (tmp_path / "import").exists()  # no run dir was made
 
 
 def test_published_needs_path_and_dataset(make_cfg: Callable[..., DictConfig]) -> None:

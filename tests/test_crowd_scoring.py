@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from saleval import reports, scoring
+from saleval.config.crowd import FiltersConfig
 from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
-from saleval.crowd.config import FiltersConfig
-from saleval.crowd.importer import crowd_source
+from saleval.crowd.source import crowd_source
 from tests.conftest import compose_config
 
 # --- strict majority (docs/aggregation.md#strict-majority) ---------------------------

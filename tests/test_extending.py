@@ -1,24 +1,33 @@
-"""docs/extending.md, executed: a new saliency method, dataset and study variant from outside
-the package (the new metric is tests/test_metrics_registry.py's toy metric)."""
+"""docs/extending.md, executed: a new saliency method, dataset, study variant, crowd source and
+export format from outside the package (the new metric is tests/test_metrics_registry.py's
+toy metric)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, open_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval import paths
+from saleval import paths, tables
 from saleval.attribution import Attributor, explain_frame
 from saleval.config import register_configs
-from saleval.crowd.config import StudyConfig
+from saleval.config.crowd import Policy, StudyConfig
 from saleval.crowd.design import build_study
+from saleval.crowd.errors import CrowdImportError
+from saleval.crowd.exports import ExportInput, register_export, unregister_export
+from saleval.crowd.reading import CrowdImport, Rejects, empty_annotations, enforce_policy
+from saleval.crowd.source import CrowdSource, Given, ImportContext, SourceFile
 from saleval.data import load_dataset
 from saleval.models import build_model, load_tokenizer
 from saleval.schema import to_schema
@@ -136,3 +145,105 @@ def test_a_metric_module_named_in_metrics_plugins_registers_and_runs() -> None:
         assert v["top_word_drop", ""] == pytest.approx(v["comprehensiveness", "1"], abs=1e-6)
     finally:
         R.unregister_metric("top_word_drop")
+
+
+@dataclass
+class VerdictSource(CrowdSource):
+    """A toy platform whose export gives each task's majority answer, ``task_id,majority``
+    (docs/extending.md, "A crowd source"); its fields are its config."""
+
+    format: ClassVar[str] = "verdicts"
+    _target_: str = f"{__name__}.VerdictSource"
+    name: str = "verdicts"
+    policy: Policy = Policy.report
+
+    def locate(self, given: Given) -> SourceFile:
+        if "tasks" not in given.inputs:
+            raise CrowdImportError("crowd=verdicts needs inputs.tasks=<tasks run>")
+        path, answers_run = given.find("answers", "verdicts.csv")
+        parents = {
+            "tasks": given.inputs["tasks"],
+            **({"answers": answers_run} if answers_run else {}),
+        }
+        return SourceFile.at(path, parents=parents, requires=("dataset",))
+
+    def import_(self, ctx: ImportContext) -> CrowdImport:
+        tasks = tables.TASKS.read(ctx.runs["tasks"])
+        verdicts = pd.read_csv(ctx.file.path, dtype=str, keep_default_na=False)
+        rejects = Rejects(str(ctx.file.path))
+        for row, answer in enumerate(verdicts["majority"], 1):
+            if answer not in ctx.label_names:
+                rejects.add(row, "majority", f"unknown label {answer!r}; use one of the labels")
+        enforce_policy(rejects.frame(), self.policy, ctx.file.path)
+        study = tasks[~tasks["is_gold"].astype(bool)].merge(verdicts, on="task_id", how="left")
+        named = study["label"].map(lambda y: ctx.label_names[int(y)])
+        aggregated = study[["sample_id", "method", "k", "label"]].assign(
+            correct=(study["majority"] == named).astype("int64")
+        )
+        report = {"format": self.format, "policy": str(self.policy), "n_rows": len(verdicts)}
+        return CrowdImport(empty_annotations(), aggregated, rejects.frame(), report)
+
+
+def test_a_crowd_source_in_a_users_config_dir(tmp_path: Path, mlflow_uri: str) -> None:
+    from saleval.stages import import_
+    from tests.test_crowd_results import LABELS, make_task_run
+
+    task_run = make_task_run(tmp_path)
+    tasks = tables.TASKS.read(task_run)
+    verdicts = tmp_path / "verdicts.csv"
+    study = tasks[~tasks["is_gold"]]
+    majority = [LABELS[y] if m == "vanilla_gradient" else LABELS[1 - y]
+                for y, m in zip(study["label"], study["method"])]  # fmt: skip
+    rows = {"task_id": [*study["task_id"], "gold-1"], "majority": [*majority, "maybe"]}
+    pd.DataFrame(rows).to_csv(verdicts, index=False)
+    (tmp_path / "crowd").mkdir()
+    (tmp_path / "crowd" / "verdicts.yaml").write_text(f"_target_: {__name__}.VerdictSource\n")
+    overrides = ["crowd=verdicts", f"inputs.tasks={task_run}", f"inputs.answers={verdicts}"]
+    cfg = _compose("import", tmp_path, overrides)
+    with open_dict(cfg):
+        cfg.run_dir = str(tmp_path / "import")
+        cfg.tracking.artifact_root = str(tmp_path / "mlartifacts")
+    out = import_.run(cfg)
+    run = Path(out["run_dir"])
+    agg = tables.AGGREGATED.read(run)
+    assert len(agg) == 16 and out["crowd_accuracy"] == 50.0
+    assert set(agg.loc[agg["correct"] == 1, "method"]) == {"vanilla_gradient"}
+    report = json.loads((run / "import_report.json").read_text())
+    assert report["format"] == "verdicts" and report["dataset"] == "imdb"  # from the task run
+    assert report["source"]["path"] == str(verdicts.resolve())
+    assert json.loads((run / "run.json").read_text())["parent_dirs"]["tasks"] == str(task_run)
+    assert not (run / "filtered.csv").exists()  # the toy source has no filters
+    rejects = tables.REJECTS.read(run)
+    assert rejects[["row", "field"]].values.tolist() == [[17, "majority"]]
+
+
+def test_an_export_format_is_written_into_every_task_run(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    from saleval.stages import tasks as tasks_stage
+    from tests.test_crowd_design import synthetic_explain, write_explain_run
+
+    @register_export("jsonl", "bundles.jsonl")
+    def write_jsonl(inputs: ExportInput, path: Path) -> None:
+        """One JSON object per bundle: its task ids and texts, in order."""
+        merged = inputs.bundles.merge(inputs.tasks[["task_id", "display_text"]], on="task_id")
+        with path.open("w") as fh:
+            for bid, g in merged.sort_values(["bundle_id", "position"]).groupby("bundle_id"):
+                items = [{"id": t, "text": x} for t, x in zip(g["task_id"], g["display_text"])]
+                fh.write(json.dumps({"bundle_id": bid, "tasks": items}) + "\n")
+
+    try:
+        with pytest.raises(ValueError, match="'bundles.jsonl' is written by export jsonl"):
+            register_export("other", "bundles.jsonl")(write_jsonl)
+        preds, attrs = synthetic_explain(40, 20)
+        explain = write_explain_run(tmp_path / "explain", preds, attrs)
+        overrides = [f"inputs.explain={explain}", "study=smoke", "kgrid=smoke", "dataset=ag_news"]
+        out = tasks_stage.run(make_cfg("tasks", overrides))
+    finally:
+        unregister_export("jsonl")
+    run = Path(out["run_dir"])
+    lines = [json.loads(x) for x in (run / "bundles.jsonl").read_text().splitlines()]
+    assert len(lines) == out["n_bundles"] and all(len(x["tasks"]) == 8 for x in lines)
+    assert (run / "bundles_wide.csv").is_file() and (run / "instructions.md").is_file()
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    assert "bundles.jsonl" in {a.path for a in MlflowClient().list_artifacts(run_id)}

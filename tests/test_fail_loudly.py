@@ -83,7 +83,7 @@ def test_a_stage_prints_where_it_went_and_what_follows_and_latest_chains(
 
 
 def test_a_k_longer_than_every_text_warns(caplog) -> None:
-    from saleval.crowd.config import StudyConfig
+    from saleval.config.crowd import StudyConfig
     from saleval.crowd.design import build_study
     from saleval.testing import explain_frames
 

@@ -114,6 +114,22 @@ def test_the_graph_sees_function_local_and_package_imports() -> None:
         assert "saleval.crowd.importer" not in graph[f"saleval.crowd.{low}"], low
 
 
+def test_config_schemas_import_nothing_of_the_crowd_package() -> None:
+    """The schemas sit below the code that reads them (docs/architecture.md, section 4):
+    ``saleval.config`` imports no ``saleval.crowd`` module, while the crowd code imports
+    its schemas from there."""
+    graph = import_graph(SRC)
+    up = {
+        (m, d)
+        for m, deps in graph.items()
+        if m == "saleval.config" or m.startswith("saleval.config.")
+        for d in deps
+        if d == "saleval.crowd" or d.startswith("saleval.crowd.")
+    }
+    assert not up, sorted(up)
+    assert "saleval.config.crowd" in graph["saleval.crowd.quality"]
+
+
 def test_find_cycle_on_synthetic_graphs() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     cycle = find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})

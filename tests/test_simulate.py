@@ -18,8 +18,8 @@ from omegaconf.errors import ConfigKeyError
 
 import saleval.stage  # noqa: F401  (registers the config resolvers)
 from saleval import tables
+from saleval.config.crowd import SimulationConfig
 from saleval.crowd.answers import IDK
-from saleval.crowd.config import SimulationConfig
 from saleval.crowd.errors import SimulationError
 from saleval.crowd.readers import build_reader
 from saleval.crowd.simulate import simulate_crowd

@@ -106,6 +106,26 @@ def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
     return None, spec
 
 
+def file_input(
+    name: str, filename: str, spec: str, output_root: str | Path | None = None
+) -> tuple[Path, str | None]:
+    """An ``inputs.<name>`` that names a file: a plain file, or ``filename`` in the run dir
+    it names (a dir, ``runs:/<id>`` or ``latest``) → (the file, the run dir to record as
+    parent, or None for a file outside any run). A file is not checked here: its reader
+    names what is wrong with it."""
+    if spec.startswith("runs:/") or spec == LATEST:
+        run_dir = resolve_input(name, spec, output_root)
+        return run_dir / filename, str(run_dir)
+    path = Path(spec).expanduser().resolve()
+    if path.is_dir():
+        return path / filename, str(path) if (path / RUN_JSON).is_file() else None
+    if path.is_file():
+        in_run = path.name == filename and (path.parent / RUN_JSON).is_file()
+        return path, str(path.parent) if in_run else None
+    problem = input_path_problem(name, spec, output_root or "outputs")
+    raise InputError(problem or f"inputs.{name}={spec}: no such file or directory")
+
+
 def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     """A run's ``run.json``."""
     return json.loads(Path(run_dir, RUN_JSON).read_text())

@@ -1,6 +1,7 @@
 """One word per concept: the enumerations that configs and code share.
 
-Each concept that appears in more than one config group or module is spelt once here.
+Each concept that appears in more than one config group or module is spelt once here
+(and the answer "I don't know", which the ``crowd`` schema and the crowd code share).
 They are :class:`enum.StrEnum` rather than ``typing.Literal`` because OmegaConf's
 structured configs validate enum fields when a config is composed (a misspelt value
 fails naming the allowed ones) and do not support ``Literal``; a ``StrEnum`` member
@@ -15,6 +16,13 @@ True
 from __future__ import annotations
 
 from enum import StrEnum
+
+IDK = "I don't know"
+"""The answer option for "I cannot tell from the shown words" (docs/study-design.md#display)."""
+
+IDK_ALIASES: tuple[str, ...] = (IDK, "I do not know", "don't know", "idk", "unknown", "?")
+"""Raw answers read as "I don't know" (compared case-, space- and apostrophe-insensitively,
+so "dont know" and "I DON’T KNOW" match too); the default of ``crowd.idk``."""
 
 
 class Target(StrEnum):

@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 
 from saleval.config.annotate import AnnotateAction, AnnotateConfig
 from saleval.config.common import KGridConfig, PathsConfig, TrackingConfig
+from saleval.config.crowd import register_schemas as crowd_schemas
 from saleval.config.dataset import DatasetConfig, DatasetFiles, DataSource, HubConfig
 from saleval.config.model import ModelConfig
 from saleval.config.profile import ProfileConfig
@@ -30,7 +31,6 @@ from saleval.config.trainer import (
     Scheduler,
     TrainerConfig,
 )
-from saleval.crowd.config import register_schemas as crowd_schemas
 from saleval.metrics_config import store_schema as metrics_schema
 from saleval.schema import to_schema
 

@@ -15,13 +15,13 @@ from omegaconf import MISSING
 
 from saleval.config.annotate import AnnotateAction, AnnotateConfig
 from saleval.config.common import KGridConfig, PathsConfig, TrackingConfig
+from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.dataset import DatasetConfig
 from saleval.config.model import ModelConfig
 from saleval.config.plan import PlanConfig
 from saleval.config.profile import ProfileConfig
 from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
-from saleval.crowd.config import SimulationConfig, StudyConfig
 from saleval.metrics_config import MetricsConfig
 from saleval.stage_table import TABLE, StageSpec
 from saleval.vocab import Population, Target

@@ -19,16 +19,11 @@ import re
 from collections.abc import Iterable, Sequence
 
 from saleval.crowd.errors import CrowdImportError
-
-IDK = "I don't know"
-"""The answer option for "I cannot tell from the shown words" (docs/study-design.md#display)."""
+from saleval.vocab import IDK as IDK  # spelt in saleval.vocab, which the crowd schema shares
+from saleval.vocab import IDK_ALIASES as IDK_ALIASES
 
 IDK_CODE = 0
 """Answer code of "I don't know" (docs/aggregation.md: L = 0); label c (0-based) is coded c + 1."""
-
-IDK_ALIASES: tuple[str, ...] = (IDK, "I do not know", "don't know", "idk", "unknown", "?")
-"""Raw answers read as "I don't know" (compared case-, space- and apostrophe-insensitively,
-so "dont know" and "I DON’T KNOW" match too); the default of ``crowd.idk``."""
 
 _APOSTROPHES = str.maketrans({"\u2019": "", "\u2018": "", "`": "", "'": "", "\u00b4": ""})
 _INT = re.compile(r"^[+-]?\d+(\.0*)?$")

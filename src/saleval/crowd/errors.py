@@ -1,8 +1,12 @@
 """The crowd package's exceptions, at the bottom of its layers so every module can raise
-them (configs validate values with them) without importing the code that uses them."""
+them without importing the code that uses them. ``DesignError`` and ``SimulationError``
+are declared with the schemas whose checks raise them first (:mod:`saleval.config.crowd`)
+and named here too, so every crowd module takes its errors from one place."""
 
 from __future__ import annotations
 
+from saleval.config.crowd import DesignError as DesignError
+from saleval.config.crowd import SimulationError as SimulationError
 from saleval.errors import UserError
 
 
@@ -12,11 +16,3 @@ class CrowdImportError(UserError, ValueError):
 
 class SamplingError(UserError, ValueError):
     """The requested sample cannot be drawn from the explained samples."""
-
-
-class DesignError(UserError, ValueError):
-    """The study cannot be built as configured, or a built design breaks a constraint."""
-
-
-class SimulationError(UserError, ValueError):
-    """The simulated crowd cannot run as configured on these tasks."""

@@ -1,21 +1,28 @@
-"""What goes to workers and platforms (docs/study-design.md#exports).
+"""What goes to workers and platforms (docs/study-design.md#exports): a registry of export
+formats, each written into every task run by :func:`write_exports`.
 
-* ``bundles_long.csv``: the generic long export, one row per (bundle, position) with
-  the task id, the display text and the answer options.
-* ``bundles_wide.csv``: one row per bundle, one column group per position
-  (``task_001_id``, ``task_001_text``, ...), the shape batch-upload tools of crowd
+The built-in formats:
+
+* ``bundles_long`` (``bundles_long.csv``): the generic long export, one row per
+  (bundle, position) with the task id, the display text and the answer options.
+* ``bundles_wide`` (``bundles_wide.csv``): one row per bundle, one column group per
+  position (``task_001_id``, ``task_001_text``, ...), the shape batch-upload tools of crowd
   platforms (e.g. MTurk's ``${task_001_text}`` template variables) expect.
-* ``instructions.md``: the instructions for one dataset: label descriptions with an
-  example each, the "I don't know" option, and "judge only from the shown words".
+* ``instructions`` (``instructions.md``): the instructions for one dataset: label
+  descriptions with an example each, the "I don't know" option, and "judge only from the
+  shown words".
 
-Neither export carries labels or gold flags: platforms show uploaded columns in the
-page source, and a worker who could read the answer would void the study.
+A new format is one function registered with :func:`register_export`, as methods and
+metrics are registered (docs/extending.md#an-export-format). No export may carry labels
+or gold flags: platforms show uploaded columns in the page source, and a worker who
+could read the answer would void the study.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +222,100 @@ def instructions(
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ExportInput:
+    """What every export format is written from: the study's tasks and bundles, the explain
+    run's predictions (the instructions' examples come from them), the dataset's config
+    and the study's target."""
+
+    tasks: pd.DataFrame
+    bundles: pd.DataFrame
+    predictions: pd.DataFrame
+    dataset: Mapping[str, Any]
+    target: str = Target.gold
+
+    @property
+    def label_names(self) -> list[str]:
+        """The dataset's label names in class-index order."""
+        return [str(n) for n in self.dataset["label_names"]]
+
+
+ExportWriter = Callable[[ExportInput, Path], None]
+"""Writes one export format to the given path from an :class:`ExportInput`."""
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """A registered export format: its name, the file it writes in a task run, its writer."""
+
+    name: str
+    filename: str
+    write: ExportWriter
+
+
+_REGISTRY: dict[str, ExportFormat] = {}
+
+
+def register_export(name: str, filename: str) -> Callable[[ExportWriter], ExportWriter]:
+    """Function decorator: write ``filename`` into every task run with the decorated
+    ``write(inputs, path)``. Registration order is writing order. A name already
+    registered is replaced (your own ``instructions``, say); a file name another format
+    writes fails, naming that format."""
+
+    def deco(write: ExportWriter) -> ExportWriter:
+        clash = [f.name for f in _REGISTRY.values() if f.filename == filename and f.name != name]
+        if clash:
+            raise ValueError(
+                f"export {name}: {filename!r} is written by export {clash[0]}; choose another "
+                "file name, or register under that name to replace it"
+            )
+        _REGISTRY[name] = ExportFormat(name, filename, write)
+        return write
+
+    return deco
+
+
+def unregister_export(name: str) -> None:
+    """Remove a registered export format (tests, experiments)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered_exports() -> list[ExportFormat]:
+    """The registered export formats, in registration (and writing) order."""
+    return list(_REGISTRY.values())
+
+
+@register_export("bundles_wide", WIDE_FILE)
+def write_wide(inputs: ExportInput, path: Path) -> None:
+    """``bundles_wide.csv`` (:func:`bundles_wide`)."""
+    bundles_wide(inputs.tasks, inputs.bundles, inputs.label_names).to_csv(path, index=False)
+
+
+@register_export("bundles_long", LONG_FILE)
+def write_long(inputs: ExportInput, path: Path) -> None:
+    """``bundles_long.csv`` (:func:`bundles_long`)."""
+    bundles_long(inputs.tasks, inputs.bundles, inputs.label_names).to_csv(path, index=False)
+
+
+@register_export("instructions", INSTRUCTIONS_FILE)
+def write_instructions(inputs: ExportInput, path: Path) -> None:
+    """``instructions.md`` (:func:`instructions`), its examples drawn from explained samples
+    that are not in the study."""
+    label_names = inputs.label_names
+    examples = pick_examples(inputs.predictions, set(inputs.tasks["sample_id"]), label_names)
+    sizes = inputs.bundles.groupby("bundle_id").size()
+    text = instructions(
+        str(inputs.dataset["name"]),
+        label_names,
+        dict(inputs.dataset.get("label_descriptions") or {}),
+        examples,
+        target=inputs.target,
+        bundle_length=int(sizes.max()) if len(sizes) else None,
+        gold_questions=bool(inputs.bundles["is_gold"].astype(bool).any()),
+    )
+    path.write_text(text + "\n")
+
+
 def write_exports(
     run_dir: str | Path,
     tasks: pd.DataFrame,
@@ -223,25 +324,11 @@ def write_exports(
     dataset: Mapping[str, Any],
     target: str = Target.gold,
 ) -> list[Path]:
-    """Write ``bundles_wide.csv``, ``bundles_long.csv`` and ``instructions.md``."""
-    run_dir = Path(run_dir)
-    label_names = [str(n) for n in dataset["label_names"]]
-    wide = run_dir / WIDE_FILE
-    bundles_wide(tasks, bundles, label_names).to_csv(wide, index=False)
-    long = run_dir / LONG_FILE
-    bundles_long(tasks, bundles, label_names).to_csv(long, index=False)
-    exclude = set(tasks["sample_id"])
-    examples = pick_examples(predictions, exclude, label_names)
-    sizes = bundles.groupby("bundle_id").size()
-    text = instructions(
-        str(dataset["name"]),
-        label_names,
-        dict(dataset.get("label_descriptions") or {}),
-        examples,
-        target=target,
-        bundle_length=int(sizes.max()) if len(sizes) else None,
-        gold_questions=bool(bundles["is_gold"].astype(bool).any()),
-    )
-    instr = run_dir / INSTRUCTIONS_FILE
-    instr.write_text(text + "\n")
-    return [wide, long, instr]
+    """Write every registered export format into ``run_dir``; returns the files written."""
+    inputs = ExportInput(tasks, bundles, predictions, dataset, target)
+    written = []
+    for fmt in registered_exports():
+        path = Path(run_dir) / fmt.filename
+        fmt.write(inputs, path)
+        written.append(path)
+    return written

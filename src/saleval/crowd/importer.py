@@ -1,5 +1,5 @@
-"""Import crowd answers (docs/aggregation.md#import): one source class per ``crowd`` config,
-built by Hydra.
+"""The built-in crowd sources (docs/aggregation.md#import): one class per ``crowd`` config,
+each a :class:`~saleval.crowd.source.CrowdSource`, built by Hydra.
 
 Two sources reach the same tables (:class:`~saleval.crowd.reading.CrowdImport`):
 
@@ -11,57 +11,55 @@ Two sources reach the same tables (:class:`~saleval.crowd.reading.CrowdImport`):
   (:mod:`saleval.crowd.lu2024`), A[i, j, k] as given.
 
 Each source *is* its config schema (a subclass of the dataclass in
-:mod:`saleval.crowd.config`) plus what it does, so its fields are declared once;
-:func:`crowd_source` builds the one a config's ``_target_`` names.
+:mod:`saleval.config.crowd`) plus what it does, so its fields are declared once;
+:func:`saleval.crowd.source.crowd_source` builds the one a config's ``_target_`` names.
+Besides the interface each keeps its reader (``read``) for the stages that hold the
+tables already (the simulated crowd, the published study's scores and plans).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
-from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
+from hydra.utils import instantiate
 
 from saleval import tables
+from saleval.config.crowd import AnswersCrowdConfig, PublishedCrowdConfig
 from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
-from saleval.crowd.config import AnswersCrowdConfig, PublishedCrowdConfig
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.long_format import read_answers
+from saleval.crowd.long_format import ANSWER_FILE, read_answers
 from saleval.crowd.lu2024 import read_lu2024
-from saleval.crowd.reading import CrowdImport, empty_annotations, enforce_policy
+from saleval.crowd.reading import CrowdImport, empty_annotations, enforce_policy, sha256_file
+from saleval.crowd.source import CrowdSource, Given, ImportContext, SourceFile
+from saleval.vocab import Population, Target
 
 log = logging.getLogger(__name__)
 
 
-def crowd_source(node: Any) -> AnswersSource | PublishedSource:
-    """The source a ``crowd`` config names in ``_target_``, built by ``hydra.utils.instantiate``.
-
-    The node is first merged into the target's own schema, so a config composed without
-    it still gets its defaults and fails on unknown keys.
-    """
-    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-    if not isinstance(container, dict) or not container.get("_target_"):
-        raise CrowdImportError(
-            "the crowd config names no _target_; choose a source with crowd=answers or crowd=lu2024"
-        )
-    typed = OmegaConf.merge(OmegaConf.structured(get_class(container["_target_"])), container)
-    source = instantiate(typed, _convert_="object", _recursive_=False)
-    if not isinstance(source, AnswersSource | PublishedSource):
-        raise CrowdImportError(
-            f"crowd._target_={container['_target_']} is not a crowd source "
-            "(AnswersSource or PublishedSource, or a subclass)"
-        )
-    return source
+def nothing_left(path: str | Path, report: dict[str, Any]) -> str:
+    """Why an import kept no answer, counted by reason, and what to do about it."""
+    rejected = ", ".join(f"{k}: {v}" for k, v in (report.get("rejects_by_field") or {}).items())
+    filtered = ", ".join(
+        f"{f['name']}: {f['n_answers']} answers of {f['n_workers']} workers"
+        for f in report.get("filters", [])
+        if f.get("n_answers")
+    )
+    return (
+        f"{path}: no answer is left to score. {report.get('n_rows', '?')} rows read; "
+        f"rejected {report.get('n_rejected_rows', 0)} ({rejected or 'none'}); removed by "
+        f"filters: {filtered or 'none'}. See rejects.csv and filtered.csv in the run dir; fix "
+        "the file, or loosen crowd.filters.* (null disables a filter)"
+    )
 
 
 @dataclass
-class AnswersSource(AnswersCrowdConfig):
+class AnswersSource(AnswersCrowdConfig, CrowdSource):
     """``crowd=answers``: read, filter and aggregate one long answer file."""
 
     format: ClassVar[str] = "answers"
@@ -76,7 +74,33 @@ class AnswersSource(AnswersCrowdConfig):
             )
         return instantiate(self.aggregator)
 
-    def import_(
+    def locate(self, given: Given) -> SourceFile:
+        """``inputs.answers`` (a file, or ``answers.csv`` in a run dir) and ``inputs.tasks``,
+        whose run brings the dataset, the study's target and population."""
+        tasks, answers = given.inputs.get("tasks"), given.inputs.get("answers")
+        if tasks is None or answers is None:
+            raise CrowdImportError(
+                "saleval-import needs inputs.tasks=<tasks run> and inputs.answers=<answers.csv or "
+                "run dir> (or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
+            )
+        path, answers_run = given.find("answers", ANSWER_FILE)
+        parents = {"tasks": tasks, **({"answers": answers_run} if answers_run else {})}
+        return SourceFile.at(path, parents=parents, requires=("dataset",), tag="answers")
+
+    def import_(self, ctx: ImportContext) -> CrowdImport:
+        """The answers joined with the task run's tasks (and bundles, when it has them)."""
+        tasks_dir = ctx.runs["tasks"]
+        tasks = tables.TASKS.read(tasks_dir)
+        bundles_path = tables.BUNDLES.path(tasks_dir)
+        bundles = tables.BUNDLES.read(tasks_dir) if bundles_path.is_file() else None
+        expert_path = self.expert.path
+        expert = pd.read_csv(expert_path, dtype=str, keep_default_na=False) if expert_path else None
+        result = self.read(ctx.file.path, tasks, bundles, ctx.label_names, expert=expert)
+        task_file = tables.TASKS.path(tasks_dir)
+        read = {"tasks": {"path": str(task_file), "sha256": sha256_file(task_file)}}
+        return replace(result, inputs=read)
+
+    def read(
         self,
         path: str | Path,
         tasks: pd.DataFrame,
@@ -84,7 +108,7 @@ class AnswersSource(AnswersCrowdConfig):
         label_names: Sequence[str],
         expert: pd.DataFrame | None = None,
     ) -> CrowdImport:
-        """The whole of ``saleval-import`` for long answers.
+        """Read, filter and aggregate the answers of ``path`` to these tasks.
 
         Raises :class:`CrowdImportError` under policy ``strict`` when any row is rejected.
         """
@@ -92,6 +116,7 @@ class AnswersSource(AnswersCrowdConfig):
             path, tasks, bundles, label_names, self.idk, self.encoding, self.worker_id_case
         )
         enforce_policy(rejects, self.policy, path)
+        simulated = bool(info.pop("simulated_column", False))
         annotations = tables.ANNOTATIONS.validate(accepted.drop(columns="row"), where=str(path))
         kept, removed, filter_log = quality.apply_filters(annotations, self.filters)
         aggregator = self.build_aggregator()
@@ -123,11 +148,12 @@ class AnswersSource(AnswersCrowdConfig):
             report["expert"] = aggregation.expert_check(
                 expert, aggregated, tasks, AnswerParser(label_names, self.idk)
             )
-        return CrowdImport(kept, aggregated, rejects, report, removed)
+        failure = None if len(kept) else nothing_left(path, report)
+        return CrowdImport(kept, aggregated, rejects, report, removed, simulated, failure=failure)
 
 
 @dataclass
-class PublishedSource(PublishedCrowdConfig):
+class PublishedSource(PublishedCrowdConfig, CrowdSource):
     """``crowd=lu2024``: A[i, j, k] as published, no worker-level data."""
 
     format: ClassVar[str] = "lu2024"
@@ -148,7 +174,17 @@ class PublishedSource(PublishedCrowdConfig):
             raise CrowdImportError(f"crowd.path={path}: file not found")
         return path.resolve()
 
-    def import_(self, path: str | Path, label_names: Sequence[str], dataset: str) -> CrowdImport:
+    def locate(self, given: Given) -> SourceFile:
+        """``crowd.path``; the published study asked workers for the gold label of correctly
+        classified samples, so the run's target and population are fixed here."""
+        provides = {"target": Target.gold, "population": Population.correct}
+        return SourceFile.at(self.file(given.dataset), provides=provides)
+
+    def import_(self, ctx: ImportContext) -> CrowdImport:
+        """The published file as the import's tables."""
+        return self.read(ctx.file.path, ctx.label_names, ctx.dataset)
+
+    def read(self, path: str | Path, label_names: Sequence[str], dataset: str) -> CrowdImport:
         """Read and check the published file (``path`` overrides ``crowd.path``)."""
         aggregated, rejects, info = read_lu2024(
             path, label_names, dataset, self.methods, self.encoding

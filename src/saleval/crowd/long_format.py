@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from saleval.config.crowd import WorkerIdCase
 from saleval.crowd.answers import IDK_ALIASES, AnswerParser
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import MAX_LISTED_REJECTS, Rejects, read_rows
@@ -26,13 +26,6 @@ log = logging.getLogger(__name__)
 
 ANSWER_FILE = "answers.csv"
 """The file name of a long answer file inside a run dir (``saleval-simulate``, export)."""
-
-
-class WorkerIdCase(StrEnum):
-    """Whether worker IDs that differ only in case are one worker (``crowd.worker_id_case``)."""
-
-    insensitive = "insensitive"  # 'A1B2' and 'a1b2' are one worker (platform IDs, typed IDs)
-    sensitive = "sensitive"  # case tells workers apart (a platform whose IDs need it)
 
 
 def worker_key(raw: str, case: WorkerIdCase | str = WorkerIdCase.insensitive) -> str:

@@ -14,20 +14,9 @@ from typing import Any
 
 import pandas as pd
 
+from saleval.config.crowd import LU2024_METHODS
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import Rejects, read_rows
-
-LU2024_METHODS: dict[str, str] = {
-    "All_Attention": "all_attention",
-    "Last_Attention": "last_attention",
-    "Vanilla_Gradient": "vanilla_gradient",
-    "InputXGrad": "input_x_gradient",
-    "Integrated_Gradient": "integrated_gradients",
-    "DeepLIFT": "deeplift",
-    "LIME": "lime",
-    "Random": "random",
-}
-"""Published method name -> saleval method name; the default of ``crowd.methods``."""
 
 _LU_COLUMNS = ("Text", "Label", "Saliency", "Words", "Correct")
 

@@ -5,7 +5,7 @@ and each is logged with the workers and the number of answers it removed.
 Filters run in a fixed order (speed, "I don't know" everywhere, gold accuracy)
 on what the previous ones left, so the counts add up to what was removed.
 
-Settings: ``crowd.filters`` (:class:`saleval.crowd.config.FiltersConfig`).
+Settings: ``crowd.filters`` (:class:`saleval.config.crowd.FiltersConfig`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from saleval.config.crowd import FiltersConfig
 from saleval.crowd.answers import IDK_CODE
-from saleval.crowd.config import FiltersConfig
 
 log = logging.getLogger(__name__)
 

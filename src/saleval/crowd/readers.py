@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from saleval.crowd.config import ReaderConfig
+from saleval.config.crowd import ReaderConfig
 from saleval.crowd.errors import SimulationError
 
 log = logging.getLogger(__name__)

@@ -19,24 +19,17 @@ import hashlib
 import re
 import sys
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 
 from saleval import tables
+from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
 
 MAX_LISTED_REJECTS = 20
 MAX_PROBLEM_CHARS = 400  # longer problem texts (a huge field quoted in them) are cut
-
-
-class Policy(StrEnum):
-    """What an import does with rejected rows (``crowd.policy``)."""
-
-    report = "report"  # import the good rows, write the rejects next to them
-    strict = "strict"  # any reject fails the import; nothing is written
 
 
 def sha256_file(path: str | Path) -> str:
@@ -277,16 +270,25 @@ class CrowdImport:
     """Everything one import produces; the stage writes these as its outputs.
 
     ``annotations`` are the accepted answers that passed the quality filters
-    (ANNOTATIONS); ``removed`` the accepted answers a filter took out (with the
-    filter's name); ``aggregated`` is A[i, j, k] (AGGREGATED); ``report`` the
-    counts, hashes and settings written to ``import_report.json``.
+    (ANNOTATIONS); ``aggregated`` is A[i, j, k] (AGGREGATED); ``report`` the
+    counts and settings written to ``import_report.json``.
     """
 
     annotations: pd.DataFrame
     aggregated: pd.DataFrame
     rejects: pd.DataFrame
     report: dict[str, Any]
-    removed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the accepted answers a quality filter took out, with the filter's name (written as
+    #: ``filtered.csv``, even when empty); None: the source has no filters
+    removed: pd.DataFrame | None = None
+    #: the file says a simulated crowd answered (every later table then says SIMULATED)
+    simulated: bool = False
+    #: the other files read besides the source file (e.g. the task table), each as
+    #: ``{"path", "sha256"}``, recorded in ``import_report.json``
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: why nothing is left to score, when so: the stage writes the outputs (they show
+    #: where the answers went), then fails with this message
+    failure: str | None = None
 
 
 def empty_annotations() -> pd.DataFrame:

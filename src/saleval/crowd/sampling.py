@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from enum import StrEnum
 
 import numpy as np
 import pandas as pd
 
+from saleval.config.crowd import BalanceBy
 from saleval.crowd.errors import SamplingError
 from saleval.vocab import Population
 
 log = logging.getLogger(__name__)
-
-
-class BalanceBy(StrEnum):
-    """What a study's samples are balanced over (``study.balance_by``)."""
-
-    label = "label"  # the gold class
-    pred = "pred"  # the predicted class
-    outcome = "outcome"  # predicted class x correct/wrong (TP/TN/FP/FN for binary tasks)
-    none = "none"  # not balanced
 
 
 def outcome_name(label: int, pred: int, label_names: Sequence[str]) -> str:

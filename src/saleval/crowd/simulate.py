@@ -36,14 +36,14 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from saleval.crowd.answers import IDK
-from saleval.crowd.config import (
+from saleval.config.crowd import (
     SPAMMER_KINDS,
     Decision,
     NoiseConfig,
     NoiseDistribution,
     SimulationConfig,
 )
+from saleval.crowd.answers import IDK
 from saleval.crowd.errors import SimulationError
 from saleval.crowd.readers import build_reader
 from saleval.crowd.seeding import seeded_rng

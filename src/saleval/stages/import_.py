@@ -14,8 +14,9 @@ and ``import_report.json`` (hashes, counts, filters, agreement, expert check).
 ``inputs.answers`` may be a plain file: its path and sha256 become params and tags;
 when it sits in a run dir, that run is recorded as the ``answers`` parent.
 
-Main options: ``inputs.tasks``, ``inputs.answers``, ``crowd`` (answers, lu2024),
-``crowd.filters.*`` (the quality filters), ``crowd.aggregator``.
+Main options: ``inputs.tasks``, ``inputs.answers``, ``crowd`` (answers, lu2024, or a
+source of your own: docs/extending.md#a-crowd-source), ``crowd.filters.*`` (the quality
+filters), ``crowd.aggregator``.
 """
 
 from __future__ import annotations
@@ -31,53 +32,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
-from saleval.crowd.long_format import ANSWER_FILE
-from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary, sha256_file
+from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary
+from saleval.crowd.source import Given, ImportContext, crowd_source
 from saleval.jsonfiles import write_json
-from saleval.stage import (
-    LATEST,
-    RUN_JSON,
-    InputError,
-    Stage,
-    given_input,
-    hydra_main,
-    resolve_input,
-)
+from saleval.run_inputs import file_input
+from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
 REPORT_FILE = tables.IMPORT_REPORT
 FILTERED_FILE = "filtered.csv"
-
-
-def answers_source(spec: str, output_root: str | None = None) -> tuple[Path, str | None]:
-    """``inputs.answers`` → (the answers file, a run dir to record as parent or None)."""
-    if spec.startswith("runs:/") or spec == LATEST:
-        run_dir = resolve_input("answers", spec, output_root)
-        return run_dir / ANSWER_FILE, str(run_dir)
-    path = Path(spec).expanduser().resolve()
-    if path.is_dir():
-        return path / ANSWER_FILE, str(path) if (path / RUN_JSON).is_file() else None
-    if path.is_file():
-        in_run = path.name == ANSWER_FILE and (path.parent / RUN_JSON).is_file()
-        return path, str(path.parent) if in_run else None
-    raise InputError(f"inputs.answers={spec}: no such file or directory")
-
-
-def nothing_left(path: Path, report: dict[str, Any]) -> str:
-    """Why an import kept no answer, counted by reason, and what to do about it."""
-    rejected = ", ".join(f"{k}: {v}" for k, v in (report.get("rejects_by_field") or {}).items())
-    filtered = ", ".join(
-        f"{f['name']}: {f['n_answers']} answers of {f['n_workers']} workers"
-        for f in report.get("filters", [])
-        if f.get("n_answers")
-    )
-    return (
-        f"{path}: no answer is left to score. {report.get('n_rows', '?')} rows read; "
-        f"rejected {report.get('n_rejected_rows', 0)} ({rejected or 'none'}); removed by "
-        f"filters: {filtered or 'none'}. See rejects.csv and filtered.csv in the run dir; fix "
-        "the file, or loosen crowd.filters.* (null disables a filter)"
-    )
 
 
 def tell_rejects(rejects: pd.DataFrame, policy: str, rejects_csv: Path) -> None:
@@ -110,14 +73,15 @@ def study_record(st: Stage) -> dict[str, str]:
     }
 
 
-def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, Any]:
-    """Write the four outputs (+ filtered.csv) and log their counts."""
-    report = {"simulated": simulated, **result.report}
+def write_outputs(st: Stage, result: CrowdImport, report: dict[str, Any]) -> dict[str, Any]:
+    """Write the four outputs (+ ``filtered.csv`` for a source with filters) and log their
+    counts."""
+    simulated = bool(report["simulated"])
     st.write(tables.ANNOTATIONS, result.annotations)
     st.log_methods(list(dict.fromkeys(result.aggregated["method"].astype(str))))
     st.write(tables.AGGREGATED, result.aggregated)
     st.write(tables.REJECTS, result.rejects)
-    if len(result.removed) or result.report.get("format") == "answers":
+    if result.removed is not None:
         result.removed.to_csv(st.path(FILTERED_FILE), index=False)
         st.log_file(st.path(FILTERED_FILE))
     write_json(st.path(REPORT_FILE), report)
@@ -150,72 +114,49 @@ def write_outputs(st: Stage, result: CrowdImport, simulated: bool) -> dict[str, 
     return {"run_dir": str(st.run_dir), "run_id": st.run_id, "simulated": simulated, **metrics}
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    source = crowd_source(cfg.crowd)
-    if isinstance(source, PublishedSource):
-        return _run_published(cfg, source)
-    return _run_answers(cfg, source)
-
-
-def _run_answers(cfg: DictConfig, source: AnswersSource) -> dict[str, Any]:
-    tasks_spec, answers_spec = given_input(cfg, "tasks"), given_input(cfg, "answers")
-    if tasks_spec is None or answers_spec is None:
-        raise InputError(
-            "saleval-import needs inputs.tasks=<tasks run> and inputs.answers=<answers.csv or "
-            "run dir> (or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
-        )
+def given(cfg: DictConfig) -> Given:
+    """What a source may read: the ``inputs.*`` given, the dataset, and how a file input is
+    found (:func:`saleval.run_inputs.file_input`)."""
+    names = OmegaConf.select(cfg, "inputs", default=None) or {}
+    inputs = {str(k): v for k in names if (v := given_input(cfg, str(k))) is not None}
     output_root = OmegaConf.select(cfg, "paths.output_root", default=None)
-    answers_file, answers_run = answers_source(answers_spec, output_root)
-    digest = sha256_file(answers_file) if answers_file.is_file() else ""
-    inputs = {"tasks": tasks_spec, **({"answers": answers_run} if answers_run else {})}
-    tags = {"answers_path": str(answers_file), "answers_sha256": digest}
-    # dataset, study target and population come from the task run (and a simulate run)
-    with Stage(cfg, "import", inputs=inputs, tags=tags, requires=["dataset"]) as st:
-        tasks_dir = st.inputs["tasks"]
-        label_names = [str(n) for n in cfg.dataset.label_names]
-        tracking.log_params({"source.path": str(answers_file), "source.sha256": digest})
-        tasks = tables.TASKS.read(tasks_dir)
-        bundles_path = tables.BUNDLES.path(tasks_dir)
-        bundles = tables.BUNDLES.read(tasks_dir) if bundles_path.is_file() else None
-        expert_path = source.expert.path
-        expert = pd.read_csv(expert_path, dtype=str, keep_default_na=False) if expert_path else None
+
+    def find(name: str, filename: str) -> tuple[Path, str | None]:
+        if name not in inputs:
+            raise InputError(f"saleval-import needs inputs.{name}=<file or run dir>")
+        return file_input(name, filename, inputs[name], output_root)
+
+    return Given(inputs, OmegaConf.select(cfg, "dataset.name", default=None), find)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Any crowd source, the same way (docs/extending.md#a-crowd-source): locate its file and
+    parent runs, import inside the run, write the outputs, then fail if nothing is left."""
+    source = crowd_source(cfg.crowd)
+    file = source.locate(given(cfg))
+    tags = {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
+    with Stage(cfg, "import", dict(file.parents), tags=tags, requires=list(file.requires)) as st:
+        if file.provides:
+            st.provide(**file.provides)
+        tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+        labels = [str(n) for n in cfg.dataset.label_names]
+        ctx = ImportContext(file, dict(st.inputs), labels, str(cfg.dataset.name))
         with rejects_told(st, source.policy):
-            result = source.import_(answers_file, tasks, bundles, label_names, expert=expert)
-        if result.report.pop("simulated_column", False):
+            result = source.import_(ctx)
+        if result.simulated:
             st.provide(simulated=True)
-        result.report.update(
-            dataset=str(cfg.dataset.name),
-            source={"path": str(answers_file), "sha256": digest},
-            tasks={
-                "path": str(tables.TASKS.path(tasks_dir)),
-                "sha256": sha256_file(tables.TASKS.path(tasks_dir)),
-            },
-            study=study_record(st),
-        )
-        out = write_outputs(st, result, st.provenance.simulated)
+        report = {
+            "simulated": bool(st.provenance.simulated),
+            **result.report,
+            "dataset": str(cfg.dataset.name),
+            "source": file.record,
+            **result.inputs,
+            "study": study_record(st),
+        }
+        out = write_outputs(st, result, report)
         tell_rejects(result.rejects, source.policy, st.path(tables.REJECTS.filename))
-        if not len(result.annotations):  # the outputs above stay, to see where answers went
-            raise CrowdImportError(nothing_left(answers_file, result.report))
-        return out
-
-
-def _run_published(cfg: DictConfig, source: PublishedSource) -> dict[str, Any]:
-    path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
-    digest = sha256_file(path)
-    with Stage(cfg, "import", tags={"source_path": str(path), "source_sha256": digest}) as st:
-        # the published study: workers named the gold label of correctly classified samples
-        st.provide(target=Target.gold, population=Population.correct)
-        tracking.log_params({"source.path": str(path), "source.sha256": digest})
-        dataset = cfg.dataset
-        with rejects_told(st, source.policy):
-            result = source.import_(path, list(dataset.label_names), str(dataset.name))
-        result.report.update(
-            dataset=str(dataset.name),
-            source={"path": str(path), "sha256": digest},
-            study=study_record(st),
-        )
-        out = write_outputs(st, result, simulated=False)
-        tell_rejects(result.rejects, source.policy, st.path(tables.REJECTS.filename))
+        if result.failure:  # the outputs above stay, to see where answers went
+            raise CrowdImportError(result.failure)
         return out
 
 

@@ -31,12 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from saleval import planning, reports, tables, tracking
+from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
-from saleval.crowd.config import SimulationConfig, StudyConfig
-from saleval.crowd.importer import PublishedSource, crowd_source
+from saleval.crowd.importer import PublishedSource
 from saleval.crowd.published import read_study, reader_training_data, study_bundles
 from saleval.crowd.reading import enforce_policy, sha256_file
 from saleval.crowd.simulate import expected_seconds, simulate_crowd
+from saleval.crowd.source import crowd_source
 from saleval.data import load_dataset
 from saleval.schema import to_schema
 from saleval.stage import InputError, Stage, given_input, hydra_main
@@ -99,7 +100,7 @@ def _published_pool(
     dataset = str(cfg.dataset.name)
     origin = f"`{path}` (sha256 {digest[:12]}…)"
     if kind == PlanSource.empirical:
-        imported = source.import_(path, labels, dataset)
+        imported = source.read(path, labels, dataset)
         return planning.empirical_pool(
             imported.aggregated,
             int(cfg.published.repeats),

@@ -30,8 +30,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import reports, scoring, tables, tracking
-from saleval.crowd.importer import PublishedSource, crowd_source
+from saleval.crowd.importer import PublishedSource
 from saleval.crowd.reading import sha256_file
+from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import calibration_note, upstream_simulation
 from saleval.jsonfiles import write_json
 from saleval.stage import InputError, Stage, given_input, hydra_main
@@ -52,7 +53,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             st.provide(target=Target.gold, population=Population.correct)
             tracking.log_params({"source.path": str(path), "source.sha256": digest})
             dataset = cfg.dataset
-            imported = source.import_(path, list(dataset.label_names), str(dataset.name))
+            imported = source.read(path, list(dataset.label_names), str(dataset.name))
             if len(imported.rejects):
                 st.write(tables.REJECTS, imported.rejects)
             info: dict[str, Any] = {

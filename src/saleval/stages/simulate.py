@@ -33,12 +33,13 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
+from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
-from saleval.crowd.config import SimulationConfig
-from saleval.crowd.importer import AnswersSource, PublishedSource, crowd_source
+from saleval.crowd.importer import AnswersSource, PublishedSource
 from saleval.crowd.published import read_study, reader_training_data, study_bundles
 from saleval.crowd.reading import enforce_policy, sha256_file
 from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
+from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import (
     VALIDATION_FILE,
     VALIDATION_JSON,
@@ -155,7 +156,7 @@ def run_published(
             tables.ANSWERS.validate(crowd_r.answers, where="simulate").to_csv(
                 answers_path, index=False
             )
-            imported = AnswersSource().import_(answers_path, study.tasks, bundles, labels)
+            imported = AnswersSource().read(answers_path, study.tasks, bundles, labels)
             crowds.append(imported.aggregated)
             if r == 0:
                 crowd = crowd_r

@@ -3,8 +3,10 @@ docs/architecture.md).
 
 Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain`` (one run,
 or several with disjoint methods: a list or a sweep dir, ``docs/sweeps.md``);
-writes ``tasks.csv``, ``bundles.csv``, ``bundles_wide.csv`` (platform upload),
-``bundles_long.csv`` and ``instructions.md`` into the run dir, all logged to MLflow.
+writes ``tasks.csv``, ``bundles.csv`` and every registered export format
+(:mod:`saleval.crowd.exports`: ``bundles_wide.csv`` for platform upload,
+``bundles_long.csv``, ``instructions.md``, and your own: docs/extending.md) into the run
+dir, all logged to MLflow.
 
 Main options: ``inputs.explain``, ``study`` (main, forward, misclassified, smoke), ``kgrid``
 (paper, smoke: the top-k values shown), ``seed``.
@@ -22,7 +24,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables
-from saleval.crowd.config import StudyConfig
+from saleval.config.crowd import StudyConfig
 from saleval.crowd.errors import DesignError
 from saleval.schema import to_schema
 from saleval.stage import Stage, hydra_main

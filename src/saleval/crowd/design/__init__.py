@@ -12,7 +12,7 @@ One module per concept, in layers (each imports only those before it):
 * :mod:`~saleval.crowd.design.checks` — :func:`check_design`: every constraint verified
   and every violation reported, so a broken design never reaches workers;
 * :mod:`~saleval.crowd.design.study` — :func:`build_study`: samples → tasks → bundles →
-  verified design, configured by :class:`saleval.crowd.config.StudyConfig`.
+  verified design, configured by :class:`saleval.config.crowd.StudyConfig`.
 """
 
 from saleval.crowd.design.bundles import assign_bundles

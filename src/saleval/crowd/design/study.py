@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from saleval.crowd.config import StudyConfig
+from saleval.config.crowd import StudyConfig
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.checks import assert_design, check_design
 from saleval.crowd.design.gold import GOLD_METHOD, select_gold

@@ -1,0 +1,129 @@
+"""The one interface of a crowd source (docs/extending.md#a-crowd-source).
+
+A crowd source turns what a crowd produced (a long answer file, the published results of
+a study, a platform's own export...) into the import's tables
+(:class:`~saleval.crowd.reading.CrowdImport`). ``saleval-import`` runs every source the
+same way, in two steps, so it never asks which source it holds:
+
+1. :meth:`CrowdSource.locate`, before the run starts: the file the import reads and the
+   runs it reads with it (:class:`SourceFile`). The stage records them as the run's
+   parents, tags and params, so a missing input fails before a run dir exists;
+2. :meth:`CrowdSource.import_`, inside the run: the tables, from an
+   :class:`ImportContext` (the file, the parent run dirs, the dataset's labels).
+
+A source is a dataclass whose fields are its config: ``conf/crowd/<name>.yaml`` names it
+in ``_target_`` and :func:`crowd_source` builds it. The built-in ones are in
+:mod:`saleval.crowd.importer`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
+
+from saleval.config.crowd import Policy
+from saleval.crowd.errors import CrowdImportError
+from saleval.crowd.reading import CrowdImport, sha256_file
+
+FileFinder = Callable[[str, str], tuple[Path, str | None]]
+"""``(input name, file name)`` → the file ``inputs.<name>`` names (a plain file, or that
+file in the run dir it names; ``runs:/<id>`` and ``latest`` resolved) and the run dir to
+record as its parent (None for a file outside any run)."""
+
+
+@dataclass(frozen=True)
+class Given:
+    """What ``saleval-import`` was given, before anything is read."""
+
+    inputs: Mapping[str, str]  # inputs.<name> as given; names left at ??? or null are absent
+    dataset: str | None  # dataset.name when a dataset is given (else a parent run brings it)
+    find: FileFinder
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """The file an import reads and the runs it reads with it, known before the run starts."""
+
+    path: Path
+    sha256: str  # empty when the file does not exist (its reader then says so, located)
+    #: input name -> run dir, runs:/<id> or latest: the run's parents (e.g. the task run)
+    parents: Mapping[str, str] = field(default_factory=dict)
+    #: provenance fields the parents must give (e.g. ``("dataset",)``)
+    requires: tuple[str, ...] = ()
+    #: provenance the source itself fixes (the published study: target gold, population
+    #: correct), recorded before the file is read
+    provides: Mapping[str, Any] = field(default_factory=dict)
+    #: the run's MLflow tags ``<tag>_path`` and ``<tag>_sha256`` name the file
+    tag: str = "source"
+
+    @classmethod
+    def at(cls, path: Path, **fields: Any) -> SourceFile:
+        """The file at ``path`` with its hash (empty when there is no such file yet)."""
+        return cls(path, sha256_file(path) if path.is_file() else "", **fields)
+
+    @property
+    def record(self) -> dict[str, str]:
+        """How ``import_report.json`` names the file."""
+        return {"path": str(self.path), "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class ImportContext:
+    """What :meth:`CrowdSource.import_` reads: its file, the parent run dirs (resolved) and
+    the dataset's label names in class-index order."""
+
+    file: SourceFile
+    runs: Mapping[str, Path]
+    label_names: list[str]
+    dataset: str
+
+
+class CrowdSource(abc.ABC):
+    """Base of every crowd source; a subclass is also a dataclass of its config fields,
+    ``name`` and ``policy`` among them (:class:`saleval.config.crowd.AnswersCrowdConfig`)."""
+
+    #: written as ``format`` in ``import_report.json``
+    format: ClassVar[str]
+    name: str
+    policy: Policy
+
+    @abc.abstractmethod
+    def locate(self, given: Given) -> SourceFile:
+        """The file to read and its parent runs; a missing input fails here, naming it."""
+
+    @abc.abstractmethod
+    def import_(self, ctx: ImportContext) -> CrowdImport:
+        """The import's tables. Rejected rows go to ``rejects`` (under policy ``strict``
+        :func:`~saleval.crowd.reading.enforce_policy` raises instead)."""
+
+
+def crowd_source(node: Any) -> CrowdSource:
+    """The source a ``crowd`` config names in ``_target_``, built by ``hydra.utils.instantiate``.
+
+    The node is first merged into the target's own schema, so a config composed without
+    it still gets its defaults and fails on unknown keys.
+    """
+    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    if not isinstance(container, dict) or not container.get("_target_"):
+        raise CrowdImportError(
+            "the crowd config names no _target_; choose a source with crowd=answers or crowd=lu2024"
+        )
+    target = container["_target_"]
+    try:
+        cls = get_class(target)
+    except (ImportError, ValueError) as err:
+        raise CrowdImportError(f"crowd._target_={target}: cannot import it ({err})") from err
+    if not (is_dataclass(cls) and issubclass(cls, CrowdSource)):
+        raise CrowdImportError(
+            f"crowd._target_={target} is not a crowd source: make it a dataclass subclassing "
+            "saleval.crowd.source.CrowdSource (docs/extending.md#a-crowd-source)"
+        )
+    typed = OmegaConf.merge(OmegaConf.structured(cls), container)
+    source: CrowdSource = instantiate(typed, _convert_="object", _recursive_=False)
+    return source
