@@ -55,7 +55,7 @@ def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_configs()
+    register_configs(overrides)  # a metrics.plugins override: its settings compose
     gh = GlobalHydra.instance()
     was = gh.is_initialized()
     if was:
