@@ -1,4 +1,5 @@
-"""Every automated metric in one package (docs/metrics.md, docs/architecture.md §7).
+"""Every automated metric in one package (docs/metrics.md; docs/architecture.md, *Every
+metric in one package*).
 
 * :mod:`~saleval.metrics.registry`: one declaration per metric (name, direction,
   citation, outputs, its own settings dataclass), read by every consumer;
