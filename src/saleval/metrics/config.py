@@ -225,14 +225,15 @@ def plugins_named(overrides: Sequence[str]) -> list[str]:
     >>> plugins_named(["kgrid=smoke", "metrics.plugins=[mylab.metrics,b]", "-m"])
     ['mylab.metrics', 'b']
     """
+    named = [a for a in overrides if a.lstrip("+~").startswith(PLUGINS_KEY + "=")]
+    if not named:  # the common case: no parser to build
+        return []
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     out: list[str] = []
-    for arg in overrides:
-        if not arg.lstrip("+~").startswith(PLUGINS_KEY + "="):
-            continue
+    for arg in named:
         try:
             override = parser.parse_override(arg)
         except HydraException:  # composing reports it, as for any malformed override
