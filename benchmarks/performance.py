@@ -5,7 +5,7 @@ times, on the same model (the embedded MiniLM with an untrained 4-way head: timi
 only) and the first ``n`` real AG News test texts, with their predicted classes:
 
 * **engine**: saleval's batched methods (``conf/method/*.yaml`` as the explain stage
-  composes them) and :func:`saleval.faithfulness.evaluate` (``conf/metrics/default``);
+  composes them) and :func:`saleval.metrics.faithfulness.evaluate` (``conf/metrics/default``);
 * **naive**: a per-example loop over the same libraries and settings — the methods
   by :mod:`benchmarks.naive` (Captum per example, IG all 50 steps in one call from the
   zero baseline, ``lime``'s ``LimeTextExplainer``, occlusion as one padded forward per
@@ -50,11 +50,11 @@ import torch
 
 from benchmarks.common import Setup, Timing, agreement, compose, setup, speedups, timed
 from benchmarks.naive import naive_method, probs_padded
-from saleval import faithfulness as F
 from saleval import inference
 from saleval.attribution import attention as A
 from saleval.attribution import build_method
 from saleval.attribution import perturbation as P
+from saleval.metrics import faithfulness as F
 
 GRADIENT = ("vanilla_gradient", "input_x_gradient", "integrated_gradients", "deeplift")
 PERTURBATION = ("lime", "occlusion")

@@ -49,7 +49,7 @@ def compose_config(
     config_name: str, overrides: Sequence[str] = (), run_dir: Path | None = None
 ) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` like Hydra would, with a test run dir."""
-    register_configs()
+    register_configs(overrides)  # as the CLI: a metrics.plugins module registers first
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides))

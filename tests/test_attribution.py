@@ -560,8 +560,8 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
 
 
 def test_bf16_option_parses_and_names_bad_values() -> None:
-    from saleval.faithfulness import MetricsConfig
     from saleval.inference import parse_bf16
+    from saleval.metrics.config import MetricsConfig
 
     assert [parse_bf16(v) for v in (True, False, None, "auto", "AUTO", "true", "false")] == [
         True, False, False, "auto", "auto", True, False,

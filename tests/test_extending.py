@@ -1,11 +1,13 @@
-"""docs/extending.md, executed: a new saliency method, dataset, study variant, crowd source and
-export format from outside the package (the new metric is tests/test_metrics_registry.py's
-toy metric)."""
+"""docs/extending.md, executed: a new saliency method, metric (with its own settings),
+dataset, study variant, crowd source and export format from outside the package
+(tests/plugin_metric.py is the metric module; tests/test_metrics_registry.py registers
+another in-process)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -16,7 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval import paths, tables
@@ -33,6 +35,7 @@ from saleval.models import build_model, load_tokenizer
 from saleval.schema import to_schema
 from saleval.testing import explain_frames
 from saleval.words import Segmentation
+from tests.conftest import compose_config
 
 TINY = {
     "name": "tiny",
@@ -123,28 +126,74 @@ def test_a_study_variant_in_a_users_config_dir(tmp_path: Path) -> None:
     assert design.bundles.groupby("task_id").size().eq(3).all()
 
 
-def test_a_metric_module_named_in_metrics_plugins_registers_and_runs() -> None:
-    from saleval import faithfulness as F
-    from saleval import metrics_registry as R
-    from saleval.metrics_config import MetricsConfig
+@pytest.fixture
+def plugin_module(monkeypatch) -> Iterator[str]:
+    """``tests.plugin_metric`` as a fresh process sees it: not imported yet, so naming it in
+    ``metrics.plugins`` imports it and its metric registers; unregistered afterwards."""
+    from saleval.metrics import registry as R
+
+    name = "tests.plugin_metric"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    yield name
+    R.unregister_metric("top_word_drop")
+    assert "top_word_drop" not in R.outputs()
+
+
+def test_a_metric_module_named_in_metrics_plugins_registers_and_runs(plugin_module) -> None:
+    from saleval.metrics import faithfulness as F
+    from saleval.metrics import registry as R
+    from saleval.metrics.config import MetricsConfig
     from saleval.words import segment
 
     with pytest.raises(ValueError, match="metrics.plugins: cannot import 'no_such_module'"):
         R.import_plugins(["no_such_module"])
-    R.import_plugins(["tests.plugin_metric"])
-    try:
-        assert R.direction("top_word_drop") is True
-        tok = load_tokenizer(TINY)
-        model = build_model(TINY, ["neg", "pos"], seed=0).eval()
-        seg = segment("a tremendously good film", tok, 64)
-        exps = [F.Explanation("a", "length", seg, np.array([1.0, 4.0, 2.0, 2.0]))]
-        mcfg = MetricsConfig(ks=[1], plugins=["tests.plugin_metric"])
-        rows = F.evaluate(model, tok, exps, mcfg, progress=False).per_example
-        v = rows.set_index(["metric", "k"])["value"]
-        # the plugin is comprehensiveness at k = 1, computed through its own declaration
-        assert v["top_word_drop", ""] == pytest.approx(v["comprehensiveness", "1"], abs=1e-6)
-    finally:
-        R.unregister_metric("top_word_drop")
+    R.import_plugins([plugin_module])
+    assert R.direction("top_word_drop") is True
+    tok = load_tokenizer(TINY)
+    model = build_model(TINY, ["neg", "pos"], seed=0).eval()
+    seg = segment("a tremendously good film", tok, 64)
+    exps = [F.Explanation("a", "length", seg, np.array([1.0, 4.0, 2.0, 2.0]))]
+    mcfg = MetricsConfig(ks=[1], plugins=[plugin_module])
+    rows = F.evaluate(model, tok, exps, mcfg, progress=False).per_example
+    v = rows.set_index(["metric", "k"])["value"]
+    # the plugin is comprehensiveness at k = 1 (its default), computed through its own declaration
+    assert v["top_word_drop", ""] == pytest.approx(v["comprehensiveness", "1"], abs=1e-6)
+
+
+def test_a_plugin_metrics_own_setting_reaches_the_metrics_stage(
+    plugin_module, make_cfg, tmp_path: Path
+) -> None:
+    """docs/extending.md: a plugin declares a settings dataclass; ``metrics.settings.<name>``
+    sets it on the command line, checked at compose, and the stage's tables show its effect."""
+    from hydra.errors import ConfigCompositionException
+
+    from saleval import tables
+    from saleval.stages import metrics as stage
+    from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
+    from tests.test_faithfulness import AG_TEXTS
+
+    tok = load_tok()
+    train = fake_train_run(tmp_path / "train", tok)
+    ds = compose_config("train", ["dataset=ag_news"]).dataset
+    explain = fake_explain_run(tmp_path / "explain", tok, AG_TEXTS, OmegaConf.to_container(ds))
+    given = [f"inputs.model={train}", f"inputs.explain={explain}", "progress=false"]
+    plugin = [f"metrics.plugins=[{plugin_module}]", "metrics.ks=[1,2]"]
+    with pytest.raises(ConfigCompositionException, match="metrics.settings.top_word_drop.word"):
+        make_cfg("metrics", [*given, *plugin, "metrics.settings.top_word_drop.word=2"])
+    cfg = make_cfg("metrics", [*given, *plugin, "metrics.settings.top_word_drop.words=2"])
+    assert cfg.metrics.settings.top_word_drop.words == 2
+    summary = tables.METRICS.read(Path(stage.run(cfg)["run_dir"]))
+    value = summary.assign(k=summary["k"].fillna("")).set_index(["method", "metric", "k"])["value"]
+    for method in ("random", "first"):
+        # words=2: the plugin's value is comprehensiveness at k = 2, not at its default k = 1
+        assert value[method, "top_word_drop", ""] == pytest.approx(
+            value[method, "comprehensiveness", "2"], abs=1e-6
+        )
+    # ... which differs from k = 1 here, so the setting is what made the difference
+    assert any(
+        value[m, "comprehensiveness", "2"] != value[m, "comprehensiveness", "1"]
+        for m in ("random", "first")
+    )
 
 
 @dataclass

@@ -7,8 +7,10 @@ named, not dropped silently; an unknown key of the ``metrics`` config fails nami
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -16,9 +18,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from saleval import comparison as C
-from saleval import faithfulness as F
-from saleval import metrics_registry as R
 from saleval.config.keys import UnknownKeyError
+from saleval.metrics import faithfulness as F
+from saleval.metrics import registry as R
 from saleval.words import segment
 from tests.conftest import compose_config
 from tests.metrics_support import load_tok
@@ -205,3 +207,60 @@ def test_every_builtin_row_matches_an_independent_recomputation(tok) -> None:
     ]
     assert res.timings["n_forward"].sum() == res.extra["n_forward"]
     assert res.extra["n_forward"] < res.timings["n_sequences"].sum()  # the cache is shared
+
+
+def test_a_metrics_settings_are_checked_where_the_config_is() -> None:
+    """``settings=`` at registration types ``metrics.settings.<name>`` (docs/extending.md)."""
+
+    @dataclass
+    class Window:
+        width: int = 3
+
+    with pytest.raises(ValueError, match="settings must be a dataclass"):
+        R.register_metric("windowed", higher_is_better=True, citation="x", settings=dict)
+    with pytest.raises(ValueError, match="needs a name like"):
+        R.register_metric("window-ed", higher_is_better=True, citation="x", settings=Window)
+
+    @F.register_metric("windowed", higher_is_better=True, citation="a test", settings=Window)
+    class Windowed(F.PerturbationMetric):
+        def reduce(self, ctx: F.Context, e: F.Explanation, probs: np.ndarray) -> list[F.Row]:
+            return []
+
+    try:
+        assert R.registered()[-1].info.settings is Window
+        assert F.MetricsConfig(ks=[1]).settings_of("windowed") == Window()  # its defaults
+        cfg = compose_config("metrics", ["metrics.settings.windowed.width=5"])
+        assert F.MetricsConfig.from_config(cfg.metrics).settings_of("windowed") == Window(5)
+        with pytest.raises(ConfigCompositionException, match="settings.windowed.widht"):
+            compose_config("metrics", ["metrics.settings.windowed.widht=5"])
+        with pytest.raises(ValueError, match="key 'settings.windowed.width'"):
+            F.MetricsConfig.from_config({"ks": [1], "settings": {"windowed": {"width": "x"}}})
+        with pytest.raises(ValueError, match=r"\['nameless'\] name no registered metric"):
+            F.MetricsConfig(ks=[1], settings={"nameless": {}})
+        with pytest.raises(KeyError, match="declares no settings"):
+            F.MetricsConfig(ks=[1]).settings_of("sufficiency")
+    finally:
+        R.unregister_metric("windowed")
+    # once unregistered, its node is gone from the schema: the key fails at compose again
+    with pytest.raises(ConfigCompositionException, match="settings.windowed"):
+        compose_config("metrics", ["metrics.settings.windowed.width=5"])
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("saleval.metrics_registry", "saleval.metrics.registry"),
+        ("saleval.metrics_config", "saleval.metrics.config"),
+        ("saleval.faithfulness", "saleval.metrics.faithfulness"),
+        ("saleval.faithfulness.engine", "saleval.metrics.faithfulness.engine"),
+        ("saleval.faithfulness.formulas", "saleval.metrics.faithfulness.formulas"),
+        ("saleval.faithfulness.builtin", "saleval.metrics.faithfulness.builtin"),
+        ("saleval.plausibility", "saleval.metrics.plausibility"),
+        ("saleval.shortcut.metrics", "saleval.metrics.shortcut"),
+    ],
+)
+def test_the_paths_before_the_metrics_package_still_import(old: str, new: str) -> None:
+    """Code written before ``saleval.metrics`` existed gets the very same objects."""
+    before, now = importlib.import_module(old), importlib.import_module(new)
+    assert before.__all__ == now.__all__
+    assert all(getattr(before, name) is getattr(now, name) for name in now.__all__)

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from saleval import plausibility as P
 from saleval import tables
+from saleval.metrics import plausibility as P
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config
 from tests.metrics_support import fake_explain_run, fake_train_run, load_tok

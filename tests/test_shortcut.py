@@ -13,6 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from saleval import tables
 from saleval.data import DatasetSplits
+from saleval.metrics.shortcut import (
+    mean_rank,
+    mean_rank_interval,
+    precision_at_k,
+    precision_interval,
+)
 from saleval.models import load_tokenizer
 from saleval.shortcut.generate import (
     ROLE_DISTRACTOR,
@@ -24,12 +30,6 @@ from saleval.shortcut.generate import (
     build_shortcut_data,
     extend_vocabulary,
     prepare_source,
-)
-from saleval.shortcut.metrics import (
-    mean_rank,
-    mean_rank_interval,
-    precision_at_k,
-    precision_interval,
 )
 from saleval.shortcut.report import published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, chance_accuracy, require, verify

@@ -10,7 +10,7 @@ a number here is the number a stage computes for the same inputs:
   (:func:`saleval.attribution.explain_frame`, methods composed from ``conf/method`` as
   ``saleval-explain`` composes them);
 * :func:`evaluate` — the automated faithfulness metrics per method
-  (:func:`saleval.faithfulness.evaluate`, as ``saleval-metrics``);
+  (:func:`saleval.metrics.faithfulness.evaluate`, as ``saleval-metrics``);
 * :func:`highlight` — each method's top-k words marked in the text
   (:func:`saleval.views.highlight_html`, the explain stage's ``views/highlights.html``);
 * :func:`read_explanations` — an explain run's tables in the same shape as :func:`explain`.
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
     from saleval.attribution import Attributor
-    from saleval.metrics_config import MetricsConfig
+    from saleval.metrics.config import MetricsConfig
 
 __all__ = [
     "Classifier",
@@ -336,7 +336,7 @@ def _metrics_config(metrics: str | Mapping[str, Any] | MetricsConfig, kgrid: str
     composes it."""
     from omegaconf import OmegaConf
 
-    from saleval.metrics_config import MetricsConfig
+    from saleval.metrics.config import MetricsConfig
     from saleval.stages.run import compose_stage
 
     if isinstance(metrics, MetricsConfig):
@@ -364,7 +364,7 @@ def evaluate(
 ) -> pd.DataFrame:
     """The automated faithfulness metrics of every method: one row per method.
 
-    Computed by ``saleval-metrics``' engine (:func:`saleval.faithfulness.evaluate`) on the
+    Computed by ``saleval-metrics``' engine (:func:`saleval.metrics.faithfulness.evaluate`) on the
     model's prediction, after re-segmenting each text exactly as it was explained (with
     the frame's ``attrs["max_length"]``, or ``max_length``). ``metrics``: a
     ``conf/metrics`` name (``default``, ``quick``, ``mask``, ``unk``) or overrides of
@@ -374,8 +374,8 @@ def evaluate(
     ``per_example``: the long per-(sample, method, metric, k) table instead
     (``metrics_per_example.parquet``'s layout). Definitions: ``docs/metrics.md``.
     """
-    from saleval import faithfulness
     from saleval.comparison import select_columns, wide_metrics
+    from saleval.metrics import faithfulness
 
     length = max_length or explanations.attrs.get("max_length")
     if not length:

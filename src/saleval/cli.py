@@ -193,8 +193,14 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
         from saleval.config import register_configs
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        register_configs()
         args = sys.argv[1:]
+        try:  # a module named by metrics.plugins=[...] registers first: its settings compose
+            register_configs(args)
+        except ValueError as err:  # that module cannot be imported
+            if full_error():
+                raise
+            print(f"saleval-{config_name}: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_USER_ERROR) from None
         wants_help = any(a in HELP_FLAGS for a in args)
         # a command line of overrides only (no other flag: --config-dir, -m, --cfg...) is
         # composed here first: for --help, and so a bad override is one line (Hydra's own

@@ -12,7 +12,7 @@ Classification", NAACL, https://aclanthology.org/N18-1097).
 
 Metric direction matters: for sufficiency, switching point and AOPC over the least
 important words *lower* is better. Every direction comes from the metric's registration
-(:mod:`saleval.metrics_registry`); a metric of the table that nobody registered is named
+(:mod:`saleval.metrics.registry`); a metric of the table that nobody registered is named
 in the report's notes and a warning, not dropped silently. Method-level correlations compare *rankings*
 (rank 1 = best on both sides), so a positive correlation always means agreement.
 Instance-level statistics use the raw metric values; ``higher_is_better`` says how
@@ -32,10 +32,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-import saleval.faithfulness
-import saleval.plausibility  # noqa: F401  (registers the plausibility metrics)
-from saleval import metrics_registry
+import saleval.metrics.faithfulness
+import saleval.metrics.plausibility  # noqa: F401  (registers the plausibility metrics)
 from saleval.errors import UserError
+from saleval.metrics import registry as metrics_registry
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 def metric_directions() -> dict[str, bool]:
     """Direction (higher is better?) of every ranked metric name the registry knows.
 
-    Read from :mod:`saleval.metrics_registry` at call time, so a metric registered with
-    :func:`saleval.metrics_registry.register_metric` is compared like a built-in one;
+    Read from :mod:`saleval.metrics.registry` at call time, so a metric registered with
+    :func:`saleval.metrics.registry.register_metric` is compared like a built-in one;
     diagnostics registered without a direction (``no_switch``) are not ranked.
     """
     return {m: d for m, d in metrics_registry.outputs().items() if d is not None}
@@ -78,7 +78,7 @@ def higher_is_better(column: str) -> bool:
     directions = metric_directions()
     if metric not in directions:
         raise ComparisonError(
-            f"metric {metric!r} has no registered direction (saleval.metrics_registry); "
+            f"metric {metric!r} has no registered direction (saleval.metrics.registry); "
             f"known: {sorted(directions)}"
         )
     return directions[metric]
@@ -572,7 +572,7 @@ def compare(
     if unknown:
         msg = (
             f"Not compared: metric(s) {', '.join(unknown)} of the metrics table have no "
-            "registered direction (register them with saleval.metrics_registry.register_metric)."
+            "registered direction (register them with saleval.metrics.registry.register_metric)."
         )
         log.warning(msg)
         notes.append(msg)

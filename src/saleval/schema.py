@@ -1,7 +1,7 @@
 """One rule for reading a config node as its typed schema (docs/architecture.md §4).
 
 Every config group that has a dataclass schema (``saleval.config``,
-``saleval.metrics_config``, ``saleval.config.crowd``) is turned into its typed object by
+``saleval.metrics.config``, ``saleval.config.crowd``) is turned into its typed object by
 :func:`to_schema`: defaults come from the dataclass, interpolations are resolved in the
 node's own config first, and an unknown key, a wrong type or a missing value fails with
 OmegaConf's error, which names the key. This module imports nothing of saleval, so every

@@ -14,6 +14,8 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hydra.core.config_store import ConfigStore
 
 from saleval.config.annotate import AnnotateAction, AnnotateConfig
@@ -31,7 +33,7 @@ from saleval.config.trainer import (
     Scheduler,
     TrainerConfig,
 )
-from saleval.metrics_config import store_schema as metrics_schema
+from saleval.metrics.config import store_schema as metrics_schema
 from saleval.schema import to_schema
 
 __all__ = [
@@ -61,17 +63,19 @@ __all__ = [
 _registered = False
 
 
-def register_configs() -> None:
-    """Store every schema in Hydra's ConfigStore (once per process): the stage roots here,
-    the group schemas the YAML defaults lists name (``metrics/schema``,
-    ``study/study_schema``, ``simulation/simulation_schema``, ``crowd/answers_schema``,
-    ``crowd/lu2024_schema``) from the modules that own them."""
+def register_configs(overrides: Sequence[str] = ()) -> None:
+    """Store every schema in Hydra's ConfigStore: the stage roots here, the group schemas
+    the YAML defaults lists name (``metrics/schema``, ``study/study_schema``,
+    ``simulation/simulation_schema``, ``crowd/answers_schema``, ``crowd/lu2024_schema``)
+    from the modules that own them. The static ones once per process; ``metrics/schema``
+    on every call, after importing the plugin modules ``overrides`` (a command line) name,
+    because it holds the settings of every metric registered so far."""
     global _registered
+    metrics_schema(overrides)
     if _registered:
         return
     cs = ConfigStore.instance()
     for name, schema in ROOTS.items():
         cs.store(name=name, node=schema)
     crowd_schemas()
-    metrics_schema()
     _registered = True

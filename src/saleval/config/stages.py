@@ -22,7 +22,7 @@ from saleval.config.plan import PlanConfig
 from saleval.config.profile import ProfileConfig
 from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
-from saleval.metrics_config import MetricsConfig
+from saleval.metrics.config import MetricsConfig
 from saleval.stage_table import TABLE, StageSpec
 from saleval.vocab import Population, Target
 

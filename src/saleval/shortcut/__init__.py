@@ -4,13 +4,14 @@
   vocabulary, mixed training data and the fully synthetic test set, with ground truth;
 * :mod:`~saleval.shortcut.verify` — the checks that the mixed model uses the shortcut
   (:class:`~saleval.shortcut.verify.VerificationError` stops the run);
-* :mod:`~saleval.shortcut.metrics` — precision@k and mean rank;
+* :mod:`saleval.metrics.shortcut` — precision@k and mean rank (beside every other metric);
 * :mod:`~saleval.shortcut.experiment` — the steps the ``saleval-shortcut`` stage runs;
 * :mod:`~saleval.shortcut.report` — the published table layout.
 """
 
 from __future__ import annotations
 
+from saleval.metrics.shortcut import mean_rank, precision_at_k
 from saleval.shortcut.generate import (
     KINDS,
     ShortcutData,
@@ -23,7 +24,6 @@ from saleval.shortcut.generate import (
     rule_from_config,
     synthesize,
 )
-from saleval.shortcut.metrics import mean_rank, precision_at_k
 from saleval.shortcut.report import combine_runs, published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, VerificationReport, require, verify
 

@@ -26,6 +26,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from saleval.config.shortcut import RankUnit
 from saleval.data import load_dataset
 from saleval.jsonfiles import write_json
+from saleval.metrics.shortcut import (
+    mean_rank,
+    mean_rank_interval,
+    precision_at_k,
+    precision_interval,
+)
 from saleval.models import MODEL_DIR, build_model, load_tokenizer, load_trained
 from saleval.shortcut.generate import (
     ShortcutData,
@@ -34,12 +40,6 @@ from saleval.shortcut.generate import (
     extend_vocabulary,
     prepare_source,
     rule_from_config,
-)
-from saleval.shortcut.metrics import (
-    mean_rank,
-    mean_rank_interval,
-    precision_at_k,
-    precision_interval,
 )
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
 from saleval.stage import fingerprint

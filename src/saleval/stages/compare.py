@@ -27,7 +27,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import comparison, merge, scoring, tables, tracking
-from saleval.metrics_registry import import_plugins
+from saleval.metrics.registry import import_plugins
 from saleval.stage import Stage, hydra_main, read_run_info
 
 log = logging.getLogger(__name__)

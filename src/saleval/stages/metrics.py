@@ -26,8 +26,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import tables, tracking
-from saleval.metrics_config import MetricsConfig
-from saleval.metrics_registry import import_plugins
+from saleval.metrics.config import MetricsConfig
 from saleval.stage import (
     InputError,
     Stage,
@@ -37,7 +36,7 @@ from saleval.stage import (
 )
 
 if TYPE_CHECKING:
-    from saleval.faithfulness import Explanation
+    from saleval.metrics.faithfulness import Explanation
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ def plausibility_rows(
     """The plausibility metrics (AUPRC, token F1, IOU F1) per explanation, when the dataset
     has human rationales."""
     from saleval.data import load_dataset
-    from saleval.plausibility import plausibility_scores, rationale_word_mask
+    from saleval.metrics.plausibility import plausibility_scores, rationale_word_mask
 
     pcfg = mcfg.plausibility
     enabled = str(pcfg.enabled).lower()
@@ -120,12 +119,13 @@ INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length":
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers load when a run starts, not on import (saleval.cli)
-    from saleval.faithfulness import evaluate, explanations_from_tables, summarize
     from saleval.inference import use_bf16
+    from saleval.metrics.faithfulness import evaluate, explanations_from_tables, summarize
     from saleval.models import align_labels, checkpoint_name, load_trained
 
-    mcfg = MetricsConfig.from_config(cfg.metrics)  # a bad key fails before any run starts
-    import_plugins(mcfg.plugins)  # a user's own metrics register themselves
+    # a bad key fails before any run starts; metrics.plugins (a user's own metrics) are
+    # imported first, so they register themselves and their settings
+    mcfg = MetricsConfig.from_config(cfg.metrics)
     spec = given_input(cfg, "model")
     if spec is None:
         raise InputError("inputs.model is required: a train run, a checkpoint dir or a hub id")

@@ -35,7 +35,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import comparison, merge, tables, tracking
-from saleval.metrics_registry import import_plugins
+from saleval.metrics.registry import import_plugins
 from saleval.provenance import Provenance
 from saleval.stage import (
     InputError,

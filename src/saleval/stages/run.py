@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths, stage_table, tracking
 from saleval.config import register_configs
+from saleval.config.keys import check_keys
 from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
 from saleval.jsonfiles import write_json
@@ -55,14 +56,15 @@ def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_configs()
-    gh = GlobalHydra.instance()
-    was = gh.is_initialized()
-    if was:
+    register_configs(overrides)  # a metrics.plugins override: its settings compose
+    if GlobalHydra.instance().is_initialized():
         # inside a Hydra app: compose with the already-initialised config search path
-        return compose(config_name, overrides=overrides)
-    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-        return compose(config_name, overrides=overrides)
+        cfg = compose(config_name, overrides=overrides)
+    else:
+        with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+            cfg = compose(config_name, overrides=overrides)
+    check_keys(cfg)  # a profile's `+key=` is refused as on the command line
+    return cfg
 
 
 class ProfileError(UserError, ValueError):
