@@ -152,7 +152,7 @@ def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_trace
     lines = done.stderr.strip().splitlines()
     assert lines == [
         f"saleval-score: inputs.crowd={missing}: no such file or directory; pass a "
-        "saleval-import run dir, runs:/<id> or latest"
+        "saleval-import or saleval-simulate run dir, runs:/<id> or latest"
     ], done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     full = script(

@@ -144,6 +144,6 @@ def test_run_inputs_alone_adopts_and_checks_without_a_run(tmp_path: Path) -> Non
     with pytest.raises(
         InputError,
         match=r"inputs.crowd=.*/a is a saleval-explain run; "
-        r"saleval-score reads a saleval-import run dir, runs:/<id> or latest$",
+        r"saleval-score reads a saleval-import or saleval-simulate run dir, runs:/<id> or latest$",
     ):
         RunInputs(OmegaConf.create({"dataset": None}), "score", {"crowd": str(a)})

@@ -537,6 +537,73 @@ class ComparisonResult:
     notes: list[str] = field(default_factory=list)
 
 
+def method_correlations(table: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
+    """Spearman and Kendall between the human score and each metric over methods, the
+    metric read in its registered direction (docs/metrics.md#comparison)."""
+    rows: list[dict[str, Any]] = []
+    for col in cols:
+        r = rank_agreement(table["human_score"], table[col], higher_is_better(col))
+        for stat in ("spearman", "kendall"):
+            rows.append(
+                {
+                    "metric": col,
+                    "level": "method",
+                    "statistic": stat,
+                    "value": r[stat],
+                    "p_value": r[f"{stat}_p"],
+                    "n": r["n"],
+                    "higher_is_better": higher_is_better(col),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def instance_level(
+    aggregated: pd.DataFrame,
+    per_example: pd.DataFrame,
+    predictions: pd.DataFrame,
+    cols: Sequence[str],
+    n_boot: int,
+    level: float,
+    seed: int,
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None, str, str]:
+    """The instance-level analysis where the crowd and the metrics share samples: the
+    instance table, its correlation rows (Spearman with cluster-bootstrap CIs, OLS), the
+    OLS text, and the note that says what was done or why it was skipped."""
+    shared = set(aggregated["sample_id"].astype(str)) & set(per_example["sample_id"].astype(str))
+    if not shared:
+        return (
+            None,
+            None,
+            "",
+            (
+                "Instance level skipped: the crowd and the metrics share no sample "
+                "(e.g. published crowd results on other samples)."
+            ),
+        )
+    instance = instance_table(aggregated, per_example, predictions, cols)
+    inst_rows, ols_text = [], ""
+    for col in cols:
+        r = instance_spearman(instance, col, n_boot=n_boot, level=level, seed=seed)
+        inst_rows.append({"metric": col, "level": "instance", "statistic": "spearman", **r})
+        ols_rows, text = instance_ols(instance, col, level=level)
+        inst_rows += [{"metric": col, "level": "instance", **o} for o in ols_rows]
+        ols_text += text + "\n"
+    inst = pd.DataFrame(inst_rows)
+    inst["higher_is_better"] = [higher_is_better(c) for c in inst["metric"]]
+    return (
+        instance,
+        inst,
+        ols_text,
+        (
+            "Instance level: crowd accuracy per explanation = mean over k of A_ijk; Spearman "
+            "CIs resample samples (cluster bootstrap); OLS on the z-scored metric with "
+            "sample-clustered standard errors (see ols.txt). Signs are of the raw metric: "
+            "read them with ↑/↓."
+        ),
+    )
+
+
 def compare(
     human: pd.Series,
     metrics: pd.DataFrame,
@@ -576,22 +643,7 @@ def compare(
         )
         log.warning(msg)
         notes.append(msg)
-    rows: list[dict[str, Any]] = []
-    for col in cols:
-        r = rank_agreement(table["human_score"], table[col], higher_is_better(col))
-        for stat in ("spearman", "kendall"):
-            rows.append(
-                {
-                    "metric": col,
-                    "level": "method",
-                    "statistic": stat,
-                    "value": r[stat],
-                    "p_value": r[f"{stat}_p"],
-                    "n": r["n"],
-                    "higher_is_better": higher_is_better(col),
-                }
-            )
-    corr = pd.DataFrame(rows)
+    corr = method_correlations(table, cols)
     if human_A is not None and human_score_fn is not None and n_boot > 0:
         assert human_samples is not None and human_methods is not None
         pos = [list(human_methods).index(m) for m in methods]
@@ -615,33 +667,12 @@ def compare(
         )
     else:
         notes.append("Method-level correlations without CIs (no per-sample crowd results).")
-    instance = None
-    ols_text = ""
+    instance, ols_text = None, ""
     if aggregated is not None and predictions is not None:
-        shared = set(aggregated["sample_id"].astype(str)) & set(
-            per_example["sample_id"].astype(str)
+        instance, inst, ols_text, note = instance_level(
+            aggregated, per_example, predictions, cols, n_boot, level, seed
         )
-        if shared:
-            instance = instance_table(aggregated, per_example, predictions, cols)
-            inst_rows = []
-            for col in cols:
-                r = instance_spearman(instance, col, n_boot=n_boot, level=level, seed=seed)
-                inst_rows.append({"metric": col, "level": "instance", "statistic": "spearman", **r})
-                ols_rows, text = instance_ols(instance, col, level=level)
-                inst_rows += [{"metric": col, "level": "instance", **o} for o in ols_rows]
-                ols_text += text + "\n"
-            inst = pd.DataFrame(inst_rows)
-            inst["higher_is_better"] = [higher_is_better(c) for c in inst["metric"]]
+        if inst is not None:
             corr = pd.concat([corr, inst], ignore_index=True)
-            notes.append(
-                "Instance level: crowd accuracy per explanation = mean over k of A_ijk; Spearman "
-                "CIs resample samples (cluster bootstrap); OLS on the z-scored metric with "
-                "sample-clustered standard errors (see ols.txt). Signs are of the raw metric: "
-                "read them with ↑/↓."
-            )
-        else:
-            notes.append(
-                "Instance level skipped: the crowd and the metrics share no sample "
-                "(e.g. published crowd results on other samples)."
-            )
+        notes.append(note)
     return ComparisonResult(table, corr, instance, ols_text, cols, notes)

@@ -92,8 +92,8 @@ def accepted_stages(name: str) -> tuple[str, ...]:
 def what_it_takes(name: str) -> str:
     """What ``inputs.<name>`` accepts, for the message that refuses a value.
 
-    >>> what_it_takes("crowd")
-    'a saleval-import run dir, runs:/<id> or latest'
+    >>> what_it_takes("explain")
+    'a saleval-explain run dir, runs:/<id> or latest'
     >>> what_it_takes("answers")
     'a saleval-simulate or saleval-annotate run dir, runs:/<id> or latest; or an answers file'
     """
@@ -104,8 +104,10 @@ def what_it_takes(name: str) -> str:
     return f"{tail}; or {also}" if also else tail
 
 
-#: inputs that take another stage's runs besides their producer's
-_ALSO_FROM: dict[str, tuple[str, ...]] = {"answers": ("annotate",)}
+#: inputs that take another stage's runs besides their producer's: the annotation app's
+#: answers; a simulated crowd on the published study's tasks (``crowd=lu2024``), whose run
+#: holds the aggregated table score reads
+_ALSO_FROM: dict[str, tuple[str, ...]] = {"answers": ("annotate",), "crowd": ("simulate",)}
 #: inputs that take something besides runs
 _ALSO_TAKES = {"model": "a save_pretrained directory or a hub id", "answers": "an answers file"}
 

@@ -239,6 +239,43 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
         baseline=pc.baseline,
     )
     rng = np.random.default_rng(pc.seed)
+    table, methods = _predict_designs(pool, pc, grid, seconds, settings, rng)
+    st.write(tables.PLAN, table)
+    st.write(tables.PLAN_METHODS, methods)
+    recommended = planning.cheapest(table, pc.target.p_best, pc.target.spearman)
+    check = None
+    if pool.source == "empirical" and pc.half_sample_check:
+        check = planning.half_sample_check(pool, grid[0], settings, rng)
+        st.write(tables.PLAN_CHECK, check)
+    simulated = pool.source == "simulated"
+    caption = f"{cfg.dataset.name}: what a study of n samples would show"
+    st.log_file(reports.plot_power_curves(table, methods, st.path("power.png"), caption, simulated))
+    shown_seconds = seconds(grid[0]) if callable(seconds) else seconds
+    info = _assumptions(pool, pc, shown_seconds, seconds_source)
+    md = st.path("plan.md")
+    md.write_text(reports.plan_markdown(table, methods, recommended, info, check))
+    st.log_file(md)
+    out: dict[str, Any] = {
+        "run_dir": str(st.run_dir),
+        "run_id": st.run_id,
+        "source": pool.source,
+        "designs": len(table),
+    }
+    out.update(_log_plan(st, table, recommended))
+    print(f"[saleval-plan] {'SIMULATED crowd: ' if simulated else ''}{md}")
+    return out
+
+
+def _predict_designs(
+    pool: planning.Pool,
+    pc: PlanConfig,
+    grid: list[planning.Design],
+    seconds: Any,
+    settings: planning.Settings,
+    rng: np.random.Generator,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each design's predictions and cost (plan.csv, with ``meets_target``) and its
+    per-method figures (plan_methods.csv)."""
     rows, per_method = [], []
     for i, d in enumerate(tqdm(grid, desc="designs", leave=False)):
         row, pm = planning.predict(pool, d, settings, rng)
@@ -263,19 +300,14 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
     table["meets_target"] = (table["p_best"] >= pc.target.p_best) & (
         table["spearman_mean"] >= pc.target.spearman
     )
-    methods = pd.concat(per_method, ignore_index=True)
-    st.write(tables.PLAN, table)
-    st.write(tables.PLAN_METHODS, methods)
-    recommended = planning.cheapest(table, pc.target.p_best, pc.target.spearman)
-    check = None
-    if pool.source == "empirical" and pc.half_sample_check:
-        check = planning.half_sample_check(pool, grid[0], settings, rng)
-        st.write(tables.PLAN_CHECK, check)
-    simulated = pool.source == "simulated"
-    caption = f"{cfg.dataset.name}: what a study of n samples would show"
-    st.log_file(reports.plot_power_curves(table, methods, st.path("power.png"), caption, simulated))
-    shown_seconds = seconds(grid[0]) if callable(seconds) else seconds
-    info: dict[str, object] = {
+    return table, pd.concat(per_method, ignore_index=True)
+
+
+def _assumptions(
+    pool: planning.Pool, pc: PlanConfig, seconds: float, seconds_source: str
+) -> dict[str, object]:
+    """What the predictions rest on, as plan.md states it."""
+    return {
         "source": pool.source,
         "origin": pool.origin,
         "n_pool": pool.n_samples,
@@ -284,7 +316,7 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
         "pool_repeats": pool.repeats,
         "target_p_best": pc.target.p_best,
         "target_spearman": pc.target.spearman,
-        "seconds": shown_seconds,
+        "seconds": seconds,
         "seconds_source": seconds_source,
         "hourly_rate": pc.cost.hourly_rate,
         "fee": pc.cost.fee,
@@ -295,9 +327,12 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
         "test_resamples": pc.test_resamples,
         "replicates": pc.replicates,
     }
-    md = st.path("plan.md")
-    md.write_text(reports.plan_markdown(table, methods, recommended, info, check))
-    st.log_file(md)
+
+
+def _log_plan(st: Stage, table: pd.DataFrame, recommended: pd.Series | None) -> dict[str, float]:
+    """MLflow: the first design family's figures stepped by n, the recommendation, and one
+    child run per design (so the printed link opens the designs side by side); returns
+    the recommendation's figures."""
     first = table[
         (table["methods"] == table["methods"].iloc[0])
         & (table["ks"] == table["ks"].iloc[0])
@@ -308,20 +343,13 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
             {"p_best": r.p_best, "spearman": r.spearman_mean, "ci_width": r.ci_width_mean},
             step=int(r.n),
         )
-    out: dict[str, Any] = {
-        "run_dir": str(st.run_dir),
-        "run_id": st.run_id,
-        "source": pool.source,
-        "designs": len(table),
-    }
+    best: dict[str, float] = {}
     if recommended is not None:
         best = {
             f"recommended_{k}": float(recommended[k])
             for k in ("n", "repeats", "cost", "p_best", "spearman_mean")
         }
         st.log_metrics(best)
-        out.update(best)
-    # one child run per design, so the printed link opens the designs side by side
     rows = table.assign(
         design=[
             f"{r.design}: n={r.n} R={r.repeats} J={r.n_methods} K={r.n_ks}"
@@ -343,8 +371,7 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
     st.set_tags(
         {"plan_recommended": "none" if recommended is None else str(int(recommended["design"]))}
     )
-    print(f"[saleval-plan] {'SIMULATED crowd: ' if simulated else ''}{md}")
-    return out
+    return best
 
 
 main = hydra_main("plan", run)

@@ -178,42 +178,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 mlflow.set_tag(f"given.{stage}", read_run_info(dirs[stage]).get("run_id", ""))
                 print(f"[saleval-run] {stage:<9} given  {dirs[stage]}", flush=True)
                 continue
-            overrides = stage_overrides(profile, stage)
-            for name, producer in needs.items():
-                src = given.get(f"{stage}.{name}") or given.get(producer)
-                if src and Path(str(src)).is_file():  # e.g. a platform's answers.csv
-                    overrides.append(f"inputs.{name}={Path(str(src)).resolve()}")
-                elif src:
-                    overrides.append(f"inputs.{name}={resolve_input(name, src)}")
-                elif producer in dirs:
-                    overrides.append(f"inputs.{name}={dirs[producer]}")
-                else:
-                    raise ValueError(
-                        f"stage {stage} needs inputs.{name} from {producer}, which did "
-                        f"not run; pass inputs.{producer}=<run dir>"
-                    )
-            stage_dir = out_root / stage
-            overrides.append(f"run_dir={stage_dir}")
-            stage_cfg = compose_stage(config_name, overrides)
-            input_dirs = {
-                k: Path(str(v))
-                for k, v in (stage_cfg.get("inputs") or {}).items()
-                if isinstance(v, str) and Path(v).is_dir()
-            }
-            fp = stage_fingerprint(stage_cfg, stage, input_dirs)
-            reused = find_reusable(stage, fp) if cfg.reuse else None
             t0 = time.perf_counter()
-            if reused is not None:
-                log.info("[run] %s: reusing %s (fingerprint %s)", stage, reused, fp)
-                dirs[stage] = reused
-                mlflow.set_tag(f"reused.{stage}", read_run_info(reused).get("run_id", ""))
-            else:
-                log.info("[run] %s: running (fingerprint %s) -> %s", stage, fp, stage_dir)
-                fn: Callable[[DictConfig], Any] = importlib.import_module(module).run
-                with open_dict(stage_cfg):
-                    stage_cfg.tracking = cfg.tracking
-                fn(stage_cfg)
-                dirs[stage] = stage_dir
+            dirs[stage], reused = _run_or_reuse(
+                cfg, stage, module, config_name, needs, dirs, out_root
+            )
             seconds = time.perf_counter() - t0
             timings[stage] = {
                 "seconds": round(seconds, 1),
@@ -242,6 +210,64 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         mlflow.log_artifact(str(out_root / "pipeline.json"))
     _final_report(dirs, timings, uri, experiment_id, summary.get("published_ranking"))
     return summary
+
+
+def _input_overrides(
+    stage: str, needs: dict[str, str], given: dict[str, Any], dirs: dict[str, Path]
+) -> list[str]:
+    """``inputs.<name>=`` for each input of ``stage``: a run given for it
+    (``inputs.<stage>.<name>`` or ``inputs.<producer>``; a plain file such as a platform's
+    answers.csv as it is), else the producer's run in this pipeline."""
+    out = []
+    for name, producer in needs.items():
+        src = given.get(f"{stage}.{name}") or given.get(producer)
+        if src and Path(str(src)).is_file():
+            out.append(f"inputs.{name}={Path(str(src)).resolve()}")
+        elif src:
+            out.append(f"inputs.{name}={resolve_input(name, src)}")
+        elif producer in dirs:
+            out.append(f"inputs.{name}={dirs[producer]}")
+        else:
+            raise ValueError(
+                f"stage {stage} needs inputs.{name} from {producer}, which did "
+                f"not run; pass inputs.{producer}=<run dir>"
+            )
+    return out
+
+
+def _run_or_reuse(
+    cfg: DictConfig,
+    stage: str,
+    module: str,
+    config_name: str,
+    needs: dict[str, str],
+    dirs: dict[str, Path],
+    out_root: Path,
+) -> tuple[Path, Path | None]:
+    """Run ``stage`` under the pipeline's run, or reuse a finished run with the same
+    fingerprint (``reuse``); returns its run dir and the reused run (None when it ran)."""
+    overrides = stage_overrides(cfg.profile, stage)
+    overrides += _input_overrides(stage, needs, dict(cfg.inputs), dirs)
+    stage_dir = out_root / stage
+    overrides.append(f"run_dir={stage_dir}")
+    stage_cfg = compose_stage(config_name, overrides)
+    input_dirs = {
+        k: Path(str(v))
+        for k, v in (stage_cfg.get("inputs") or {}).items()
+        if isinstance(v, str) and Path(v).is_dir()
+    }
+    fp = stage_fingerprint(stage_cfg, stage, input_dirs)
+    reused = find_reusable(stage, fp) if cfg.reuse else None
+    if reused is not None:
+        log.info("[run] %s: reusing %s (fingerprint %s)", stage, reused, fp)
+        mlflow.set_tag(f"reused.{stage}", read_run_info(reused).get("run_id", ""))
+        return reused, reused
+    log.info("[run] %s: running (fingerprint %s) -> %s", stage, fp, stage_dir)
+    fn: Callable[[DictConfig], Any] = importlib.import_module(module).run
+    with open_dict(stage_cfg):
+        stage_cfg.tracking = cfg.tracking
+    fn(stage_cfg)
+    return stage_dir, None
 
 
 def mark_orphans_killed(out_root: Path) -> list[str]:

@@ -112,7 +112,6 @@ def score_outputs(
     st.write(tables.SCORES, result.scores)
     st.write(tables.FLIPS, result.flips)
     result.histogram.to_csv(st.path("flip_histogram.csv"), index=False)
-    sections: dict[str, pd.DataFrame] = {}
     # what the study means comes from the run's provenance (saleval.provenance), not a guess
     prov = st.provenance
     study = {
@@ -120,63 +119,10 @@ def score_outputs(
         "population": str(prov.population or Population.correct),
     }
     info = {**info, "study": study}
-    if study["population"] == Population.misclassified:
-        counts = scoring.recognised_counts(result.cube)
-        counts.to_csv(st.path(COUNTS_FILE), index=False)
-        wide = counts.pivot(index="method", columns="k", values="recognised")
-        wide = wide.loc[scoring.order_methods(wide.index)].reset_index()
-        sections["Misclassified samples recognised (count per method and k)"] = wide
-    if study["target"] == Target.prediction and {"gold_label", "pred"} <= set(aggregated.columns):
-        outcomes = scoring.outcome_breakdown(
-            aggregated, positive=int(sc.positive_label), n_labels=len(cfg.dataset.label_names)
-        )
-        outcomes.to_csv(st.path(OUTCOMES_FILE), index=False)
-        pooled = outcomes[outcomes["k"] == "all"].pivot(
-            index="method", columns="outcome", values="accuracy"
-        )
-        pooled = pooled.loc[scoring.order_methods(pooled.index)].round(1).reset_index()
-        sections["Forward prediction: accuracy (%) by model outcome, all k"] = pooled
-    # what sets this study apart from the main one: in the caption and the validation note
-    apart = [
-        name
-        for on, name in (
-            (study["population"] == Population.misclassified, "misclassified samples"),
-            (study["target"] == Target.prediction, "forward prediction"),
-        )
-        if on
-    ]
-    caption = f"{dataset}: crowd accuracy and score per saliency method"
-    caption += "".join(f" ({name})" for name in apart)
-    md = reports.scores_markdown(
-        result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
-    )
-    # a simulated crowd's tables and plots also say how close it came to real people
-    sim = upstream_simulation(st.inputs.values()) if simulated else None
-    note = None if sim is None else calibration_note(sim, False, dataset, " and ".join(apart))
+    sections = _study_sections(st, cfg, aggregated, result, study)
+    note = _write_reports(st, result, dataset, simulated, sections, _apart(study))
     if note:
-        md += f"\n> {note}\n"
         info = {**info, "simulated_crowd_validation": note}
-    st.path("scores.md").write_text(md)
-    tex = reports.scores_latex(
-        result.accuracy, result.scores, caption, simulated, label=f"tab:scores-{dataset}"
-    )
-    if note:
-        tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
-    st.path("scores.tex").write_text(tex)
-    short = "" if sim is None else calibration_note(sim, True, dataset, " and ".join(apart))
-    suffix = "\n" + textwrap.fill(short, 72) if short else ""
-    reports.plot_accuracy_vs_k(
-        result.accuracy,
-        st.path("accuracy_vs_k.png"),
-        f"{dataset}: accuracy vs k{suffix}",
-        simulated,
-    )
-    reports.plot_flip_histogram(
-        result.histogram,
-        st.path("flip_histogram.png"),
-        f"{dataset}: flips per sample{suffix}",
-        simulated,
-    )
     summary = {
         "simulated": simulated,
         "dataset": dataset,
@@ -205,6 +151,91 @@ def score_outputs(
         "scores": dict(zip(result.scores["method"], result.scores["score"])),
         "ranks": dict(zip(result.scores["method"], result.scores["rank"].astype(int))),
     }
+
+
+def _study_sections(
+    st: Stage,
+    cfg: DictConfig,
+    aggregated: pd.DataFrame,
+    result: scoring.ScoreResult,
+    study: dict[str, str],
+) -> dict[str, pd.DataFrame]:
+    """The tables a study variant adds to scores.md, each also written as a CSV: recognised
+    counts for misclassified samples, accuracy by model outcome for forward prediction."""
+    sections: dict[str, pd.DataFrame] = {}
+    if study["population"] == Population.misclassified:
+        counts = scoring.recognised_counts(result.cube)
+        counts.to_csv(st.path(COUNTS_FILE), index=False)
+        wide = counts.pivot(index="method", columns="k", values="recognised")
+        wide = wide.loc[scoring.order_methods(wide.index)].reset_index()
+        sections["Misclassified samples recognised (count per method and k)"] = wide
+    if study["target"] == Target.prediction and {"gold_label", "pred"} <= set(aggregated.columns):
+        sc = cfg.scoring
+        outcomes = scoring.outcome_breakdown(
+            aggregated, positive=int(sc.positive_label), n_labels=len(cfg.dataset.label_names)
+        )
+        outcomes.to_csv(st.path(OUTCOMES_FILE), index=False)
+        pooled = outcomes[outcomes["k"] == "all"].pivot(
+            index="method", columns="outcome", values="accuracy"
+        )
+        pooled = pooled.loc[scoring.order_methods(pooled.index)].round(1).reset_index()
+        sections["Forward prediction: accuracy (%) by model outcome, all k"] = pooled
+    return sections
+
+
+def _apart(study: dict[str, str]) -> list[str]:
+    """What sets this study apart from the main one (in the caption and the validation note)."""
+    return [
+        name
+        for on, name in (
+            (study["population"] == Population.misclassified, "misclassified samples"),
+            (study["target"] == Target.prediction, "forward prediction"),
+        )
+        if on
+    ]
+
+
+def _write_reports(
+    st: Stage,
+    result: scoring.ScoreResult,
+    dataset: str,
+    simulated: bool,
+    sections: dict[str, pd.DataFrame],
+    apart: list[str],
+) -> str | None:
+    """scores.md, scores.tex and the two plots; a simulated crowd's also say how close it
+    came to real people (the note, returned for the report)."""
+    caption = f"{dataset}: crowd accuracy and score per saliency method"
+    caption += "".join(f" ({name})" for name in apart)
+    md = reports.scores_markdown(
+        result.accuracy, result.scores, caption, simulated, result.flips, result.weights, sections
+    )
+    sim = upstream_simulation(st.inputs.values()) if simulated else None
+    note = None if sim is None else calibration_note(sim, False, dataset, " and ".join(apart))
+    if note:
+        md += f"\n> {note}\n"
+    st.path("scores.md").write_text(md)
+    tex = reports.scores_latex(
+        result.accuracy, result.scores, caption, simulated, label=f"tab:scores-{dataset}"
+    )
+    if note:
+        tex += f"\n\\par\\noindent\\textit{{{reports.tex_escape(note)}}}\n"
+    st.path("scores.tex").write_text(tex)
+    short = "" if sim is None else calibration_note(sim, True, dataset, " and ".join(apart))
+    suffix = "\n" + textwrap.fill(short, 72) if short else ""
+    reports.plot_accuracy_vs_k(
+        result.accuracy,
+        st.path("accuracy_vs_k.png"),
+        f"{dataset}: accuracy vs k{suffix}",
+        simulated,
+    )
+    reports.plot_flip_histogram(
+        result.histogram,
+        st.path("flip_histogram.png"),
+        f"{dataset}: flips per sample{suffix}",
+        simulated,
+    )
+    return note
 
 
 def method_rows(result: scoring.ScoreResult) -> pd.DataFrame:
