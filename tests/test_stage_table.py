@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -92,3 +96,61 @@ def test_conflicting_producers_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stage_table, "TABLE", (*TABLE, odd))
     with pytest.raises(ValueError, match=r"inputs\.tasks"):
         stage_table.producers()
+
+
+#: the toy stage's row, as docs/extending.md ("A stage") writes one
+TOY_ROW = (
+    'stage_table.StageSpec("toy", "tests.toy_stage", "tests.toy_stage.ToyStageConfig", '
+    'inputs={"explain": "explain"}, next=("saleval-report inputs.runs={run}",))'
+)
+
+
+def _toy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``saleval-toy args...`` in a fresh process whose stage table has the toy row: the
+    script, config root, producer and hints all come from that row; the conf file is a
+    user's own (``--config-dir``)."""
+    conf = tmp_path / "conf"
+    conf.mkdir(exist_ok=True)
+    (conf / "toy.yaml").write_text(
+        "defaults:\n  - toy_schema\n  - paths: default\n  - tracking: default\n  - _self_\n"
+        "task_name: toy\n"
+    )
+    code = (
+        "import sys\nfrom saleval import stage_table\n"
+        f"stage_table.TABLE = stage_table.TABLE + ({TOY_ROW},)\n"
+        "from saleval.cli import toy\nsys.exit(toy())"
+    )
+    out = [f"paths.output_root={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/ml.db"]
+    return subprocess.run(
+        [sys.executable, "-c", code, "--config-dir", str(conf), *args, *out],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=paths.project_root(),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+def test_a_toy_stage_is_its_module_its_conf_file_and_one_row(tmp_path: Path) -> None:
+    explain = tmp_path / "explain_run"
+    explain.mkdir()
+    (explain / "config.yaml").write_text("dataset: null\n")
+    (explain / "run.json").write_text(json.dumps({"stage": "explain", "run_id": "e1"}))
+    done = _toy(tmp_path, f"inputs.explain={explain}", "label=mine")
+    assert done.returncode == 0, done.stderr
+    run_dir = Path(done.stdout.split("[saleval-toy] finished: ")[1].split()[0])
+    assert json.loads((run_dir / "toy.json").read_text()) == {"label": "mine", "explain": "e1"}
+    assert json.loads((run_dir / "run.json").read_text())["parents"] == {"explain": "e1"}
+    assert f"next: saleval-report inputs.runs={run_dir}" in done.stdout  # the row's hint
+    # the row's schema is the config root: an unknown key fails at compose, naming its keys
+    bad = _toy(tmp_path, f"inputs.explain={explain}", "+labl=x")
+    assert bad.returncode != 0 and "labl is not a setting of the config (ToyStageConfig)" in (
+        bad.stderr
+    )
+    # the row's inputs: `latest` looks in the producing stage's runs
+    latest = _toy(tmp_path, "inputs.explain=latest")
+    assert f"{tmp_path / 'out' / 'explain' / 'latest'} does not exist" in latest.stderr
+    # another stage's run is refused by the same row
+    (explain / "run.json").write_text(json.dumps({"stage": "tasks", "run_id": "t1"}))
+    wrong = _toy(tmp_path, f"inputs.explain={explain}")
+    assert "is a saleval-tasks run; saleval-toy reads a saleval-explain run dir" in wrong.stderr

@@ -7,6 +7,8 @@ nodes are typed, so an unknown key in any group file (the project's or one found
 
 from __future__ import annotations
 
+import importlib
+
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -340,8 +342,14 @@ class RunStageConfig(RootConfig):
 
 
 def _root(row: StageSpec) -> type:
-    """The root schema a stage-table row names: a dataclass of this module."""
-    schema = globals().get(row.schema)
+    """The root schema a stage-table row names: a dataclass of this module, or one named
+    by its dotted path (``mypkg.mystage.MyStageConfig``), so a stage's schema may live in
+    its own module (docs/extending.md, "A stage")."""
+    if "." in row.schema:
+        module, _, name = row.schema.rpartition(".")
+        schema = getattr(importlib.import_module(module), name, None)
+    else:
+        schema = globals().get(row.schema)
     if not isinstance(schema, type):
         raise TypeError(f"stage {row.name}: no schema class {row.schema} in {__name__}")
     return schema
