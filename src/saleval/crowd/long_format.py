@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -73,193 +74,346 @@ def read_answers(
     """
     path = Path(path)
     header, rows, undecodable = read_rows(path, encoding=encoding)
-    col = {h.lower(): i for i, h in enumerate(header)}
     rejects = Rejects(str(path))
-
-    def missing(fields: str) -> CrowdImportError:
-        return CrowdImportError(
-            f"{path}, row header, field {fields}: missing column; the file has {header}. "
-            "Expected worker_id, task_id (or bundle_id + position), answer, and "
-            "started_at + submitted_at or duration_s"
-        )
-
-    for required in ("worker_id", "answer"):
-        if required not in col:
-            raise missing(required)
-    by_position = "bundle_id" in col and "position" in col
-    if "task_id" not in col and not by_position:
-        raise missing("task_id")
-    has_times = all(t in col for t in _TIME_FIELDS)
-    has_duration = "duration_s" in col
-    if not has_times and any(t in col for t in _TIME_FIELDS):
-        raise missing("started_at/submitted_at (only one of the pair is present)")
-    if not (has_times or has_duration):
-        raise missing("started_at/submitted_at or duration_s")
-
+    layout = _Layout.of(path, header)
     parse = AnswerParser(label_names, idk)
-    task_info = tasks.set_index("task_id")
-    sample_of = task_info["sample_id"].to_dict()
-    gold = (
-        task_info["is_gold"].astype(bool).to_dict()
-        if "is_gold" in task_info
-        else dict.fromkeys(task_info.index, False)
-    )
-    slot: dict[tuple[str, int], str] = {}
-    bundle_tasks: dict[str, set[str]] = {}
-    if bundles is not None and len(bundles):
-        for b, p, t in bundles[["bundle_id", "position", "task_id"]].itertuples(index=False):
-            slot[(str(b), int(p))] = str(t)
-            bundle_tasks.setdefault(str(b), set()).add(str(t))
-        gold.update({str(t): bool(g) for t, g in zip(bundles["task_id"], bundles["is_gold"])})
-
-    seen_task: dict[tuple[str, str], int] = {}
-    seen_sample: dict[tuple[str, str], tuple[str, int]] = {}
-    seen_bundle: dict[str, tuple[str, int]] = {}
-    spelling: dict[str, str] = {}  # worker key -> the ID as first written (stripped)
-    spellings: dict[str, dict[str, None]] = {}  # worker key -> every raw ID seen
-    bundle_workers: dict[str, dict[str, int]] = {}  # bundle -> worker -> first row
-    shared: list[str] = []  # the warnings about bundles with a second worker
-    accepted: list[dict[str, Any]] = []
+    index = _TaskIndex.of(tasks, bundles)
+    workers = _WorkerIds(worker_id_case)
+    accepted = _Accepted(path)
     simulated = False
-    n_fields = len(header)
     for r, values in enumerate(rows, start=1):
-        if r in undecodable:
-            rejects.add(r, *undecodable[r])
+        unreadable = _unreadable_row(r, values, len(header), undecodable)
+        if unreadable:
+            rejects.add(r, *unreadable)
             continue
-        if not any(v.strip() for v in values):
-            rejects.add(r, "*", "blank row")
-            continue
-        if len(values) != n_fields:
-            rejects.add(r, "*", f"expected {n_fields} fields, found {len(values)}")
-            continue
-
-        def get(name: str, _values: list[str] = values) -> str:
-            return _values[col[name]].strip() if name in col else ""
-
-        problems: list[tuple[str, str]] = []
-        worker = get("worker_id")
-        if not worker:
-            problems.append(("worker_id", "empty worker id"))
-        else:
-            key = worker_key(worker, worker_id_case)
-            worker = spelling.setdefault(key, worker)
-            spellings.setdefault(key, {})[values[col["worker_id"]]] = None
-        task = get("task_id")
-        bundle = get("bundle_id") or None
-        position: int | None = None
-        if by_position and get("position"):
-            try:
-                as_float = float(get("position"))
-                if not as_float.is_integer():
-                    raise ValueError
-                position = int(as_float)
-            except ValueError:
-                problems.append(("position", f"not an integer: {get('position')!r}"))
-        if by_position and bundle and position is not None:
-            at = slot.get((bundle, position))
-            if at is None:
-                fld = "bundle_id" if bundle not in bundle_tasks else "position"
-                problems.append((fld, f"no task at bundle {bundle!r} position {position}"))
-            elif task and task != at:
-                problems.append(
-                    ("task_id", f"task {task!r} is not at bundle {bundle!r} position {position}")
-                )
-            else:
-                task = at
-        if not task:
-            if not any(f in ("bundle_id", "position") for f, _ in problems):
-                problems.append(("task_id", "empty task id"))
-        elif task not in sample_of:
-            problems.append(("task_id", f"unknown task {task!r}"))
-        elif bundle and bundle_tasks and task not in bundle_tasks.get(bundle, set()):
-            fld = "bundle_id" if bundle not in bundle_tasks else "task_id"
-            problems.append((fld, f"task {task!r} is not in bundle {bundle!r}"))
-        code = -1
-        try:
-            code = parse(get("answer"))
-        except ValueError as err:
-            problems.append(("answer", str(err)))
-        duration = np.nan
-        if has_times:
-            times: dict[str, datetime] = {}
-            for t in _TIME_FIELDS:
-                try:
-                    times[t] = _parse_time(get(t))
-                except ValueError:
-                    problems.append((t, f"malformed time {get(t)!r} (expected ISO 8601)"))
-            if len(times) == 2:
-                duration = (times["submitted_at"] - times["started_at"]).total_seconds()
-                if duration < 0:
-                    problems.append(("submitted_at", "submitted before started"))
-        if has_duration and (not has_times or get("duration_s")):
-            try:
-                d = float(get("duration_s"))
-                if not np.isfinite(d) or d < 0:
-                    raise ValueError
-                duration = d if not has_times else duration
-            except ValueError:
-                problems.append(("duration_s", f"not a non-negative number: {get('duration_s')!r}"))
+        answer, problems = _read_fields(values, layout, index, parse, workers)
+        for fld, problem in problems:
+            rejects.add(r, fld, problem)
         if problems:
-            for fld, problem in problems:
-                rejects.add(r, fld, problem)
             continue
-        # Relations to earlier accepted rows: the first valid occurrence wins.
-        if (worker, task) in seen_task:
-            rejects.add(
-                r,
+        sample = index.sample_of[answer.task]
+        conflict = accepted.conflict(answer, sample)
+        if conflict:
+            rejects.add(r, *conflict)
+            continue
+        accepted.add(r, answer, sample, bool(index.gold.get(answer.task, False)))
+        if layout.get(values, "simulated").lower() in ("true", "1", "yes"):
+            simulated = True
+
+    acc = _accepted_frame(accepted.rows, tasks)
+    merged = workers.merged()
+    several = {b: list(w) for b, w in accepted.bundle_workers.items() if len(w) > 1}
+    info: dict[str, Any] = {
+        "n_rows": len(rows),
+        "n_accepted": len(acc),
+        "n_rejected_rows": len(rejects.bad_rows),
+        "columns": header,
+        "timings": "started_at/submitted_at" if layout.has_times else "duration_s",
+        "simulated_column": simulated,
+        "worker_id_case": str(worker_id_case),
+        "worker_ids_merged": merged,
+        "bundles_with_several_workers": several,
+    }
+    _warn_worker_ids(path, merged, worker_id_case, accepted.shared)
+    return acc, rejects.frame(), info
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a long answer file keeps each field (lower-cased names), how it names a task
+    (``task_id`` or ``bundle_id + position``) and how it times an answer."""
+
+    col: dict[str, int]
+    by_position: bool
+    has_times: bool
+    has_duration: bool
+
+    @classmethod
+    def of(cls, path: Path, header: list[str]) -> _Layout:
+        """The header's layout; a missing column fails the whole file, since no row
+        could be read without it."""
+        col = {h.lower(): i for i, h in enumerate(header)}
+
+        def missing(fields: str) -> CrowdImportError:
+            return CrowdImportError(
+                f"{path}, row header, field {fields}: missing column; the file has {header}. "
+                "Expected worker_id, task_id (or bundle_id + position), answer, and "
+                "started_at + submitted_at or duration_s"
+            )
+
+        for required in ("worker_id", "answer"):
+            if required not in col:
+                raise missing(required)
+        by_position = "bundle_id" in col and "position" in col
+        if "task_id" not in col and not by_position:
+            raise missing("task_id")
+        has_times = all(t in col for t in _TIME_FIELDS)
+        has_duration = "duration_s" in col
+        if not has_times and any(t in col for t in _TIME_FIELDS):
+            raise missing("started_at/submitted_at (only one of the pair is present)")
+        if not (has_times or has_duration):
+            raise missing("started_at/submitted_at or duration_s")
+        return cls(col, by_position, has_times, has_duration)
+
+    def get(self, values: list[str], name: str) -> str:
+        """A row's field without surrounding spaces; "" where the file has no such column."""
+        return values[self.col[name]].strip() if name in self.col else ""
+
+
+@dataclass(frozen=True)
+class _TaskIndex:
+    """What the task run says about the tasks an answer may name: each task's sample and
+    gold flag, the task at each bundle position and the tasks of each bundle."""
+
+    sample_of: dict[Any, Any]
+    gold: dict[Any, bool]
+    slot: dict[tuple[str, int], str]
+    bundle_tasks: dict[str, set[str]]
+
+    @classmethod
+    def of(cls, tasks: pd.DataFrame, bundles: pd.DataFrame | None) -> _TaskIndex:
+        """Index ``tasks.csv`` and ``bundles.csv`` (None or empty: no bundles); a bundle's
+        gold flag wins over the task table's."""
+        task_info = tasks.set_index("task_id")
+        gold = (
+            task_info["is_gold"].astype(bool).to_dict()
+            if "is_gold" in task_info
+            else dict.fromkeys(task_info.index, False)
+        )
+        slot: dict[tuple[str, int], str] = {}
+        bundle_tasks: dict[str, set[str]] = {}
+        if bundles is not None and len(bundles):
+            for b, p, t in bundles[["bundle_id", "position", "task_id"]].itertuples(index=False):
+                slot[(str(b), int(p))] = str(t)
+                bundle_tasks.setdefault(str(b), set()).add(str(t))
+            gold.update({str(t): bool(g) for t, g in zip(bundles["task_id"], bundles["is_gold"])})
+        return cls(task_info["sample_id"].to_dict(), gold, slot, bundle_tasks)
+
+
+class _WorkerIds:
+    """Worker IDs as :func:`worker_key` reads them: the first spelling of a worker names it
+    in every later row; every raw spelling is kept for the merge warning."""
+
+    def __init__(self, case: WorkerIdCase | str) -> None:
+        self.case = case
+        self.spelling: dict[str, str] = {}  # worker key -> the ID as first written (stripped)
+        self.spellings: dict[str, dict[str, None]] = {}  # worker key -> every raw ID seen
+
+    def name(self, raw: str) -> str:
+        """The worker a raw ID names, as first spelt; "" for an empty ID."""
+        worker = raw.strip()
+        if worker:
+            key = worker_key(worker, self.case)
+            worker = self.spelling.setdefault(key, worker)
+            self.spellings.setdefault(key, {})[raw] = None
+        return worker
+
+    def merged(self) -> dict[str, list[str]]:
+        """The workers written in more than one spelling: first spelling -> every raw one."""
+        return {self.spelling[k]: list(raw) for k, raw in self.spellings.items() if len(raw) > 1}
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One row's fields once read: who answered which task (in which bundle), the answer
+    code and the seconds it took (NaN where unknown)."""
+
+    worker: str
+    task: str
+    bundle: str | None
+    code: int
+    duration: float
+
+
+def _unreadable_row(
+    r: int, values: list[str], n_fields: int, undecodable: dict[int, tuple[str, str]]
+) -> tuple[str, str] | None:
+    """(field, problem) for a row whose fields cannot be read at all: an undecodable byte,
+    a blank row or the wrong number of fields."""
+    if r in undecodable:
+        return undecodable[r]
+    if not any(v.strip() for v in values):
+        return "*", "blank row"
+    if len(values) != n_fields:
+        return "*", f"expected {n_fields} fields, found {len(values)}"
+    return None
+
+
+def _read_fields(
+    values: list[str],
+    layout: _Layout,
+    index: _TaskIndex,
+    parse: AnswerParser,
+    workers: _WorkerIds,
+) -> tuple[_Answer, list[tuple[str, str]]]:
+    """A row's answer and every problem of its own fields (field, problem), in the order
+    worker, task, answer, timing: one reject lists them all."""
+    problems: list[tuple[str, str]] = []
+    worker = workers.name(values[layout.col["worker_id"]])
+    if not worker:
+        problems.append(("worker_id", "empty worker id"))
+    task, bundle = _task_of(values, layout, index, problems)
+    code = -1
+    try:
+        code = parse(layout.get(values, "answer"))
+    except ValueError as err:
+        problems.append(("answer", str(err)))
+    duration = _duration(values, layout, problems)
+    return _Answer(worker, task, bundle, code, duration), problems
+
+
+def _task_of(
+    values: list[str], layout: _Layout, index: _TaskIndex, problems: list[tuple[str, str]]
+) -> tuple[str, str | None]:
+    """The task a row answers and its bundle: named by ``task_id``, or found at ``bundle_id``
+    + ``position`` (a ``task_id`` given as well must agree); the task must be known and,
+    where bundles are known, in the row's bundle. Problems are appended to ``problems``."""
+    task = layout.get(values, "task_id")
+    bundle = layout.get(values, "bundle_id") or None
+    position = _position(values, layout, problems)
+    if layout.by_position and bundle and position is not None:
+        at = index.slot.get((bundle, position))
+        if at is None:
+            fld = "bundle_id" if bundle not in index.bundle_tasks else "position"
+            problems.append((fld, f"no task at bundle {bundle!r} position {position}"))
+        elif task and task != at:
+            problems.append(
+                ("task_id", f"task {task!r} is not at bundle {bundle!r} position {position}")
+            )
+        else:
+            task = at
+    if not task:
+        if not any(f in ("bundle_id", "position") for f, _ in problems):
+            problems.append(("task_id", "empty task id"))
+    elif task not in index.sample_of:
+        problems.append(("task_id", f"unknown task {task!r}"))
+    elif bundle and index.bundle_tasks and task not in index.bundle_tasks.get(bundle, set()):
+        fld = "bundle_id" if bundle not in index.bundle_tasks else "task_id"
+        problems.append((fld, f"task {task!r} is not in bundle {bundle!r}"))
+    return task, bundle
+
+
+def _position(values: list[str], layout: _Layout, problems: list[tuple[str, str]]) -> int | None:
+    """A row's bundle position (an integer, ``3.0`` allowed); None where the file names tasks
+    by ``task_id``, the field is empty or it is no integer (a problem then)."""
+    text = layout.get(values, "position")
+    if not (layout.by_position and text):
+        return None
+    try:
+        as_float = float(text)
+        if not as_float.is_integer():
+            raise ValueError
+        return int(as_float)
+    except ValueError:
+        problems.append(("position", f"not an integer: {text!r}"))
+        return None
+
+
+def _duration(values: list[str], layout: _Layout, problems: list[tuple[str, str]]) -> float:
+    """Seconds spent on an answer: ``submitted_at - started_at`` where the file has times,
+    else ``duration_s`` (beside times, a ``duration_s`` given is only checked); NaN where
+    neither can be read. Problems are appended to ``problems``."""
+    duration = np.nan
+    if layout.has_times:
+        times: dict[str, datetime] = {}
+        for t in _TIME_FIELDS:
+            try:
+                times[t] = _parse_time(layout.get(values, t))
+            except ValueError:
+                problems.append(
+                    (t, f"malformed time {layout.get(values, t)!r} (expected ISO 8601)")
+                )
+        if len(times) == 2:
+            duration = (times["submitted_at"] - times["started_at"]).total_seconds()
+            if duration < 0:
+                problems.append(("submitted_at", "submitted before started"))
+    given = layout.get(values, "duration_s")
+    if layout.has_duration and (not layout.has_times or given):
+        try:
+            d = float(given)
+            if not np.isfinite(d) or d < 0:
+                raise ValueError
+            duration = d if not layout.has_times else duration
+        except ValueError:
+            problems.append(("duration_s", f"not a non-negative number: {given!r}"))
+    return duration
+
+
+@dataclass
+class _Accepted:
+    """The rows accepted so far, which each later row is checked against: the first valid
+    occurrence wins. Collects the bundles that a second worker answered (warnings)."""
+
+    path: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    seen_task: dict[tuple[str, str], int] = field(default_factory=dict)
+    seen_sample: dict[tuple[str, Any], tuple[str, int]] = field(default_factory=dict)
+    seen_bundle: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: bundle -> worker -> first row
+    bundle_workers: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the warnings about bundles with a second worker
+    shared: list[str] = field(default_factory=list)
+
+    def conflict(self, a: _Answer, sample: Any) -> tuple[str, str] | None:
+        """(field, problem) when an earlier accepted row rules this one out: the worker
+        answered the task or its sample already, or took another bundle."""
+        worker, task, bundle = a.worker, a.task, a.bundle
+        if (worker, task) in self.seen_task:
+            return (
                 "task_id",
                 f"duplicate answer of worker {worker!r} to task {task!r} "
-                f"(first at row {seen_task[(worker, task)]})",
+                f"(first at row {self.seen_task[(worker, task)]})",
             )
-            continue
-        sample = sample_of[task]
-        if (worker, sample) in seen_sample:
-            t0, r0 = seen_sample[(worker, sample)]
-            rejects.add(
-                r,
+        if (worker, sample) in self.seen_sample:
+            t0, r0 = self.seen_sample[(worker, sample)]
+            return (
                 "task_id",
                 f"worker {worker!r} already answered sample {sample!r} (task {t0!r}, row {r0})",
             )
-            continue
-        if bundle and worker in seen_bundle and seen_bundle[worker][0] != bundle:
-            b0, r0 = seen_bundle[worker]
-            rejects.add(
-                r,
+        if bundle and worker in self.seen_bundle and self.seen_bundle[worker][0] != bundle:
+            b0, r0 = self.seen_bundle[worker]
+            return (
                 "bundle_id",
                 f"worker {worker!r} already took bundle {b0!r} (row {r0}); one bundle per "
                 "worker and dataset",
             )
-            continue
-        seen_task[(worker, task)] = r
-        seen_sample[(worker, sample)] = (task, r)
+        return None
+
+    def add(self, r: int, a: _Answer, sample: Any, is_gold: bool) -> None:
+        """Accept row ``r``; a bundle it shows a second worker on is warned about."""
+        worker, task, bundle = a.worker, a.task, a.bundle
+        self.seen_task[(worker, task)] = r
+        self.seen_sample[(worker, sample)] = (task, r)
         if bundle:
-            seen_bundle.setdefault(worker, (bundle, r))
-            holders = bundle_workers.setdefault(bundle, {})
+            self.seen_bundle.setdefault(worker, (bundle, r))
+            holders = self.bundle_workers.setdefault(bundle, {})
             if holders and worker not in holders:
                 w0, r0 = next(iter(holders.items()))
-                shared.append(
-                    f"{path}, row {r}, field bundle_id: bundle {bundle!r} is answered by "
+                self.shared.append(
+                    f"{self.path}, row {r}, field bundle_id: bundle {bundle!r} is answered by "
                     f"another worker {worker!r} (first {w0!r}, row {r0}); expected only when "
                     "its lease ran out or the admin released it (released.csv), otherwise "
                     "check the worker IDs"
                 )
             holders.setdefault(worker, r)
-        if "simulated" in col and get("simulated").lower() in ("true", "1", "yes"):
-            simulated = True
-        accepted.append(
+        self.rows.append(
             {
                 "row": r,
                 "worker_id": worker,
                 "task_id": task,
-                "answer_code": code,
-                "duration_s": duration,
+                "answer_code": a.code,
+                "duration_s": a.duration,
                 "bundle_id": bundle,
-                "is_gold": bool(gold.get(task, False)),
+                "is_gold": is_gold,
             }
         )
 
+
+def _accepted_frame(rows: list[dict[str, Any]], tasks: pd.DataFrame) -> pd.DataFrame:
+    """The accepted rows with their tasks' sample, method, k and label; without ``bundle_id``
+    where no row names a bundle."""
     acc = pd.DataFrame(
-        accepted,
+        rows,
         columns=[
             "row",
             "worker_id",
@@ -274,21 +428,7 @@ def read_answers(
     acc = acc.join(meta, on="task_id")
     if acc["bundle_id"].isna().all():
         acc = acc.drop(columns="bundle_id")
-    merged = {spelling[k]: list(raw) for k, raw in spellings.items() if len(raw) > 1}
-    several = {b: list(w) for b, w in bundle_workers.items() if len(w) > 1}
-    info: dict[str, Any] = {
-        "n_rows": len(rows),
-        "n_accepted": len(acc),
-        "n_rejected_rows": len(rejects.bad_rows),
-        "columns": header,
-        "timings": "started_at/submitted_at" if has_times else "duration_s",
-        "simulated_column": simulated,
-        "worker_id_case": str(worker_id_case),
-        "worker_ids_merged": merged,
-        "bundles_with_several_workers": several,
-    }
-    _warn_worker_ids(path, merged, worker_id_case, shared)
-    return acc, rejects.frame(), info
+    return acc
 
 
 def _warn_worker_ids(

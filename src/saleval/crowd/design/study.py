@@ -80,30 +80,9 @@ def build_study(
     """Samples → tasks → bundles → verified design (docs/study-design.md)."""
     methods = choose_methods(attributions["method"].unique(), study, where)
     ks = sorted({int(k) for k in ks})
-    # A sample is eligible when every study method explained it with at least one word.
-    cover = (
-        attributions[attributions["method"].isin(methods)].groupby("sample_id")["method"].nunique()
+    samples = _draw_samples(
+        predictions, label_names, study, _eligible(predictions, attributions, methods), where
     )
-    eligible = set(cover.index[cover == len(methods)])
-    if len(eligible) < predictions["sample_id"].nunique():
-        log.warning(
-            "%d explained samples lack attributions for some of %s and are not eligible",
-            predictions["sample_id"].nunique() - len(eligible),
-            methods,
-        )
-    try:
-        samples = select_samples(
-            predictions,
-            int(study.n_samples),
-            label_names,
-            population=study.population,
-            balance_by=study.balance_by,
-            seed=int(study.seed),
-            eligible=eligible,
-            where=f"{where}: predictions",
-        )
-    except SamplingError as err:
-        raise DesignError(str(err)) from err
     n = len(samples)
     bundle_size = int(study.bundle_size) if study.bundle_size else n
     tasks = build_tasks(
@@ -117,7 +96,76 @@ def build_study(
         f"{where}: attributions",
     )
     warn_whole_texts(tasks, ks)
+    gold, gold_per_bundle = _gold(predictions, samples, label_names, study, bundle_size)
+    bundles = _assign(tasks, samples, methods, ks, study, bundle_size, gold, gold_per_bundle)
+    all_tasks = pd.concat([tasks, gold], ignore_index=True) if len(gold) else tasks
+    _verify(all_tasks, bundles, study, bundle_size, n)
+    info = {
+        "n_samples": n,
+        "n_methods": len(methods),
+        "n_k": len(ks),
+        "n_tasks": len(tasks),
+        "n_gold_tasks": len(gold),
+        "n_bundles": int(bundles["bundle_id"].nunique()),
+        "bundle_size": bundle_size,
+        "gold_per_bundle": gold_per_bundle,
+        "repeats": int(study.repeats),
+        "n_all_shown": int(tasks["all_shown"].sum()),
+    }
+    log.info("study design: %s", info)
+    return StudyDesign(samples, all_tasks, bundles, methods, ks, info)
 
+
+def _eligible(
+    predictions: pd.DataFrame, attributions: pd.DataFrame, methods: Sequence[str]
+) -> set[Any]:
+    """The samples every study method explained with at least one word: only they can be
+    drawn (the others are counted in a warning)."""
+    cover = (
+        attributions[attributions["method"].isin(methods)].groupby("sample_id")["method"].nunique()
+    )
+    eligible = set(cover.index[cover == len(methods)])
+    if len(eligible) < predictions["sample_id"].nunique():
+        log.warning(
+            "%d explained samples lack attributions for some of %s and are not eligible",
+            predictions["sample_id"].nunique() - len(eligible),
+            methods,
+        )
+    return eligible
+
+
+def _draw_samples(
+    predictions: pd.DataFrame,
+    label_names: Sequence[str],
+    study: StudyConfig,
+    eligible: set[Any],
+    where: str,
+) -> pd.DataFrame:
+    """The study's samples (:func:`select_samples`); too few to draw is a design error."""
+    try:
+        return select_samples(
+            predictions,
+            int(study.n_samples),
+            label_names,
+            population=study.population,
+            balance_by=study.balance_by,
+            seed=int(study.seed),
+            eligible=eligible,
+            where=f"{where}: predictions",
+        )
+    except SamplingError as err:
+        raise DesignError(str(err)) from err
+
+
+def _gold(
+    predictions: pd.DataFrame,
+    samples: pd.DataFrame,
+    label_names: Sequence[str],
+    study: StudyConfig,
+    bundle_size: int,
+) -> tuple[pd.DataFrame, int]:
+    """The gold tasks (empty without gold) and how many each bundle gets: study.gold_rate
+    of B, rounded, but at least one when the rate is positive."""
     gold_per_bundle = round(float(study.gold_rate) * bundle_size)
     if study.gold_rate > 0 and gold_per_bundle == 0:
         gold_per_bundle = 1
@@ -130,11 +178,26 @@ def build_study(
             max(int(study.gold_pool), gold_per_bundle),
             int(study.gold_max_words),
         )
+    return gold, gold_per_bundle
+
+
+def _assign(
+    tasks: pd.DataFrame,
+    samples: pd.DataFrame,
+    methods: Sequence[str],
+    ks: Sequence[int],
+    study: StudyConfig,
+    bundle_size: int,
+    gold: pd.DataFrame,
+    gold_per_bundle: int,
+) -> pd.DataFrame:
+    """The bundles (:func:`assign_bundles`): one seeded sample order per repeat, the gold
+    tasks mixed in."""
     orders = [
         interleave(samples, seeded_rng(int(study.seed), "order", a))
         for a in range(int(study.repeats))
     ]
-    bundles = assign_bundles(
+    return assign_bundles(
         tasks,
         orders,
         methods,
@@ -145,7 +208,13 @@ def build_study(
         gold_ids=gold["task_id"].tolist() if len(gold) else [],
         gold_per_bundle=gold_per_bundle,
     )
-    all_tasks = pd.concat([tasks, gold], ignore_index=True) if len(gold) else tasks
+
+
+def _verify(
+    all_tasks: pd.DataFrame, bundles: pd.DataFrame, study: StudyConfig, bundle_size: int, n: int
+) -> None:
+    """Refuse a design that breaks a constraint (:func:`check_design`); when only the
+    balance is off because B does not divide N, the error says so and how to fix it."""
     violations = check_design(
         all_tasks,
         bundles,
@@ -165,17 +234,3 @@ def build_study(
                 "or allow it with study.balance_tolerance=1"
             ) from err
         raise
-    info = {
-        "n_samples": n,
-        "n_methods": len(methods),
-        "n_k": len(ks),
-        "n_tasks": len(tasks),
-        "n_gold_tasks": len(gold),
-        "n_bundles": int(bundles["bundle_id"].nunique()),
-        "bundle_size": bundle_size,
-        "gold_per_bundle": gold_per_bundle,
-        "repeats": int(study.repeats),
-        "n_all_shown": int(tasks["all_shown"].sum()),
-    }
-    log.info("study design: %s", info)
-    return StudyDesign(samples, all_tasks, bundles, methods, ks, info)
