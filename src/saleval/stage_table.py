@@ -29,7 +29,9 @@ class StageSpec:
 
     name: str  # ``saleval-<name>``, ``conf/<name>.yaml``, the ``stage`` tag of its runs
     module: str  # defines ``run(cfg) -> dict`` (and ``main``, its console script)
-    schema: str  # its root config dataclass: a name in :mod:`saleval.config.stages`, or a dotted path
+    schema: (
+        str  # its root config dataclass: a name in :mod:`saleval.config.stages`, or a dotted path
+    )
     #: input name -> the stage whose runs it names (``inputs.<name>=latest`` looks there;
     #: ``saleval-run`` passes that stage's run dir)
     inputs: Mapping[str, str] = field(default_factory=dict)

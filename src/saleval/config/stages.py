@@ -8,7 +8,6 @@ nodes are typed, so an unknown key in any group file (the project's or one found
 from __future__ import annotations
 
 import importlib
-
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
