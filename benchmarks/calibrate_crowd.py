@@ -30,11 +30,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from saleval import scoring
+from saleval.analysis import scoring
 from saleval.crowd.published import exclude_texts, read_study
 from saleval.crowd.readers import BowReader, EmbeddingReader, shared_encoder
 from saleval.crowd.simulate import normalised_confidence, tempered
-from saleval.data import load_dataset
+from saleval.modeling.data import load_dataset
 
 DATASETS = {
     "imdb": ("IMDB.csv", ["negative", "positive"]),
@@ -193,7 +193,7 @@ def main() -> None:
             "name": name,
             "label_names": labels,
             "data_root": str(root),
-            "_target_": f"saleval.data.read_{name}",
+            "_target_": f"saleval.modeling.data.read_{name}",
             "files": {"all": "imdb/imdb_small_3000.csv"}
             if name == "imdb"
             else {"test": "ag_news/test.csv"},

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import inference
-from saleval.data import load_dataset
-from saleval.models import build_model, load_tokenizer
+from saleval.modeling import inference
+from saleval.modeling.data import load_dataset
+from saleval.modeling.models import build_model, load_tokenizer
 from saleval.stages.run import compose_stage
 from saleval.words import Segmentation, segment
 

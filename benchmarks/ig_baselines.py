@@ -19,10 +19,10 @@ import numpy as np
 from omegaconf import OmegaConf
 from scipy.stats import spearmanr
 
-from saleval import inference
 from saleval.attribution import attribute_words
-from saleval.data import load_dataset
-from saleval.models import load_trained
+from saleval.modeling import inference
+from saleval.modeling.data import load_dataset
+from saleval.modeling.models import load_trained
 from saleval.words import rank_words, segment
 
 KS = (1, 3, 5)

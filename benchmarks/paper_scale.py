@@ -33,7 +33,7 @@ def host_line() -> str:
     """CPU model, cores, torch threads, native bf16, load average."""
     import torch
 
-    from saleval.inference import bf16_native
+    from saleval.modeling.inference import bf16_native
 
     model = platform.processor() or "?"
     try:

@@ -21,7 +21,7 @@ only) and the first ``n`` real AG News test texts, with their predicted classes:
   example, counted, × forward FLOPs at the real token lengths from the model config
   ÷ measured fp32 GEMM throughput on the model's own shapes); LIME, occlusion and
   the metric families against plain batched inference
-  (:func:`saleval.inference.forward_logits`) over the very id sequences they ran.
+  (:func:`saleval.modeling.inference.forward_logits`) over the very id sequences they ran.
 
 Both wall and CPU-time (``time.process_time``) ratios are printed: the machine is
 shared, and CPU time is the steadier figure there. Prints one markdown table; the
@@ -50,11 +50,11 @@ import torch
 
 from benchmarks.common import Setup, Timing, agreement, compose, setup, speedups, timed
 from benchmarks.naive import naive_method, probs_padded
-from saleval import inference
 from saleval.attribution import attention as A
 from saleval.attribution import build_method
 from saleval.attribution import perturbation as P
 from saleval.metrics import faithfulness as F
+from saleval.modeling import inference
 
 GRADIENT = ("vanilla_gradient", "input_x_gradient", "integrated_gradients", "deeplift")
 PERTURBATION = ("lime", "occlusion")
@@ -232,7 +232,7 @@ def padded_share(calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> flo
 
 
 def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> Timing:
-    """Plain :func:`saleval.inference.forward_logits` over the recorded calls."""
+    """Plain :func:`saleval.modeling.inference.forward_logits` over the recorded calls."""
     keep = ("pad_token_id", "max_tokens", "max_batch", "bf16")
 
     def run() -> None:

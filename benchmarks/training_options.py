@@ -25,11 +25,11 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.paper_scale import host_line
-from saleval.data import load_dataset
-from saleval.inference import bf16_native
-from saleval.models import load_tokenizer
+from saleval.modeling.data import load_dataset
+from saleval.modeling.inference import bf16_native
+from saleval.modeling.models import load_tokenizer
+from saleval.modeling.training import TextDataModule
 from saleval.stages.run import compose_stage
-from saleval.training import TextDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = {

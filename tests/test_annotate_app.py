@@ -13,9 +13,9 @@ from markupsafe import escape
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval import tables
 from saleval.annotate.app import AppSettings, create_app, valid_worker_id
 from saleval.annotate.study import IDK, load_study
+from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
 from tests.annotate_support import TOKEN

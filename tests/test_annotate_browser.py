@@ -18,9 +18,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval import tables
 from saleval.annotate.store import AnnotationStore
 from saleval.annotate.study import IDK, load_study
+from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
 from saleval.testing.annotate_load import free_port, start_cli_server, stop, wait_healthy

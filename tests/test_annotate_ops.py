@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables
 from saleval.annotate.app import AppSettings, create_app
 from saleval.annotate.store import AnnotationStore, StoreError
 from saleval.annotate.study import load_study
+from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
 from tests.annotate_support import TOKEN

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from saleval import tables
 from saleval.annotate.export import ExportError, answers_frame
 from saleval.annotate.store import (
     AnnotationStore,
@@ -21,6 +20,7 @@ from saleval.annotate.store import (
     StoreError,
 )
 from saleval.annotate.study import IDK, Study, StudyError, load_study
+from saleval.pipeline import tables
 from saleval.testing import make_task_run
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow

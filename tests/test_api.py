@@ -18,10 +18,11 @@ import pandas as pd
 import pytest
 
 import saleval
-from saleval import api, paths, tables
+from saleval import api, paths
+from saleval.analysis.comparison import select_columns, wide_metrics
 from saleval.attribution import AttributionError, explain_frame
-from saleval.comparison import select_columns, wide_metrics
-from saleval.models import build_model, load_tokenizer
+from saleval.modeling.models import build_model, load_tokenizer
+from saleval.pipeline import tables
 from saleval.words import rank_words
 from tests.conftest import compose_config
 from tests.test_extending import TINY

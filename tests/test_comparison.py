@@ -12,10 +12,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
-from saleval import comparison as C
-from saleval import tables
+from saleval.analysis import comparison as C
+from saleval.pipeline import tables
+from saleval.pipeline.tracking import method_rows
 from saleval.stages.compare import human_score_fn
-from saleval.tracking import method_rows
 from tests.metrics_support import write_run
 
 METHODS = ["m0", "m1", "m2", "m3", "m4"]

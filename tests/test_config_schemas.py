@@ -140,21 +140,23 @@ def test_profile_typo_fails_saleval_run_before_any_stage_runs(
 
 
 def test_implementations_are_picked_by_target() -> None:
-    from saleval.data import DataError, load_dataset
-    from saleval.models import ModelError, PretrainedSource, RandomSource, model_source
+    from saleval.modeling.data import DataError, load_dataset
+    from saleval.modeling.models import ModelError, PretrainedSource, RandomSource, model_source
 
     assert isinstance(model_source(compose_config("train", ["model=tiny"]).model), RandomSource)
     bert = compose_config("train", ["model=bert_base"]).model
     assert isinstance(model_source(bert), PretrainedSource)
     with pytest.raises(ModelError, match="model._target_='os.path.join' is not"):
         model_source(compose_config("train", ["model=tiny", "model._target_=os.path.join"]).model)
-    cfg = compose_config("train", ["dataset._target_=saleval.data.no_such_reader"])
-    with pytest.raises(DataError, match="_target_='saleval.data.no_such_reader' is not a reader"):
+    cfg = compose_config("train", ["dataset._target_=saleval.modeling.data.no_such_reader"])
+    with pytest.raises(
+        DataError, match="_target_='saleval.modeling.data.no_such_reader' is not a reader"
+    ):
         load_dataset(cfg.dataset)
 
 
 def test_batch_limits_null_means_all_and_zero_means_none_only_for_training() -> None:
-    from saleval.training import _positive_or_all
+    from saleval.modeling.training import _positive_or_all
 
     assert _positive_or_all(None, "limit_train_batches") == 1.0  # null: every batch
     assert _positive_or_all(1, "limit_train_batches") == 1  # an int: that many batches

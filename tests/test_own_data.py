@@ -17,11 +17,11 @@ import pytest
 import torch
 from sklearn.model_selection import train_test_split
 
-from saleval import tables
 from saleval.crowd.exports import instructions
-from saleval.data import DataError, load_dataset
-from saleval.jsonfiles import write_json
-from saleval.models import build_model, load_trained
+from saleval.modeling.data import DataError, load_dataset
+from saleval.modeling.models import build_model, load_trained
+from saleval.pipeline import tables
+from saleval.pipeline.jsonfiles import write_json
 from tests.conftest import compose_config
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python

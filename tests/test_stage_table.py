@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from saleval import cli, paths, stage, stage_table
+from saleval import cli, paths
 from saleval.config.stages import ROOTS
-from saleval.stage_table import TABLE, StageSpec
+from saleval.pipeline import stage, stage_table
+from saleval.pipeline.stage_table import TABLE, StageSpec
 
 ROOT = paths.project_root()
 NAMES = [row.name for row in TABLE]
@@ -116,7 +117,7 @@ def _toy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "task_name: toy\n"
     )
     code = (
-        "import sys\nfrom saleval import stage_table\n"
+        "import sys\nfrom saleval.pipeline import stage_table\n"
         f"stage_table.TABLE = stage_table.TABLE + ({TOY_ROW},)\n"
         "from saleval.cli import toy\nsys.exit(toy())"
     )

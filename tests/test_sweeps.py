@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 from omegaconf import DictConfig
 
-from saleval import comparison, tables
-from saleval.merge import MergeError
-from saleval.provenance import ProvenanceError
-from saleval.stage import InputError, resolve_inputs
+from saleval.analysis import comparison
+from saleval.pipeline import tables
+from saleval.pipeline.merge import MergeError
+from saleval.pipeline.provenance import ProvenanceError
+from saleval.pipeline.stage import InputError, resolve_inputs
 from saleval.stages import report
 from saleval.stages import tasks as tasks_stage
 from saleval.testing import explain_frames, make_explain_run, make_result_run

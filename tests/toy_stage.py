@@ -32,7 +32,9 @@ class ToyStageConfig(StageConfig):
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    from saleval.stage import Stage  # as the stages do: nothing heavy before the job starts
+    from saleval.pipeline.stage import (
+        Stage,  # as the stages do: nothing heavy before the job starts
+    )
 
     with Stage(cfg, "toy", inputs={"explain": cfg.inputs.explain}) as st:
         parent = st.parents["explain"]["run_id"]

@@ -12,7 +12,7 @@ a number here is the number a stage computes for the same inputs:
 * :func:`evaluate` — the automated faithfulness metrics per method
   (:func:`saleval.metrics.faithfulness.evaluate`, as ``saleval-metrics``);
 * :func:`highlight` — each method's top-k words marked in the text
-  (:func:`saleval.views.highlight_html`, the explain stage's ``views/highlights.html``);
+  (:func:`saleval.analysis.views.highlight_html`, the explain stage's ``views/highlights.html``);
 * :func:`read_explanations` — an explain run's tables in the same shape as :func:`explain`.
 
 ``docs/api.md`` walks through them. A short example (a random tiny BERT, so the scores
@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
-from saleval import paths, tables
+from saleval import paths
+from saleval.pipeline import tables
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -100,21 +101,21 @@ def load_model(
     whose head is untrained — handy for trying the API, meaningless as explanations; they
     need ``label_names``. ``label_names`` given with any other source are checked against
     the model's classes (the same names in another order are put in yours, as
-    :func:`saleval.models.align_labels` does for the stages). ``device``: where to put a
+    :func:`saleval.modeling.models.align_labels` does for the stages). ``device``: where to put a
     model loaded here (None: the GPU when there is one); a model you pass in stays where
     it is unless ``device`` is given.
     """
     import torch
 
-    from saleval.models import (
+    from saleval.modeling.models import (
         align_labels,
         build_model,
         checkpoint_name,
         load_tokenizer,
         load_trained,
     )
-    from saleval.provenance import Provenance
-    from saleval.stage import read_run_info, resolve_input, run_or_checkpoint
+    from saleval.pipeline.provenance import Provenance
+    from saleval.pipeline.stage import read_run_info, resolve_input, run_or_checkpoint
 
     conf = None if isinstance(source, tuple) else _conf_model(str(source))
     if isinstance(source, Classifier):
@@ -296,7 +297,7 @@ def explain(
     """
     from saleval.attribution import explain_frame
     from saleval.attribution.frame import DEFAULT_MAX_LENGTH
-    from saleval.models import label_names_of
+    from saleval.modeling.models import label_names_of
 
     clf = load_model(model, device=device)
     df = _texts_frame(texts, labels, label_names_of(clf.model))
@@ -316,8 +317,8 @@ def explain(
 
 def read_explanations(run: str | os.PathLike[str]) -> pd.DataFrame:
     """An explain run (dir, ``runs:/<id>`` or ``latest``) as the frame :func:`explain` returns."""
-    from saleval.provenance import Provenance
-    from saleval.stage import read_run_info, resolve_input
+    from saleval.pipeline.provenance import Provenance
+    from saleval.pipeline.stage import read_run_info, resolve_input
 
     run_dir = resolve_input("explain", str(run))
     prov = Provenance.of_run(run_dir, read_run_info(run_dir))
@@ -374,7 +375,7 @@ def evaluate(
     ``per_example``: the long per-(sample, method, metric, k) table instead
     (``metrics_per_example.parquet``'s layout). Definitions: ``docs/metrics.md``.
     """
-    from saleval.comparison import select_columns, wide_metrics
+    from saleval.analysis.comparison import select_columns, wide_metrics
     from saleval.metrics import faithfulness
 
     length = max_length or explanations.attrs.get("max_length")
@@ -412,12 +413,12 @@ def highlight(
 ) -> HTMLPage:
     """Each method's top ``k`` words marked in the text, darker for higher ranks.
 
-    The explain stage's ``views/highlights.html`` (:func:`saleval.views.highlight_html`,
+    The explain stage's ``views/highlights.html`` (:func:`saleval.analysis.views.highlight_html`,
     ranking by :func:`saleval.words.rank_words`: ties in text order) for the first
     ``samples`` texts or the given sample ids; ``methods`` picks and orders the rows. A
     ``str`` that Jupyter shows as HTML; write it to a file to open it in a browser.
     """
-    from saleval.views import highlight_html
+    from saleval.analysis.views import highlight_html
 
     predictions, attributions = _tables(explanations)
     if methods is not None:

@@ -1,7 +1,7 @@
 """The console scripts ``saleval-<stage>``: quick to answer, self-describing, quiet on user errors.
 
 Each script (``pyproject.toml``) is a function here, one per row of
-:data:`saleval.stage_table.TABLE`, that composes the stage's config with Hydra and imports
+:data:`saleval.pipeline.stage_table.TABLE`, that composes the stage's config with Hydra and imports
 the stage module (whose ``run(cfg)`` does the work) only once the job starts, so
 ``--help`` and ``--cfg job`` answer without loading torch, Lightning, transformers or
 MLflow. ``--help`` shows the stage module's docstring (what the stage
@@ -33,11 +33,12 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, ValidationError
 
-from saleval import paths, stage_table
+from saleval import paths
 from saleval.errors import EXIT_USER_ERROR, UserError
+from saleval.pipeline import stage_table
 
 #: each console script's stage -> the module whose ``run(cfg)`` it calls (its config:
-#: ``conf/<stage>.yaml``); read from :data:`saleval.stage_table.TABLE`
+#: ``conf/<stage>.yaml``); read from :data:`saleval.pipeline.stage_table.TABLE`
 STAGES: dict[str, str] = {s.name: s.module for s in stage_table.TABLE}
 
 #: the errors a user fixes from the message alone: one line, no traceback
@@ -165,7 +166,7 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
 
     def task(cfg: DictConfig) -> Any:
         from saleval.config.keys import check_keys
-        from saleval.input_paths import check_input_paths
+        from saleval.pipeline.input_paths import check_input_paths
 
         quiet_libraries()
         try:
@@ -245,13 +246,13 @@ def compose_or_exit(config_name: str, overrides: list[str]) -> DictConfig:
     """The config a command line composes (with its ``hydra`` node), or one line on stderr
     and exit status 2 when it does not compose (an unknown key, also one added with ``+``:
     :mod:`saleval.config.keys`; a bad value, a missing option) or an ``inputs.*`` path is
-    not there (:mod:`saleval.input_paths`), unless ``HYDRA_FULL_ERROR=1``."""
+    not there (:mod:`saleval.pipeline.input_paths`), unless ``HYDRA_FULL_ERROR=1``."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from saleval.config.keys import UnknownKeyError, check_keys
-    from saleval.input_paths import InputError, check_input_paths
+    from saleval.pipeline.input_paths import InputError, check_input_paths
 
     try:
         with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):

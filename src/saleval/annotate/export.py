@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from saleval import tables
 from saleval.annotate.store import AnnotationStore
 from saleval.annotate.study import Study
 from saleval.errors import UserError
+from saleval.pipeline import tables
 
 COMPLETIONS = "completions.csv"
 RELEASED = "released.csv"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from saleval import tables
 from saleval.crowd.answers import IDK
 from saleval.errors import UserError
+from saleval.pipeline import tables
 
 INSTRUCTIONS = "instructions.md"
 

@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
-from saleval.inference import BF16, autocast, parse_bf16, use_bf16
+from saleval.modeling.inference import BF16, autocast, parse_bf16, use_bf16
 
 QUERIES = ("all", "cls")
 AGGREGATES = ("mean", "sum")
@@ -36,7 +36,7 @@ def eager_attention(model: PreTrainedModel) -> Iterator[None]:
     if not hasattr(model, "set_attn_implementation"):
         raise AttributionError(
             f"attention methods need attn_implementation='eager' (model has {current!r}); "
-            "load it with saleval.models.load_trained(..., attn_implementation='eager')"
+            "load it with saleval.modeling.models.load_trained(..., attn_implementation='eager')"
         )
     model.set_attn_implementation("eager")
     try:

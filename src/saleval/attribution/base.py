@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.errors import UserError
-from saleval.inference import (
+from saleval.modeling.inference import (
     attention_implementation,
     cls_only_last_layer,
     count_padding,
@@ -105,10 +105,10 @@ class Attributor(abc.ABC):
 
     registry_name = "?"
     #: methods that read attention weights run the model's eager attention; all others
-    #: run the fused sdpa kernels (same outputs, faster; saleval.inference).
+    #: run the fused sdpa kernels (same outputs, faster; saleval.modeling.inference).
     needs_attention_weights = False
     #: padded share of a batch's token slots up to which texts of other lengths join it
-    #: (:func:`saleval.inference.length_groups`); a method whose per-text work is already a
+    #: (:func:`saleval.modeling.inference.length_groups`); a method whose per-text work is already a
     #: large batch sets it low (docs/methods.md#batching)
     default_max_padding = 1.0
 
@@ -147,7 +147,7 @@ class Attributor(abc.ABC):
         """Word scores for every segmentation, in the caller's order.
 
         Inputs are sorted by length and cut into batches of at most ``batch_size`` whose
-        padding stays within ``max_padding`` (:func:`saleval.inference.length_groups`);
+        padding stays within ``max_padding`` (:func:`saleval.modeling.inference.length_groups`);
         padding never changes a score beyond float noise (each method masks it).
         """
         if len(segs) != len(targets):
@@ -160,7 +160,7 @@ class Attributor(abc.ABC):
         out: list[np.ndarray | None] = [None] * len(segs)
         groups = length_groups([s.n_tokens for s in segs], self.batch_size, self.max_padding)
         # methods that read only the logits run the fused attention kernels and the last
-        # layer at [CLS] alone (saleval.inference.cls_only_last_layer): same scores, less work
+        # layer at [CLS] alone (saleval.modeling.inference.cls_only_last_layer): same scores, less work
         impl = contextlib.ExitStack()
         if not self.needs_attention_weights:
             impl.enter_context(attention_implementation(model, "sdpa"))

@@ -27,7 +27,7 @@ gets the result back. Lightning returns no predictions from spawned workers, so 
 rank 0 leaves the result in a temporary file of the caller's. Where the processes exist
 already (``torchrun``; ``srun`` with one task per device) each rank runs the stage, the
 job joins the ranks as they are, and every rank gets the full result from the predict
-loop; :class:`saleval.stage.Stage` keeps ranks > 0 from writing or logging anything.
+loop; :class:`saleval.pipeline.stage.Stage` keeps ranks > 0 from writing or logging anything.
 ``ddp_fork`` / ``ddp_notebook`` (no pickling; CPU, or CUDA not yet initialised) are used
 as given.
 """
@@ -60,8 +60,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
-from saleval.inference import n_labels_of, predict_proba
-from saleval.models import label_names_of
+from saleval.modeling.inference import n_labels_of, predict_proba
+from saleval.modeling.models import label_names_of
 from saleval.vocab import Target
 from saleval.words import Segmentation, segment
 

@@ -244,7 +244,7 @@ class InputXGradientMethod(_EmbeddingMethod):
 # Measured (2026-11-24, native-bf16 2-core host, 3 texts of 256 tokens, 50 steps): 10-25
 # rows (2,560-6,400 tokens) 13.0 s, 50 rows 15.2 s, 100 rows (25,600 tokens) 17.9 s; short
 # AG News texts (48 tokens) ran within noise from 25 to 200 rows. Large activations fall
-# out of the caches, as in saleval.inference.DEFAULT_MAX_TOKENS.
+# out of the caches, as in saleval.modeling.inference.DEFAULT_MAX_TOKENS.
 DEFAULT_INTERNAL_MAX_TOKENS = 4096
 
 # Rows (examples × steps) per forward/backward chunk, measured on this shared 2-core CPU

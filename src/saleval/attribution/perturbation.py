@@ -3,7 +3,7 @@ and the original crowd study's Captum-LIME over embedding values.
 
 Word-level perturbation always acts on token ids (:func:`saleval.words.perturb_ids`),
 never on decoded strings, so a word is removed exactly as segmented. The perturbed
-inputs of a whole batch of examples go through :func:`saleval.inference.predict_proba`
+inputs of a whole batch of examples go through :func:`saleval.modeling.inference.predict_proba`
 at once, sorted by length under a token budget — ``removal: delete`` shortens inputs,
 and sorting before batching is what makes that pay off (docs/methods.md#batching). ``removal``
 (:class:`saleval.vocab.Removal`) is the word the faithfulness metrics use too.
@@ -33,7 +33,13 @@ from saleval.attribution.base import (
     sample_rng,
 )
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
-from saleval.inference import BF16, DEFAULT_MAX_TOKENS, forward_logits, parse_bf16, use_bf16
+from saleval.modeling.inference import (
+    BF16,
+    DEFAULT_MAX_TOKENS,
+    forward_logits,
+    parse_bf16,
+    use_bf16,
+)
 from saleval.vocab import Removal
 from saleval.words import Segmentation, perturb_ids, rank_words
 

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 #: the source files whose code decides a method's scores (relative to the package)
-CODE = ("attribution", "words.py", "inference.py", "vocab.py")
+CODE = ("attribution", "words.py", "modeling/inference.py", "vocab.py")
 #: explain settings that change how the work is batched, shown or logged, not its scores
 NOT_SCORES = ("method", "view", "batch_size", "progress", "run_dir", "paths", "tracking",
               "hydra", "inputs", "reuse_methods")  # fmt: skip
@@ -52,7 +52,7 @@ def method_identity(
     code: str,
 ) -> dict[str, Any]:
     """What one method's scores depend on besides its parents (module docstring): hashed
-    with the parents' fingerprints by :func:`saleval.stage.fingerprint`.
+    with the parents' fingerprints by :func:`saleval.pipeline.stage.fingerprint`.
 
     ``resolved``: the explain config, resolved; ``settings``: the method's entry;
     ``device``: its kind and bf16 support; ``code``: :func:`code_digest`.

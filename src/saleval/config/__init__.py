@@ -3,7 +3,7 @@
 Every config group this package covers and every stage root has a schema here, so an
 unknown key fails when a config is composed (naming the key) and each default is
 written once, in its dataclass; the YAML group files state only what differs.
-:func:`register_configs` must run before Hydra composes a config (``saleval.stage``'s
+:func:`register_configs` must run before Hydra composes a config (``saleval.pipeline.stage``'s
 console scripts, ``saleval-run``, the tests' compose helpers do).
 
 >>> register_configs(); register_configs()  # idempotent

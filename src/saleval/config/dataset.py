@@ -43,9 +43,9 @@ class HubConfig:
 @dataclass
 class DatasetConfig:
     """``conf/dataset/*.yaml``. ``_target_`` is the reader of ``source: files`` (a function
-    of this config returning the splits), e.g. ``saleval.data.read_ag_news``."""
+    of this config returning the splits), e.g. ``saleval.modeling.data.read_ag_news``."""
 
-    _target_: str = "saleval.data.read_local"
+    _target_: str = "saleval.modeling.data.read_local"
     name: str = MISSING
     label_names: list[str] | None = None  # null: read_local takes the labels found in the data
     label_descriptions: dict[str, str] = field(default_factory=dict)

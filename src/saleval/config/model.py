@@ -10,11 +10,11 @@ from omegaconf import MISSING
 
 @dataclass
 class ModelConfig:
-    """``conf/model/*.yaml``. ``_target_`` names the source class in :mod:`saleval.models`
+    """``conf/model/*.yaml``. ``_target_`` names the source class in :mod:`saleval.modeling.models`
     (``EmbeddedSource``: ``package``; ``PretrainedSource``: ``pretrained``;
     ``RandomSource``: ``tokenizer_package`` + ``config``); each reads only its fields."""
 
-    _target_: str = "saleval.models.EmbeddedSource"
+    _target_: str = "saleval.modeling.models.EmbeddedSource"
     name: str = MISSING
     max_length: int = 256
     package: str | None = None  # EmbeddedSource: the registry package carrying it

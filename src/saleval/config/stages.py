@@ -24,7 +24,7 @@ from saleval.config.profile import ProfileConfig
 from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
 from saleval.metrics.config import MetricsConfig
-from saleval.stage_table import TABLE, StageSpec
+from saleval.pipeline.stage_table import TABLE, StageSpec
 from saleval.vocab import Population, Target
 
 
@@ -91,7 +91,7 @@ class ExplainView:
 
 @dataclass
 class ExplainStageConfig(StageConfig):
-    dataset: DatasetConfig | None = None  # null: the train run's (saleval.provenance)
+    dataset: DatasetConfig | None = None  # null: the train run's (saleval.pipeline.provenance)
     trainer: TrainerConfig = MISSING
     method: MethodGroup = None
     inputs: ExplainInputs = field(default_factory=ExplainInputs)
@@ -117,7 +117,7 @@ class TasksInputs:
 
 @dataclass
 class TasksStageConfig(StageConfig):
-    dataset: DatasetConfig | None = None  # null: the explain run's (saleval.provenance)
+    dataset: DatasetConfig | None = None  # null: the explain run's (saleval.pipeline.provenance)
     study: StudyConfig = MISSING
     kgrid: KGridConfig = MISSING
     inputs: TasksInputs = field(default_factory=TasksInputs)
@@ -150,7 +150,7 @@ class PublishedTasksConfig:
 
 @dataclass
 class SimulateStageConfig(StageConfig):
-    dataset: DatasetConfig | None = None  # null: the task run's (saleval.provenance)
+    dataset: DatasetConfig | None = None  # null: the task run's (saleval.pipeline.provenance)
     simulation: SimulationConfig = MISSING
     action: SimulateAction = SimulateAction.simulate
     # crowd=lu2024 crowd.path=<published file>: answer the original study's own tasks
@@ -164,7 +164,7 @@ class AnnotateStageConfig(StageConfig):
     action: AnnotateAction = AnnotateAction.serve
     inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
-    dataset: DatasetConfig | None = None  # null: the task run's (saleval.provenance)
+    dataset: DatasetConfig | None = None  # null: the task run's (saleval.pipeline.provenance)
 
 
 @dataclass

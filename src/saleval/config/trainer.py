@@ -32,7 +32,7 @@ class LoaderConfig:
     batch_size: int = 16
     eval_batch_size: int = 64
     num_workers: int = 0
-    # opt-in: training batches of similar length (saleval.training.LengthGroupedBatches),
+    # opt-in: training batches of similar length (saleval.modeling.training.LengthGroupedBatches),
     # less padding but other batches than the default shuffle, hence another model
     length_grouped: bool = False
 

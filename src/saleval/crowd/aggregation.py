@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from saleval import tables
 from saleval.crowd.answers import IDK_CODE, AnswerParser
+from saleval.pipeline import tables
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def unique_winner(counts: np.ndarray) -> np.ndarray:
     most frequent option, or −1 where the top count is shared (a tie names nothing).
 
     One function for :class:`StrictMajority` and the study planner's resampled crowds
-    (saleval.planning), so both aggregate by the same rule.
+    (saleval.analysis.planning), so both aggregate by the same rule.
 
     >>> unique_winner(np.array([[0, 3, 1], [0, 2, 2], [1, 0, 0]])).tolist()
     [1, -1, 0]

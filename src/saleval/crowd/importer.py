@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 import pandas as pd
 from hydra.utils import instantiate
 
-from saleval import tables
 from saleval.config.crowd import AnswersCrowdConfig, PublishedCrowdConfig
 from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
@@ -37,6 +36,7 @@ from saleval.crowd.long_format import ANSWER_FILE, read_answers
 from saleval.crowd.lu2024 import read_lu2024
 from saleval.crowd.reading import CrowdImport, empty_annotations, enforce_policy, sha256_file
 from saleval.crowd.source import CrowdSource, Given, ImportContext, SourceFile
+from saleval.pipeline import tables
 from saleval.vocab import Population, Target
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,6 @@ from typing import Any
 
 import pandas as pd
 
-from saleval import tables
 from saleval.config.dataset import DatasetConfig, DatasetFiles
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.tasks import task_id
@@ -42,7 +41,7 @@ from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.lu2024 import LU2024_METHODS, _read_blocks
 from saleval.crowd.sampling import interleave
 from saleval.crowd.seeding import seeded_rng
-from saleval.data import (
+from saleval.modeling.data import (
     DataError,
     DatasetSplits,
     _file,
@@ -50,6 +49,7 @@ from saleval.data import (
     read_imdb,
     stratified_split,
 )
+from saleval.pipeline import tables
 
 _PIECE = re.compile(r" ##")
 # AG News entities survive in the published texts as '# 39 ;' and 'quot ;'
@@ -242,9 +242,9 @@ def published_ranking_agreement(score_dir: str | Path) -> dict[str, Any] | None:
     from omegaconf import OmegaConf
     from scipy import stats
 
-    from saleval import scoring
+    from saleval.analysis import scoring
     from saleval.crowd.lu2024 import read_lu2024
-    from saleval.data import dataset_config
+    from saleval.modeling.data import dataset_config
 
     score_dir = Path(score_dir)
     node = OmegaConf.select(OmegaConf.load(score_dir / "config.yaml"), "dataset")

@@ -254,7 +254,7 @@ class Encoder:
     def _load(self) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        from saleval.models import embedded_path
+        from saleval.modeling.models import embedded_path
 
         where = embedded_path(self.package)
         self._tok = AutoTokenizer.from_pretrained(where)
@@ -430,7 +430,7 @@ class FinetunedReader(ReaderConfig):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from saleval.crowd.design.rendering import render
-        from saleval.models import embedded_path
+        from saleval.modeling.models import embedded_path
 
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)

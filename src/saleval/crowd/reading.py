@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from saleval import tables
 from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
+from saleval.pipeline import tables
 
 MAX_LISTED_REJECTS = 20
 MAX_PROBLEM_CHARS = 400  # longer problem texts (a huge field quoted in them) are cut

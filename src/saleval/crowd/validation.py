@@ -2,7 +2,7 @@
 
 Both sides are A[i, j, k] tables (``tables.AGGREGATED``): the published verdicts of the
 original study's workers and the simulated crowd's, on the very texts those workers saw.
-Every score comes from :mod:`saleval.scoring`, the code that scores any crowd result:
+Every score comes from :mod:`saleval.analysis.scoring`, the code that scores any crowd result:
 
 * per (method, k): accuracy real vs simulated, and the mean absolute cell error;
 * per k: the accuracy-vs-k curve (mean over methods) and its largest gap;
@@ -29,8 +29,9 @@ from omegaconf import OmegaConf
 from scipy import stats
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
-from saleval import scoring, tables
-from saleval.reports import SIMULATED, display_name
+from saleval.analysis import scoring
+from saleval.analysis.reports import SIMULATED, display_name
+from saleval.pipeline import tables
 
 VALIDATION_FILE = "validation.csv"
 VALIDATION_JSON = "validation.json"

@@ -79,14 +79,14 @@ class SwitchingConfig:
 
 @dataclass
 class InferenceConfig:
-    """Batched forward passes (:func:`saleval.inference.predict_proba`)."""
+    """Batched forward passes (:func:`saleval.modeling.inference.predict_proba`)."""
 
     max_tokens: int = (
         4096  # padded tokens per batch (fastest measured: inference.DEFAULT_MAX_TOKENS)
     )
     max_batch: int = 512
     # true | false | auto: bf16 autocast only where the hardware has it (GPU, AMX/AVX512-BF16
-    # CPU; emulated bf16 is ~8x slower, saleval.inference.use_bf16). A str: OmegaConf has no
+    # CPU; emulated bf16 is ~8x slower, saleval.modeling.inference.use_bf16). A str: OmegaConf has no
     # bool | str type; "true"/"false" parse as the booleans.
     bf16: str = "false"
 

@@ -1,7 +1,7 @@
 """Plausibility: agreement of word scores with human rationales (ERASER, DeYoung et al. 2020).
 
 Human rationales come as character spans into the text (``rationale_spans`` of
-:mod:`saleval.data`); a word is a rationale word when its characters overlap any
+:mod:`saleval.modeling.data`); a word is a rationale word when its characters overlap any
 span. Soft scores are compared with AUPRC; hard metrics (token F1, IOU F1) need a
 discrete rationale, taken as the method's top-k words with k = the number of
 human rationale words of that text unless a fixed k is configured (ERASER's own

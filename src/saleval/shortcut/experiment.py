@@ -24,15 +24,17 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.shortcut import RankUnit
-from saleval.data import load_dataset
-from saleval.jsonfiles import write_json
 from saleval.metrics.shortcut import (
     mean_rank,
     mean_rank_interval,
     precision_at_k,
     precision_interval,
 )
-from saleval.models import MODEL_DIR, build_model, load_tokenizer, load_trained
+from saleval.modeling.data import load_dataset
+from saleval.modeling.models import MODEL_DIR, build_model, load_tokenizer, load_trained
+from saleval.modeling.training import TextDataModule, fit
+from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.stage import fingerprint
 from saleval.shortcut.generate import (
     ShortcutData,
     ShortcutRule,
@@ -42,8 +44,6 @@ from saleval.shortcut.generate import (
     rule_from_config,
 )
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
-from saleval.stage import fingerprint
-from saleval.training import TextDataModule, fit
 from saleval.words import Segmentation, piece_segment, rank_words, segment
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config import to_schema
 from saleval.config.shortcut import ShortcutConfig
-from saleval.data import DatasetSplits
 from saleval.errors import UserError
+from saleval.modeling.data import DatasetSplits
 from saleval.words import segment
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from saleval import tables
+from saleval.pipeline import tables
 from saleval.shortcut.generate import KINDS
 
 

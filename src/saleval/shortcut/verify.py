@@ -25,7 +25,7 @@ import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.errors import UserError
-from saleval.inference import predict_proba
+from saleval.modeling.inference import predict_proba
 
 DEFAULT_THRESHOLDS = {
     "mixed_synthetic_min": 0.99,

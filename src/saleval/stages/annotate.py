@@ -35,13 +35,13 @@ from typing import Any
 import uvicorn
 from omegaconf import DictConfig, open_dict
 
-from saleval import tables
 from saleval.annotate.app import AppSettings, create_app
 from saleval.annotate.export import answers_frame, write_completions, write_released
 from saleval.annotate.store import AnnotationStore, LeasePolicy, StoreError
 from saleval.annotate.study import load_study
 from saleval.config.annotate import AnnotateAction
-from saleval.stage import Stage, hydra_main, resolve_input
+from saleval.pipeline import tables
+from saleval.pipeline.stage import Stage, hydra_main, resolve_input
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, merge, scoring, tables, tracking
+from saleval.analysis import comparison, scoring
 from saleval.metrics.registry import import_plugins
-from saleval.stage import Stage, hydra_main, read_run_info
+from saleval.pipeline import merge, tables, tracking
+from saleval.pipeline.stage import Stage, hydra_main, read_run_info
 
 log = logging.getLogger(__name__)
 

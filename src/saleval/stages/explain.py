@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables, tracking
-from saleval.data import DataError, load_dataset
-from saleval.stage import (
+from saleval.modeling.data import DataError, load_dataset
+from saleval.pipeline import tables, tracking
+from saleval.pipeline.stage import (
     InputError,
     Stage,
     fingerprint,
@@ -90,7 +90,7 @@ def filter_population(
     model: Any, tokenizer: Any, df: pd.DataFrame, population: Population, max_length: int
 ) -> pd.DataFrame:
     """Keep the samples the model classifies correctly / wrongly (docs/study-design.md#samples)."""
-    from saleval.inference import predict_proba
+    from saleval.modeling.inference import predict_proba
 
     population = Population(population)
     if population == Population.all:
@@ -108,7 +108,7 @@ def method_rows(
 ) -> pd.DataFrame:
     """One row per method: ``seconds``, ``examples_per_second`` and the mean diagnostics
     (``convergence_delta_abs_mean``: the IG / DeepLIFT completeness gap; ``<key>_mean``),
-    logged as the method's child run (:func:`saleval.tracking.log_method_rows`).
+    logged as the method's child run (:func:`saleval.pipeline.tracking.log_method_rows`).
 
     >>> method_rows({"lime": {"seconds": 2.0, "examples_per_s": 5.0}},
     ...             {"lime": {"convergence_delta": [-1.0, 3.0]}}).to_dict("records")
@@ -143,7 +143,7 @@ class MethodReuse:
         import torch
 
         from saleval.attribution.reuse import MethodStore, code_digest, method_identity
-        from saleval.inference import bf16_native
+        from saleval.modeling.inference import bf16_native
 
         devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
         if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0":
@@ -210,10 +210,10 @@ class MethodReuse:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
-    from saleval import views
+    from saleval.analysis import views
     from saleval.attribution import explain_frame
     from saleval.attribution.base import method_name
-    from saleval.models import align_labels, checkpoint_name, load_trained
+    from saleval.modeling.models import align_labels, checkpoint_name, load_trained
 
     spec = given_input(cfg, "model")
     if spec is None:

@@ -30,13 +30,13 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables, tracking
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary
 from saleval.crowd.source import Given, ImportContext, crowd_source
-from saleval.jsonfiles import write_json
-from saleval.run_inputs import file_input
-from saleval.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline import tables, tracking
+from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.run_inputs import file_input
+from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
 REPORT_FILE = tables.IMPORT_REPORT
@@ -116,7 +116,7 @@ def write_outputs(st: Stage, result: CrowdImport, report: dict[str, Any]) -> dic
 
 def given(cfg: DictConfig) -> Given:
     """What a source may read: the ``inputs.*`` given, the dataset, and how a file input is
-    found (:func:`saleval.run_inputs.file_input`)."""
+    found (:func:`saleval.pipeline.run_inputs.file_input`)."""
     names = OmegaConf.select(cfg, "inputs", default=None) or {}
     inputs = {str(k): v for k in names if (v := given_input(cfg, str(k))) is not None}
     output_root = OmegaConf.select(cfg, "paths.output_root", default=None)

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables, tracking
 from saleval.metrics.config import MetricsConfig
-from saleval.stage import (
+from saleval.pipeline import tables, tracking
+from saleval.pipeline.stage import (
     InputError,
     Stage,
     given_input,
@@ -60,8 +60,8 @@ def plausibility_rows(
 ) -> pd.DataFrame | None:
     """The plausibility metrics (AUPRC, token F1, IOU F1) per explanation, when the dataset
     has human rationales."""
-    from saleval.data import load_dataset
     from saleval.metrics.plausibility import plausibility_scores, rationale_word_mask
+    from saleval.modeling.data import load_dataset
 
     pcfg = mcfg.plausibility
     enabled = str(pcfg.enabled).lower()
@@ -104,7 +104,7 @@ def plausibility_rows(
 def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per method, as its child run logs it: each metric under its own name
     (grid average or single-valued) and ``<metric>_k<k>`` per k
-    (:func:`saleval.tracking.metric_at_k`)."""
+    (:func:`saleval.pipeline.tracking.metric_at_k`)."""
     keys = [tracking.metric_at_k(m, k) for m, k in zip(summary["metric"], summary["k"])]
     wide = summary.assign(key=keys).pivot_table(
         index="method", columns="key", values="value", aggfunc="first", sort=False
@@ -113,15 +113,15 @@ def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 #: the dataset and max_length the explain run used, the model of the train run (and of the
-#: explain run); a value given here is checked against them (saleval.provenance)
+#: explain run); a value given here is checked against them (saleval.pipeline.provenance)
 INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length": ["explain"]}
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers load when a run starts, not on import (saleval.cli)
-    from saleval.inference import use_bf16
     from saleval.metrics.faithfulness import evaluate, explanations_from_tables, summarize
-    from saleval.models import align_labels, checkpoint_name, load_trained
+    from saleval.modeling.inference import use_bf16
+    from saleval.modeling.models import align_labels, checkpoint_name, load_trained
 
     # a bad key fails before any run starts; metrics.plugins (a user's own metrics) are
     # imported first, so they register themselves and their settings

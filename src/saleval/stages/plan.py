@@ -30,7 +30,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from saleval import planning, reports, tables, tracking
+from saleval.analysis import planning, reports
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
 from saleval.crowd.importer import PublishedSource
@@ -38,9 +38,10 @@ from saleval.crowd.published import read_study, reader_training_data, study_bund
 from saleval.crowd.reading import enforce_policy, sha256_file
 from saleval.crowd.simulate import expected_seconds, simulate_crowd
 from saleval.crowd.source import crowd_source
-from saleval.data import load_dataset
+from saleval.modeling.data import load_dataset
+from saleval.pipeline import tables, tracking
+from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
 from saleval.schema import to_schema
-from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
 

@@ -7,7 +7,7 @@ they name, across datasets, models and variants, into one table: a row per datas
 model × variant × method with the human score and each automated metric, each ranked
 within its dataset and model (``report.rank_within``), and the Spearman/Kendall
 agreement of each metric's ranking with the human one per dataset and model
-(:func:`saleval.comparison.rank_agreement`). A variant is what a run's sweep overrides
+(:func:`saleval.analysis.comparison.rank_agreement`). A variant is what a run's sweep overrides
 say beyond the dataset and model (``docs/sweeps.md``).
 
 Reads the runs' tables (``comparison.csv``, ``scores.csv``, ``metrics.csv``), never their
@@ -34,10 +34,11 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import comparison, merge, tables, tracking
+from saleval.analysis import comparison
 from saleval.metrics.registry import import_plugins
-from saleval.provenance import Provenance
-from saleval.stage import (
+from saleval.pipeline import merge, tables, tracking
+from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.stage import (
     InputError,
     Stage,
     hydra_main,

@@ -8,7 +8,7 @@ profile fails at once, naming the stage and the key. Stages chain through
 ``inputs.<name>=<run dir>`` exactly as a user would chain them by hand.
 
 Resumable: before running a stage its fingerprint (config + parents'
-fingerprints, see :func:`saleval.stage.stage_fingerprint`) is looked up among
+fingerprints, see :func:`saleval.pipeline.stage.stage_fingerprint`) is looked up among
 finished runs in the MLflow store; a match whose run dir still exists is reused.
 
 Reads no run unless given one per stage (``+inputs.<stage>=<run dir>``); writes one run dir
@@ -34,13 +34,20 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import paths, stage_table, tracking
+from saleval import paths
 from saleval.config import register_configs
 from saleval.config.keys import check_keys
 from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
-from saleval.jsonfiles import write_json
-from saleval.stage import RUN_JSON, hydra_main, read_run_info, resolve_input, stage_fingerprint
+from saleval.pipeline import stage_table, tracking
+from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.stage import (
+    RUN_JSON,
+    hydra_main,
+    read_run_info,
+    resolve_input,
+    stage_fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +150,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     uri = tracking.tracking_uri(cfg.tracking.uri)
     experiment_id = tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
     mark_orphans_killed(out_root)
-    tracking.end_dead_runs()  # what every stage does when it starts (saleval.stage)
+    tracking.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
@@ -276,8 +283,8 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
     A ``kill -9`` leaves no chance to end a run, so its pipeline run and the stage run
     it was in stay RUNNING for ever. A resume in the same run dir is the first moment
     that knows they are dead (two pipelines never share a run dir), whichever host ran
-    them; they are ended by :func:`saleval.tracking.mark_killed` (the same as runs
-    whose process is gone, :func:`saleval.tracking.end_dead_runs`) and their ids
+    them; they are ended by :func:`saleval.pipeline.tracking.mark_killed` (the same as runs
+    whose process is gone, :func:`saleval.pipeline.tracking.end_dead_runs`) and their ids
     returned.
     """
     root = out_root.resolve()

@@ -29,13 +29,14 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import reports, scoring, tables, tracking
+from saleval.analysis import reports, scoring
 from saleval.crowd.importer import PublishedSource
 from saleval.crowd.reading import sha256_file
 from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import calibration_note, upstream_simulation
-from saleval.jsonfiles import write_json
-from saleval.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline import tables, tracking
+from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
 COUNTS_FILE = "counts.csv"
@@ -112,7 +113,7 @@ def score_outputs(
     st.write(tables.SCORES, result.scores)
     st.write(tables.FLIPS, result.flips)
     result.histogram.to_csv(st.path("flip_histogram.csv"), index=False)
-    # what the study means comes from the run's provenance (saleval.provenance), not a guess
+    # what the study means comes from the run's provenance (saleval.pipeline.provenance), not a guess
     prov = st.provenance
     study = {
         "target": str(prov.target or Target.gold),

@@ -25,9 +25,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from saleval import tables
-from saleval.jsonfiles import write_json
-from saleval.stage import Stage, hydra_main
+from saleval.pipeline import tables
+from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.stage import Stage, hydra_main
 from saleval.vocab import Target
 
 TABLE_MD = "shortcut_table.md"
@@ -40,7 +40,7 @@ def dataset_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
-    from saleval.models import load_trained
+    from saleval.modeling.models import load_trained
     from saleval.shortcut import experiment as ex
     from saleval.shortcut.report import published_table, to_markdown, uncertainty_markdown
     from saleval.shortcut.verify import require

@@ -32,7 +32,6 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables, tracking
 from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
 from saleval.crowd.importer import AnswersSource, PublishedSource
@@ -48,9 +47,10 @@ from saleval.crowd.validation import (
     compare_crowds,
     plot_validation,
 )
-from saleval.data import load_dataset
+from saleval.modeling.data import load_dataset
+from saleval.pipeline import tables, tracking
+from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
 from saleval.schema import to_schema
-from saleval.stage import InputError, Stage, given_input, hydra_main
 from saleval.vocab import Population, Target
 
 NOTICE = """# SIMULATED

@@ -23,17 +23,17 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import tables
 from saleval.config.crowd import StudyConfig
 from saleval.crowd.errors import DesignError
+from saleval.pipeline import tables
+from saleval.pipeline.stage import Stage, hydra_main
 from saleval.schema import to_schema
-from saleval.stage import Stage, hydra_main
 
 
 def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[str]) -> list[str]:
     """The explain run's ``prob_<label>`` columns must follow the dataset's label names, so
     answers and labels cannot be silently misaligned (the dataset itself is checked by the
-    provenance rule in :class:`saleval.stage.Stage`)."""
+    provenance rule in :class:`saleval.pipeline.stage.Stage`)."""
     names = [str(n) for n in label_names]
     expected = [f"prob_{n}" for n in names]
     if prob_columns and prob_columns != expected:

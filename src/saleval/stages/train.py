@@ -25,16 +25,16 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from saleval import tracking
-from saleval.data import load_dataset
-from saleval.jsonfiles import write_json
-from saleval.stage import Stage, hydra_main
+from saleval.modeling.data import load_dataset
+from saleval.pipeline import tracking
+from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.stage import Stage, hydra_main
 
 
 def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """The train run's summary metrics. ``val_accuracy`` of ``metrics.json`` (the best
     epoch's, whose weights are kept) is ``best_val_accuracy`` here: the key
-    ``val_accuracy`` is the per-epoch series (:class:`saleval.training.MlflowEpochLogger`).
+    ``val_accuracy`` is the per-epoch series (:class:`saleval.modeling.training.MlflowEpochLogger`).
     ``seconds`` is left out: the stage's ``stage_seconds`` says it.
 
     >>> mlflow_metrics({"val_accuracy": 0.5, "test_accuracy": 0.4, "seconds": 3.0, "x": "y"})
@@ -52,8 +52,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     import lightning as L
 
-    from saleval.models import MODEL_DIR, build_model, load_tokenizer
-    from saleval.training import TextDataModule, fit
+    from saleval.modeling.models import MODEL_DIR, build_model, load_tokenizer
+    from saleval.modeling.training import TextDataModule, fit
 
     with Stage(cfg, "train") as st:
         t0 = time.perf_counter()

@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from saleval import tables
+from saleval.pipeline import tables
 
 _POSITION_RE = re.compile(r'name="position" value="(\d+)"')
 _OPTION_RE = re.compile(r'name="answer" value="([^"]*)"')

@@ -3,7 +3,7 @@
 A test of the annotation app needs a ``saleval-tasks`` run dir. :func:`make_task_run`
 makes one by running :func:`saleval.stages.tasks.run` (the function behind the
 ``saleval-tasks`` console script) on a small synthetic explain run
-(:func:`make_explain_run`, written through :class:`saleval.stage.Stage` and the
+(:func:`make_explain_run`, written through :class:`saleval.pipeline.stage.Stage` and the
 ``tables.PREDICTIONS`` / ``tables.ATTRIBUTIONS`` writers). The files a test reads are
 therefore the files the stage writes: the same columns, ids (``s000|lime|k5``,
 ``b001``), 1-based positions, instructions, ``config.yaml`` and ``run.json``. A
@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, open_dict
 
-from saleval import tables
-from saleval.stage import Stage
+from saleval.pipeline import tables
+from saleval.pipeline.stage import Stage
 from saleval.stages import tasks as tasks_stage
 from saleval.stages.run import compose_stage
 from saleval.words import word_spans
@@ -164,7 +164,7 @@ def make_explain_run(
     """An explain run dir holding the given frames, written as ``saleval-explain`` does.
 
     The frames go through ``tables.PREDICTIONS`` / ``tables.ATTRIBUTIONS`` (validated),
-    and :class:`~saleval.stage.Stage` writes ``config.yaml`` (the explain config of
+    and :class:`~saleval.pipeline.stage.Stage` writes ``config.yaml`` (the explain config of
     ``dataset`` and the frame's methods) and ``run.json``; the MLflow run is tagged
     ``synthetic=true``. No model is involved: ``inputs.model`` stays unset.
     """
@@ -186,7 +186,7 @@ def make_result_run(
     model: str = "tiny",
 ) -> Path:
     """A ``saleval-score`` (``scores.csv``) or ``saleval-metrics`` (``metrics.csv``) run
-    dir holding ``frame``, written through :class:`~saleval.stage.Stage` and the table's
+    dir holding ``frame``, written through :class:`~saleval.pipeline.stage.Stage` and the table's
     writer, about ``dataset`` and ``model`` (its provenance), tagged ``synthetic=true``.
     What ``saleval-report`` gathers, without a model or a crowd."""
     spec = {"score": tables.SCORES, "metrics": tables.METRICS}[stage]

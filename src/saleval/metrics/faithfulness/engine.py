@@ -4,7 +4,7 @@
 then runs the registered ``faithfulness`` metrics (:mod:`saleval.metrics.registry`) one
 after another. Each metric plans the perturbed inputs of every explanation, and the
 shared :class:`ProbabilityCache` pushes the ones nobody asked for before through the
-model in large length-sorted batches (:func:`saleval.inference.predict_proba`); the
+model in large length-sorted batches (:func:`saleval.modeling.inference.predict_proba`); the
 wall time and the new forward passes of every metric are measured (``timings``, the
 rows of ``metric_timings.csv``).
 """
@@ -113,7 +113,7 @@ class ProbabilityCache:
         config: MetricsConfig,
         progress: bool = False,
     ) -> None:
-        from saleval.inference import parse_bf16
+        from saleval.modeling.inference import parse_bf16
 
         self.model = model
         self.pad_token_id = pad_token_id
@@ -131,7 +131,7 @@ class ProbabilityCache:
         ).digest()
 
     def __call__(self, sequences: Sequence[Sequence[int]], desc: str = "forward") -> np.ndarray:
-        from saleval.inference import n_labels_of, predict_proba
+        from saleval.modeling.inference import n_labels_of, predict_proba
 
         keys = [self.key(s) for s in sequences]
         first: dict[bytes, int] = {}

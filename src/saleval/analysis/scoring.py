@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from saleval import tables
+from saleval.pipeline import tables
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from saleval.scoring import order_methods
+from saleval.analysis.scoring import order_methods
 
 DISPLAY_NAMES = {
     "all_attention": "All Attention",

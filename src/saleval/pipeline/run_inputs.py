@@ -3,11 +3,11 @@
 :class:`RunInputs` is everything a stage learns from its inputs before it starts: each
 ``inputs.<name>`` resolved to run dirs (a run dir, ``runs:/<id>``, ``latest``; or several
 runs, a list or a ``-m`` sweep dir, whose tables :meth:`RunInputs.read` merges:
-:mod:`saleval.merge`), each parent's ``run.json`` and ``config.yaml`` read once, and the
-one provenance rule applied (:mod:`saleval.provenance`: adopt the parents' dataset, model,
+:mod:`saleval.pipeline.merge`), each parent's ``run.json`` and ``config.yaml`` read once, and the
+one provenance rule applied (:mod:`saleval.pipeline.provenance`: adopt the parents' dataset, model,
 max_length, study target and population when the config gives none, check them when it
 does). It writes nothing and logs nothing, so it can be built, and fail, before a run
-exists; :class:`saleval.stage.Stage` owns the run's lifecycle.
+exists; :class:`saleval.pipeline.stage.Stage` owns the run's lifecycle.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import merge, paths, stage_table, tracking
+from saleval import paths
 from saleval.config import DatasetConfig
-from saleval.data import complete_label_names
-from saleval.input_paths import LATEST as LATEST
-from saleval.input_paths import InputError as InputError
-from saleval.input_paths import accepted_stages, input_path_problem, what_it_takes
-from saleval.input_paths import latest_link as latest_link
-from saleval.merge import RUN_JSON as RUN_JSON
-from saleval.provenance import Provenance, ProvenanceError, resolve
-from saleval.tables import TableSpec
+from saleval.modeling.data import complete_label_names
+from saleval.pipeline import merge, stage_table, tracking
+from saleval.pipeline.input_paths import LATEST as LATEST
+from saleval.pipeline.input_paths import InputError as InputError
+from saleval.pipeline.input_paths import accepted_stages, input_path_problem, what_it_takes
+from saleval.pipeline.input_paths import latest_link as latest_link
+from saleval.pipeline.merge import RUN_JSON as RUN_JSON
+from saleval.pipeline.provenance import Provenance, ProvenanceError, resolve
+from saleval.pipeline.tables import TableSpec
 
 #: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
 #: stage table
@@ -77,7 +78,7 @@ def resolve_input(
 def resolve_inputs(name: str, value: Any, output_root: str | Path | None = None) -> list[Path]:
     """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
     list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
-    stage producing ``<name>``); see :mod:`saleval.merge`."""
+    stage producing ``<name>``); see :mod:`saleval.pipeline.merge`."""
     if value is None or (isinstance(value, str) and value in ("???", "", "None")):
         return [resolve_input(name, "" if value is None else value, output_root)]
     try:
@@ -172,7 +173,7 @@ class RunInputs:
         simulated: bool = False,
     ) -> None:
         root = OmegaConf.select(cfg, "paths.output_root", default=None)
-        #: every run behind each input (several for a list or a sweep dir: saleval.merge)
+        #: every run behind each input (several for a list or a sweep dir: saleval.pipeline.merge)
         self.input_runs: dict[str, list[Path]] = {
             k: resolve_inputs(k, v, root) for k, v in (inputs or {}).items() if v is not None
         }
@@ -195,7 +196,7 @@ class RunInputs:
         self.parents: dict[str, dict[str, Any]] = {k: self.infos[f] for k, f in first.items()}
         self.parent_configs: dict[str, DictConfig] = {k: self.configs[f] for k, f in first.items()}
         complete_label_names(cfg)  # a local dataset given without label names
-        #: each parent's provenance record (saleval.provenance)
+        #: each parent's provenance record (saleval.pipeline.provenance)
         self.parent_provenance: dict[str, Provenance] = {
             k: self._provenance[f] for k, f in first.items()
         }
@@ -286,7 +287,7 @@ class RunInputs:
 
     def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
         """``spec``'s table of ``inputs.<name>``: of its run, or merged over its runs when it
-        names several (a list, a sweep dir; :func:`saleval.merge.read_merged`)."""
+        names several (a list, a sweep dir; :func:`saleval.pipeline.merge.read_merged`)."""
         return merge.read_merged(spec, self.input_runs[name], f"inputs.{name}")
 
     def runs_of(self, name: str) -> list[tuple[Path, dict[str, Any], DictConfig]]:

@@ -24,9 +24,9 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.optimization import get_linear_schedule_with_warmup
 
-from saleval import tracking
 from saleval.config import to_schema
 from saleval.config.trainer import LoaderConfig, TrainerConfig
+from saleval.pipeline import tracking
 
 
 class TokenizedTexts(torch.utils.data.Dataset):
@@ -90,7 +90,7 @@ class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
 
 
 class TextDataModule(L.LightningDataModule):
-    """Train/validation/test splits of a :class:`saleval.data.DatasetSplits`."""
+    """Train/validation/test splits of a :class:`saleval.modeling.data.DatasetSplits`."""
 
     def __init__(
         self,

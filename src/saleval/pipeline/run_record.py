@@ -1,6 +1,6 @@
 """What a stage run leaves on disk and prints, apart from its tables (docs/architecture.md,
 section 2): ``run.json``, the ``latest`` link, the sweep it belongs to, and the summary with
-the next steps. :class:`saleval.stage.Stage` calls these with what it knows; each is a
+the next steps. :class:`saleval.pipeline.stage.Stage` calls these with what it knows; each is a
 plain function of its arguments, so a test or another tool can call it without a run.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from saleval import stage_table, tracking
-from saleval.provenance import Provenance
-from saleval.run_inputs import LATEST, PRODUCERS, RUN_JSON, RunInputs, latest_link
+from saleval.pipeline import stage_table, tracking
+from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.run_inputs import LATEST, PRODUCERS, RUN_JSON, RunInputs, latest_link
 
 
 def run_dir_of(cfg: DictConfig) -> Path:

@@ -8,7 +8,7 @@ know", c + 1 = class c, as everywhere, saleval.crowd.answers). A **design** (n s
 methods, k grid, R answers per task, bundle size) is studied by drawing many studies of
 it from the pool — samples with replacement, and R of the pool's answers per task,
 aggregated by the study's strict majority (:func:`saleval.crowd.aggregation.unique_winner`)
-— and scoring each with the formulas of docs/scores.md (:mod:`saleval.scoring`):
+— and scoring each with the formulas of docs/scores.md (:mod:`saleval.analysis.scoring`):
 
 * ``p_best``: the share of studies whose top method is the reference's (ties share);
 * ``spearman``: Spearman's ρ between a study's method scores and the reference's;
@@ -17,7 +17,7 @@ aggregated by the study's strict majority (:func:`saleval.crowd.aggregation.uniq
 * ``p_order``: per adjacent pair of the reference ranking, the share of studies that
   order it the same way (ties count half);
 * ``power``: the share of studies whose paired test against the baseline
-  (:func:`saleval.scoring.paired_test`) rejects at ``alpha``.
+  (:func:`saleval.analysis.scoring.paired_test`) rejects at ``alpha``.
 
 The reference is the pool itself: for the published crowd, the scores of all its
 samples (the published ranking); for a simulated crowd, the scores at the design's R
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from saleval import scoring
+from saleval.analysis import scoring
 from saleval.crowd.aggregation import unique_winner
 from saleval.crowd.answers import AnswerParser
 from saleval.errors import UserError

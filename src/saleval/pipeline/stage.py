@@ -9,7 +9,7 @@ through :mod:`saleval.cli`, which imports the module only when the job starts). 
         st.write(tables.SCORES, scores)        # writes into the run dir and logs it
         st.log_metrics({...})
 
-``Stage`` first reads its parent runs through :class:`saleval.run_inputs.RunInputs`
+``Stage`` first reads its parent runs through :class:`saleval.pipeline.run_inputs.RunInputs`
 (``inputs.<name>`` resolved, each parent's ``config.yaml`` and ``run.json`` read once, the
 one provenance rule applied; ``st.read`` merges the tables of an input that names several
 runs), then owns the run's lifecycle: it writes the resolved config and ``run.json`` (run
@@ -17,7 +17,7 @@ id, fingerprint, parents, provenance) into the run dir, starts an MLflow run (ne
 an active pipeline run), tags it (with the host, pid and pid start time that let a later
 stage tell it died), and always ends it, marking it FAILED on an exception; before
 starting, it marks KILLED the RUNNING runs of this host
-whose process is gone (:func:`saleval.tracking.end_dead_runs`). In the extra processes of a multi-process
+whose process is gone (:func:`saleval.pipeline.tracking.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 """
 
@@ -37,23 +37,23 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import run_record, tracking
 from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
-from saleval.provenance import Provenance
-from saleval.run_inputs import LATEST as LATEST
-from saleval.run_inputs import PRODUCERS as PRODUCERS
-from saleval.run_inputs import RUN_JSON as RUN_JSON
-from saleval.run_inputs import InputError as InputError
-from saleval.run_inputs import RunInputs as RunInputs
-from saleval.run_inputs import given_input as given_input
-from saleval.run_inputs import latest_link as latest_link
-from saleval.run_inputs import read_run_config as read_run_config
-from saleval.run_inputs import read_run_info as read_run_info
-from saleval.run_inputs import resolve_input as resolve_input
-from saleval.run_inputs import resolve_inputs as resolve_inputs
-from saleval.run_inputs import run_or_checkpoint as run_or_checkpoint
-from saleval.stage_tracking import StageTracking
-from saleval.tables import TableSpec
+from saleval.pipeline import run_record, tracking
+from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.run_inputs import LATEST as LATEST
+from saleval.pipeline.run_inputs import PRODUCERS as PRODUCERS
+from saleval.pipeline.run_inputs import RUN_JSON as RUN_JSON
+from saleval.pipeline.run_inputs import InputError as InputError
+from saleval.pipeline.run_inputs import RunInputs as RunInputs
+from saleval.pipeline.run_inputs import given_input as given_input
+from saleval.pipeline.run_inputs import latest_link as latest_link
+from saleval.pipeline.run_inputs import read_run_config as read_run_config
+from saleval.pipeline.run_inputs import read_run_info as read_run_info
+from saleval.pipeline.run_inputs import resolve_input as resolve_input
+from saleval.pipeline.run_inputs import resolve_inputs as resolve_inputs
+from saleval.pipeline.run_inputs import run_or_checkpoint as run_or_checkpoint
+from saleval.pipeline.stage_tracking import StageTracking
+from saleval.pipeline.tables import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def stage_fingerprint(
 
 class Stage:
     """One stage run's lifecycle: run dir, ``config.yaml`` and ``run.json``
-    (:mod:`saleval.run_record`), the MLflow run (:class:`StageTracking`), table writing;
+    (:mod:`saleval.pipeline.run_record`), the MLflow run (:class:`StageTracking`), table writing;
     what it reads comes from its :class:`RunInputs` (``st.inputs``, ``st.parents``,
     ``st.read``)."""
 
@@ -134,7 +134,7 @@ class Stage:
         that must be known once inherited (given or adopted), else it fails before starting."""
         self.cfg, self.stage = cfg, stage
         self.run_dir = run_record.run_dir_of(cfg).resolve()
-        #: the parent runs, read once, and the provenance they give (saleval.run_inputs)
+        #: the parent runs, read once, and the provenance they give (saleval.pipeline.run_inputs)
         self.run_inputs = ri = RunInputs(
             cfg, stage, inputs, inherits, requires, (tags or {}).get("simulated") == "true"
         )
@@ -253,7 +253,7 @@ class Stage:
     def log_metrics(
         self, metrics: Mapping[str, float], step: int | None = None, **kwargs: Any
     ) -> None:
-        """Into the stage run (keys: :func:`saleval.tracking.metric_key`); ``kwargs``:
+        """Into the stage run (keys: :func:`saleval.pipeline.tracking.metric_key`); ``kwargs``:
         MLflow's ``model_id``/``dataset``."""
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)

@@ -3,7 +3,7 @@
 A run's provenance says which dataset (and label names) its rows belong to, which model
 made them, the ``max_length`` its texts were segmented with, the crowd study's target and
 population, and whether a simulated crowd answered anywhere upstream. ``run.json`` carries
-it as a typed record (:class:`Provenance`), the way :mod:`saleval.tables` declares tables.
+it as a typed record (:class:`Provenance`), the way :mod:`saleval.pipeline.tables` declares tables.
 
 The rule (:func:`inherit`) is the same in every stage (``docs/architecture.md``): a value
 the stage's own config does not give is **adopted** from its parents; a value it gives is
@@ -17,7 +17,7 @@ exception: it is true when any parent (or the stage itself) says so, and cannot 
 >>> inherit("dataset", "ag_news", {"explain": a}, {"explain": "runs/e"})
 Traceback (most recent call last):
 ...
-saleval.provenance.ProvenanceError: dataset=ag_news is given, but inputs.explain (runs/e) has dataset=imdb: drop the override or pass dataset=imdb
+saleval.pipeline.provenance.ProvenanceError: dataset=ag_news is given, but inputs.explain (runs/e) has dataset=imdb: drop the override or pass dataset=imdb
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 name and tags, the identity params (``dataset``, ``model``, ``methods``) logged once known,
 per-method child runs with a saved view, and the run ended with its status.
 
-:class:`saleval.stage.Stage` owns one :class:`StageTracking`; it reads the run's provenance
+:class:`saleval.pipeline.stage.Stage` owns one :class:`StageTracking`; it reads the run's provenance
 through a callable, since a stage may learn its model or ``simulated`` while it runs
 (``Stage.provide``) and the run's name and params follow.
 """
@@ -17,9 +17,9 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import run_record, tracking
-from saleval.provenance import Provenance
-from saleval.run_inputs import RunInputs
+from saleval.pipeline import run_record, tracking
+from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.run_inputs import RunInputs
 
 
 class StageTracking:
@@ -55,7 +55,7 @@ class StageTracking:
         """Start the run (nested under an active pipeline run) in the config's experiment
         (default ``saleval/<dataset>``), tagged (:func:`run_tags`), with the stage's params
         and a ``-m`` job's overrides; first, outside a pipeline, end as KILLED the runs of
-        this host whose process is gone (:func:`saleval.tracking.end_dead_runs`)."""
+        this host whose process is gone (:func:`saleval.pipeline.tracking.end_dead_runs`)."""
         p = self._provenance()
         dataset, model = str(p.dataset or "none"), str(p.model or "none")
         experiment = OmegaConf.select(self.cfg, "tracking.experiment", default=None)
@@ -82,7 +82,7 @@ class StageTracking:
         self.log_identity()
 
     def run_name(self) -> str:
-        """``tracking.run_name`` when given, else what ran (:func:`saleval.tracking.run_name`)."""
+        """``tracking.run_name`` when given, else what ran (:func:`saleval.pipeline.tracking.run_name`)."""
         given = OmegaConf.select(self.cfg, "tracking.run_name", default=None)
         if given:
             return str(given)
@@ -126,11 +126,11 @@ class StageTracking:
         order_by: str | None = None,
         ascending: bool = False,
     ) -> dict[str, str]:
-        """One nested child run per method (:func:`saleval.tracking.log_method_rows`),
+        """One nested child run per method (:func:`saleval.pipeline.tracking.log_method_rows`),
         tagged with this run's dataset, model and ``simulated``, with the method's own
-        settings from the ``method`` group as params (:func:`saleval.tracking.method_settings`);
+        settings from the ``method`` group as params (:func:`saleval.pipeline.tracking.method_settings`);
         the rows' methods become the run's ``methods`` when not given yet. A saved MLflow
-        view shows the rows side by side (:func:`saleval.tracking.save_view`), sorted by
+        view shows the rows side by side (:func:`saleval.pipeline.tracking.save_view`), sorted by
         ``order_by`` (default: ``human_score`` where there is one, else the first numeric
         column); the printed link opens it (docs/tracking.md#views). ``key``: the column
         that names the rows when they are not methods (saleval-plan: ``design``). Returns

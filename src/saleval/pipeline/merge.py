@@ -12,7 +12,7 @@ run dirs it names; :func:`read_merged` reads one table from each and merges them
   is returned.
 
 Same dataset, model and ``max_length`` are checked before, by the provenance rule over
-every run (:mod:`saleval.provenance`), so a mixed sweep fails naming the runs.
+every run (:mod:`saleval.pipeline.provenance`), so a mixed sweep fails naming the runs.
 
 >>> label("explain", 0, 1), label("explain", 1, 2)
 ('explain', 'explain.1')
@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from saleval.tables import TableSpec
+from saleval.pipeline.tables import TableSpec
 
 #: Hydra writes this file into the sweep dir of every ``-m`` run
 MULTIRUN_YAML = "multirun.yaml"
