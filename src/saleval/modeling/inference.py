@@ -276,6 +276,22 @@ def parse_bf16(value: object, where: str = "bf16") -> BF16:
     raise ValueError(f"{where} must be true, false or auto, got {value!r}")
 
 
+def compute_device(trainer_cfg: Any = None) -> torch.device:
+    """The one device a single-process stage computes on, from a ``conf/trainer`` node.
+
+    The GPU when ``trainer.accelerator`` allows one (``gpu``, ``cuda``, ``auto``) and one
+    is present, else the CPU. Lightning picks the device for ``fit`` itself; what runs
+    outside a Trainer (verification, the shortcut sweep) and what a cache is keyed by
+    ask here, so both agree with the Trainer.
+
+    >>> compute_device({"accelerator": "cpu"}).type
+    'cpu'
+    """
+    accel = str((trainer_cfg or {}).get("accelerator") or "auto").lower()
+    gpu = accel in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    return torch.device("cuda" if gpu else "cpu")
+
+
 def bf16_native(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 matmuls in hardware.
 

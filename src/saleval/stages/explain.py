@@ -140,10 +140,8 @@ class MethodReuse:
     def of(cls, cfg: DictConfig, st: Stage, model: Any) -> MethodReuse | None:
         """None where reuse is off, or unsafe: several processes (each must run the same
         methods) or a parent without a fingerprint."""
-        import torch
-
         from saleval.attribution.reuse import MethodStore, code_digest, method_identity
-        from saleval.modeling.inference import bf16_native
+        from saleval.modeling.inference import bf16_native, compute_device
 
         devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
         if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0":
@@ -155,10 +153,8 @@ class MethodReuse:
         parent = str(st.parents["model"].get("fingerprint") or "")
         if not parent:
             return None
-        accel = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
-        gpu = accel in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-        kind = "cuda" if gpu else "cpu"
-        device = {"type": kind, "bf16_native": bf16_native(torch.device(kind))}
+        kind = compute_device(cfg.get("trainer"))
+        device = {"type": kind.type, "bf16_native": bf16_native(kind)}
         code = code_digest()
         methods = st.resolved.get("method") or {}
         prints = {
