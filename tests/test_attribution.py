@@ -709,3 +709,22 @@ def test_lime_samples_until_its_top_k_is_stable(model, tok, segs) -> None:
     used = eager.diagnostics["num_samples"]
     assert min(used) >= 40 and max(used) <= 400 and min(used) < 400
     assert all(u % 20 == 0 for u in used)
+
+
+def test_compute_device_follows_the_trainer_accelerator(monkeypatch) -> None:
+    """One rule for where work outside a Trainer runs: the GPU when the accelerator allows
+    it and one is present, else the CPU (an absent trainer node means `auto`)."""
+    from saleval.modeling.inference import compute_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for accel in ("cpu", "gpu", "cuda", "auto", None):
+        assert compute_device({"accelerator": accel}).type == "cpu"
+    assert compute_device(None).type == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert [compute_device({"accelerator": a}).type for a in ("gpu", "cuda", "auto", "cpu")] == [
+        "cuda",
+        "cuda",
+        "cuda",
+        "cpu",
+    ]
+    assert compute_device({}).type == "cuda" and compute_device(None).type == "cuda"

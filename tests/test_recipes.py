@@ -40,6 +40,7 @@ RECIPES = {
     "shortcut_piece": "shortcut",
     "shortcut_full": "shortcut",
     "shortcut_table11": "shortcut",
+    "shortcut_table11_imdb": "shortcut",
 }
 EXPERIMENTS = paths.conf_dir() / "experiment"
 PUBLISHED = paths.default_data_root() / "published" / "lu2024"
@@ -120,7 +121,13 @@ def test_sweep_points_set_what_the_recipe_names() -> None:
     assert "study.noise=0.2" in stage_overrides(cfg.profile, "tasks")
     assert "study=forward" in stage_overrides(cfg.profile, "tasks")
     assert cfg.profile.dataset == "sst2"
-    for name in ("shortcut", "shortcut_piece", "shortcut_full", "shortcut_table11"):
+    for name in (
+        "shortcut",
+        "shortcut_piece",
+        "shortcut_full",
+        "shortcut_table11",
+        "shortcut_table11_imdb",
+    ):
         assert [p[0] for p in sweep_points(name)] == [f"shortcut={k}" for k in ("st", "tic", "op")]
     piece = _compose("shortcut", ["+experiment=shortcut_piece", "shortcut=op"])
     assert piece.shortcut.unit == "piece" and piece.shortcut.kind == "op"
@@ -131,6 +138,10 @@ def test_sweep_points_set_what_the_recipe_names() -> None:
     assert t11.shortcut.unit == "piece" and t11.explain.n_samples == 50
     assert str(t11.reference).endswith("published/bastings2022/table11_bert.csv")
     assert {"grad_x_input_logits_wemb", "ig_zero_all_100_logits", "occlusion"} <= set(t11.method)
+    imdb = _compose("shortcut", ["+experiment=shortcut_table11_imdb", "shortcut=st"])
+    assert imdb.dataset.name == "imdb" and imdb.model.max_length == 512
+    assert imdb.shortcut.unit == "piece" and set(imdb.method) == set(t11.method)
+    assert imdb.reference == t11.reference and list(imdb.explain.skip) == list(t11.explain.skip)
     cheap = stage_overrides(_compose("run", ["+experiment=cheaper_variants"]).profile, "explain")
     default = stage_overrides(_compose("run", []).profile, "explain")
     assert set(default) < set(cheap)  # the default study, plus the two opt-in settings only

@@ -40,6 +40,8 @@ def dataset_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    import torch
+
     from saleval.modeling.inference import compute_device
     from saleval.modeling.models import load_trained
     from saleval.shortcut import experiment as ex
@@ -56,7 +58,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         models, fits = ex.train_pair(cfg, data, tokenizer, st.run_dir)
         # verification and the sweep run outside a Trainer: on the device the fit used
         device = compute_device(cfg.get("trainer"))
-        models = {name: m.to(device) for name, m in models.items()}
+        for m in models.values():
+            torch.nn.Module.to(m, device)  # in place (transformers' typed `to` wraps it)
         for name, fit_metrics in fits.items():
             st.log_metrics({f"{name}_{k}": v for k, v in fit_metrics.items() if _num(v)})
         max_length = int(cfg.model.max_length)
@@ -71,7 +74,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         require(report)  # raises VerificationError: no saliency on a model without the shortcut
 
         model, _ = load_trained(st.run_dir / "mixed", attn_implementation="eager")
-        model.to(device)
+        torch.nn.Module.to(model, device)
         del models  # the sweep's eager copy replaces them (GPU memory)
         pool = data.synthetic_test.assign(pred=mixed_pred)
         methods = ex.select_methods(
