@@ -58,6 +58,11 @@ def passes(fixed: Path, cheap: Path) -> str:
              "| seconds, cheaper |", "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for m in CHEAPER:
         col = PASSES[m]
+        if m not in b.index or col not in b.columns or pd.isna(b.loc[m, col]):
+            raise SystemExit(
+                f"{cheap / 'explain' / 'method_timings.csv'}: no {col} for {m}; --cheap must be "
+                "a run with the cheaper settings (saleval-run +experiment=cheaper_variants)"
+            )
         fix = float(a.loc[m, "n_steps_mean"] if m == "integrated_gradients" else a.loc[m, col])
         got = float(b.loc[m, col])
         lines.append(f"| {m} | {fix:.0f} | {got:.1f} | {1 - got / fix:.0%} | "
