@@ -153,8 +153,8 @@ class MethodReuse:
         parent = str(st.parents["model"].get("fingerprint") or "")
         if not parent:
             return None
-        kind = compute_device(cfg.get("trainer"))
-        device = {"type": kind.type, "bf16_native": bf16_native(kind)}
+        dev = compute_device(cfg.get("trainer"))
+        device = {"type": dev.type, "bf16_native": bf16_native(dev)}
         code = code_digest()
         methods = st.resolved.get("method") or {}
         prints = {
