@@ -199,6 +199,7 @@ class TimingConfig:
 
 
 BOW_READER = "saleval.crowd.readers.BowReader"
+AUTO_READER = "saleval.crowd.lexicon.AutoReader"
 
 
 @dataclass
@@ -225,9 +226,9 @@ class SimulationConfig:
 
     name: str = "default"
     seed: int = 42
-    # calibrated against the original study's crowd (docs/simulated-crowd.md)
-    noise: NoiseConfig = field(default_factory=NoiseConfig)  # mean lapse rate 2/(2+8) = 0.2
-    idk_threshold: float = 0.2
+    # calibrated against the original study's crowds (docs/simulated-crowd.md#calibration)
+    noise: NoiseConfig = field(default_factory=lambda: NoiseConfig(b=11.33))  # mean lapse 0.15
+    idk_threshold: float = 0.0  # + jitter: about half the workers never say "I don't know"
     idk_jitter: float = 0.05
     decision: Decision = Decision.sample
     # decision=sample: < 1 sharper, > 1 flatter than the reader's (calibrated) probabilities
@@ -235,7 +236,7 @@ class SimulationConfig:
     spammers: SpammersConfig = field(default_factory=SpammersConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     # the reading model: _target_ + its parameters (options: conf/simulation/reader/*.yaml)
-    reader: dict[str, Any] = field(default_factory=lambda: {"_target_": BOW_READER})
+    reader: dict[str, Any] = field(default_factory=lambda: {"_target_": AUTO_READER})
     # what validating this worker model against the original study's real crowd measured
     # (docs/simulated-crowd.md); every SIMULATED notice repeats it. Empty: not validated.
     validation: dict[str, str] | None = None

@@ -52,7 +52,9 @@ class Reader(Protocol):
     split: str
     max_train: int | None
 
-    def fit(self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int) -> Any: ...
+    def fit(
+        self, texts: Sequence[str], labels: Sequence[int], label_names: Sequence[str], seed: int
+    ) -> Any: ...
 
     def predict_proba(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -115,7 +117,7 @@ class BowReader(ReaderConfig):
     calibration_holdout: float = 0.2
 
     def fit(
-        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+        self, texts: Sequence[str], labels: Sequence[int], label_names: Sequence[str], seed: int = 0
     ) -> BowReader:
         """Fit on full texts; TF-IDF's token pattern ignores the dots of a display text."""
         self._vec = TfidfVectorizer(
@@ -133,7 +135,7 @@ class BowReader(ReaderConfig):
             C=float(self.C), solver=str(self.solver), max_iter=int(self.max_iter), random_state=seed
         )
         self._lr.fit(self._normalise(x, np.zeros(x.shape[0])), y[fit])
-        self._n_labels = int(n_labels)
+        self._n_labels = len(label_names)
         self._temperature = 1.0
         if len(held):
             z = self._lr.decision_function(
@@ -337,7 +339,7 @@ class EmbeddingReader(ReaderConfig):
     max_train: int | None = 1500  # a seeded subsample: bounds the encoder passes per fit
 
     def fit(
-        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+        self, texts: Sequence[str], labels: Sequence[int], label_names: Sequence[str], seed: int = 0
     ) -> EmbeddingReader:
         from saleval.crowd.design.rendering import render
 
@@ -362,7 +364,7 @@ class EmbeddingReader(ReaderConfig):
             C=float(self.C), max_iter=int(self.max_iter), fit_intercept=False
         )
         self._lr.fit(x, np.concatenate([y[fit], np.asarray(view_y, dtype=np.int64)]))
-        self._n_labels = int(n_labels)
+        self._n_labels = len(label_names)
         self._temperature = 1.0
         if len(held):
             z = self._lr.decision_function(self._encode([texts[int(i)] for i in held]) - self._mu)
@@ -372,7 +374,7 @@ class EmbeddingReader(ReaderConfig):
         self._bow: BowReader | None = None
         if float(self.bow_weight) > 0:
             bow = BowReader(calibration_holdout=float(self.calibration_holdout))
-            self._bow = bow.fit(texts, labels, n_labels, seed)
+            self._bow = bow.fit(texts, labels, label_names, seed)
         return self
 
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -424,7 +426,7 @@ class FinetunedReader(ReaderConfig):
     max_train: int | None = 3000
 
     def fit(
-        self, texts: Sequence[str], labels: Sequence[int], n_labels: int, seed: int = 0
+        self, texts: Sequence[str], labels: Sequence[int], label_names: Sequence[str], seed: int = 0
     ) -> FinetunedReader:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -437,7 +439,7 @@ class FinetunedReader(ReaderConfig):
         where = embedded_path(self.package)
         self._tok = AutoTokenizer.from_pretrained(where)
         self._model = AutoModelForSequenceClassification.from_pretrained(
-            where, num_labels=int(n_labels)
+            where, num_labels=len(label_names)
         )
         xs, ys = list(texts), list(labels)
         for t, y in zip(texts, labels):

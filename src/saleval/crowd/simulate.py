@@ -45,6 +45,7 @@ from saleval.config.crowd import (
 )
 from saleval.crowd.answers import IDK
 from saleval.crowd.errors import SimulationError
+from saleval.crowd.lexicon import reader_name
 from saleval.crowd.readers import build_reader
 from saleval.crowd.seeding import seeded_rng
 
@@ -55,9 +56,19 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------
 
 
+@dataclass
+class Reading:
+    """What the reading model made of a task set: class probabilities per task row, which
+    reader read (by name), and how many texts it learnt from."""
+
+    probs: np.ndarray
+    reader: str
+    train_size: int
+
+
 def read_tasks(
     tasks: pd.DataFrame, train: pd.DataFrame, label_names: Sequence[str], cfg: SimulationConfig
-) -> tuple[np.ndarray, dict[str, float]]:
+) -> Reading:
     """The reading model (``simulation.reader``) learns from ``train`` and returns its class
     probabilities for every task's ``display_text``, with what it was trained on."""
     reader = build_reader(cfg.reader)
@@ -66,11 +77,17 @@ def read_tasks(
     reader.fit(
         train["text"].astype(str).tolist(),
         train["label"].astype(int).tolist(),
-        len(label_names),
+        list(label_names),
         int(cfg.seed),
     )
     probs = reader.predict_proba(tasks["display_text"].astype(str).tolist())
-    return probs, {"reader_train_size": float(len(train))}
+    return Reading(probs, reader_used(reader), len(train))
+
+
+def reader_used(reader: Any) -> str:
+    """The reader that read, by name: the one ``simulation/reader=auto`` chose for the
+    dataset's labels, else the configured one."""
+    return str(getattr(reader, "chosen", None) or reader_name(reader))
 
 
 def normalised_confidence(probs: np.ndarray) -> np.ndarray:
@@ -233,6 +250,7 @@ class SimulatedCrowd:
     workers: pd.DataFrame
     summary: dict[str, float]
     by_k: pd.DataFrame
+    reader: str = ""  # which reader read, by name (simulation/reader=auto chooses per dataset)
 
 
 def simulate_crowd(
@@ -241,7 +259,7 @@ def simulate_crowd(
     train: pd.DataFrame,
     label_names: Sequence[str],
     cfg: SimulationConfig,
-    read: tuple[np.ndarray, dict[str, float]] | None = None,
+    read: Reading | None = None,
 ) -> SimulatedCrowd:
     """Train the reading model on ``train`` and let one worker answer each bundle.
 
@@ -263,14 +281,15 @@ def simulate_crowd(
             f"tasks: row {row + 1}, field label: {tasks['label'].iloc[row]!r} is not an index of "
             f"dataset.label_names {list(label_names)}"
         )
-    probs, reader_info = read if read is not None else read_tasks(tasks, train, label_names, cfg)
+    reading = read if read is not None else read_tasks(tasks, train, label_names, cfg)
+    probs = reading.probs
     bundle_ids = sorted(bundles["bundle_id"].unique())
     workers = draw_workers(bundle_ids, len(label_names), cfg)
     answers = simulate_answers(tasks, bundles, probs, workers, label_names, cfg)
     summary, by_k = summarise(answers, tasks, workers, label_names)
-    summary.update(reader_info)
-    log.info("SIMULATED crowd: %s", summary)
-    return SimulatedCrowd(answers, workers, summary, by_k)
+    summary["reader_train_size"] = float(reading.train_size)
+    log.info("SIMULATED crowd (%s): %s", reading.reader, summary)
+    return SimulatedCrowd(answers, workers, summary, by_k, reading.reader)
 
 
 def summarise(

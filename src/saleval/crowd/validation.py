@@ -112,9 +112,11 @@ def compare_crowds(
     f_real = scoring.flip_analysis(rc.A)
     f_each = [scoring.flip_analysis(c.A) for c in cubes]
     f_sim = {key: np.mean([f[key] for f in f_each], axis=0) for key in ("flips", "aids")}
+    bias = table.assign(d=table["simulated"] - table["real"]).groupby("method")["d"].mean()
     methods = pd.DataFrame(
         {
             "method": rc.methods,
+            "bias": bias.reindex(rc.methods).to_numpy(),
             "score_real": 100 * s_real,
             "score_simulated": 100 * s_sim,
             "rank_real": scoring.rank_desc(s_real),
@@ -147,6 +149,36 @@ def compare_crowds(
         **_task_level(real, sims),
     }
     return Validation(table, methods, summary)
+
+
+def bias_table(v: Validation) -> str:
+    """Per method: the simulated crowd's bias (simulated minus real accuracy, mean over k,
+    in points), the mean absolute cell error, and the scores s_j with their ranks, as a
+    Markdown table (what ``saleval-simulate action=validate`` prints).
+
+    >>> real = pd.DataFrame({"sample_id": ["a", "b"] * 2, "method": ["m", "m", "random", "random"],
+    ...                      "k": [5] * 4, "correct": [1, 1, 0, 1]})
+    >>> sim = real.assign(correct=[1, 0, 0, 1])
+    >>> print(bias_table(compare_crowds(real, sim)))
+    | method | bias (pts) | cell MAE (pts) | s_j real | s_j SIMULATED | rank real → SIMULATED |
+    | --- | ---: | ---: | ---: | ---: | --- |
+    | m | -50.0 | 50.0 | 100.0 | 50.0 | 1 → 1 |
+    | Random | +0.0 | 0.0 | 50.0 | 50.0 | 2 → 1 |
+    """
+    err = v.table.assign(e=(v.table["simulated"] - v.table["real"]).abs())
+    mae = err.groupby("method")["e"].mean()
+    lines = [
+        f"| method | bias (pts) | cell MAE (pts) | s_j real | s_j {SIMULATED} | "
+        f"rank real → {SIMULATED} |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in v.methods.itertuples(index=False):
+        lines.append(
+            f"| {display_name(str(r.method))} | {r.bias:+.1f} | {mae[r.method]:.1f} | "
+            f"{r.score_real:.1f} | {r.score_simulated:.1f} | "
+            f"{int(r.rank_real)} → {int(r.rank_simulated)} |"
+        )
+    return "\n".join(lines)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:

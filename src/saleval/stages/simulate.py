@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from saleval.analysis.reports import SIMULATED
 from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
 from saleval.crowd.importer import AnswersSource, PublishedSource
@@ -41,6 +42,7 @@ from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import (
     VALIDATION_FILE,
+    bias_table,
     VALIDATION_JSON,
     VALIDATION_PLOT,
     calibration_note,
@@ -68,7 +70,7 @@ def _write_notice(
 ) -> None:
     st.path("SIMULATED.md").write_text(
         NOTICE.format(
-            reader=str(sim.reader.get("_target_", "?")).rsplit(".", 1)[-1],
+            reader=crowd.reader,
             trained_on=trained_on,
             dataset=cfg.dataset.name,
             n_spam=int(crowd.summary["sim_n_spammers"]),
@@ -76,6 +78,7 @@ def _write_notice(
             calibration=calibration_note(dataclasses.asdict(sim), dataset=cfg.dataset.name),
         )
     )
+    tracking.log_params({"simulation.reader_used": crowd.reader})
     crowd.workers.to_csv(st.path("workers.csv"), index=False)
     st.log_file(st.path("workers.csv"))
     st.log_file(st.path("SIMULATED.md"))
@@ -177,7 +180,7 @@ def run_published(
         st.log_metrics(summary)
         out: dict[str, Any] = {"run_dir": str(st.run_dir), "run_id": st.run_id, **summary}
         if action == SimulateAction.validate:
-            out["validation"] = _validate(st, study.aggregated, crowds, dataset, sim)
+            out["validation"] = _validate(st, study.aggregated, crowds, dataset, sim, crowd.reader)
         return out
 
 
@@ -187,6 +190,7 @@ def _validate(
     simulated: list[pd.DataFrame],
     dataset: str,
     sim: SimulationConfig,
+    reader: str,
 ) -> dict[str, Any]:
     v = compare_crowds(real, simulated)
     v.table.to_csv(st.path(VALIDATION_FILE), index=False)
@@ -196,6 +200,7 @@ def _validate(
         "simulated": True,
         "simulation": sim.name,
         "reader": sim.reader,
+        "reader_used": reader,
         "calibration_in_use": dict(sim.validation or {}),
         **v.summary,
         "methods": v.methods.to_dict(orient="records"),
@@ -207,6 +212,8 @@ def _validate(
         f"Spearman {s['score_spearman'] if s['score_spearman'] is None else round(s['score_spearman'], 2)}"
     )
     plot_validation(v.table, st.path(VALIDATION_PLOT), dataset, note)
+    print(f"[saleval-simulate] {SIMULATED} vs the published crowd on {dataset} ({reader}): {note}")
+    print(bias_table(v))
     for name in (VALIDATION_FILE, "validation_methods.csv", VALIDATION_JSON, VALIDATION_PLOT):
         st.log_file(st.path(name))
     metrics = {
