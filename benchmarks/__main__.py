@@ -14,6 +14,7 @@ ON_REQUEST = {
     "paper_scale": "benchmarks.paper_scale",
     "cheaper_variants": "benchmarks.cheaper_variants",
     "training_options": "benchmarks.training_options",
+    "crowd_reader": "benchmarks.crowd_reader",
 }
 
 

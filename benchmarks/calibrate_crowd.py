@@ -65,7 +65,7 @@ def read_all(
     grid: dict[str, list[Any]],
     texts: list[str],
     labels: list[int],
-    n_labels: int,
+    label_names: list[str],
     tasks: list[str],
     seed: int,
     holdout: float,
@@ -80,14 +80,14 @@ def read_all(
             c_reg = float(params["C"])
             if c_reg not in fitted:
                 fitted[c_reg] = BowReader(C=c_reg, calibration_holdout=holdout).fit(
-                    texts, labels, n_labels, seed
+                    texts, labels, label_names, seed
                 )
             bow = fitted[c_reg]
             bow.dot_weight = float(params["dot_weight"])
             yield params, bow.predict_proba(tasks), 0
         else:
             emb = EmbeddingReader(calibration_holdout=holdout, **params)
-            emb.fit(texts, labels, n_labels, seed)
+            emb.fit(texts, labels, label_names, seed)
             probs = emb.predict_proba(tasks)
             yield params, probs, emb.n_encoded
 
@@ -213,7 +213,7 @@ def main() -> None:
             grid,
             train["text"].tolist(),
             train["label"].tolist(),
-            len(labels),
+            labels,
             tasks["display_text"].tolist(),
             args.seed,
             args.holdout,

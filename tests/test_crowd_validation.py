@@ -91,7 +91,7 @@ def test_dot_weight_zero_is_plain_tfidf_and_hidden_words_dilute() -> None:
     views = ["great ..........", "great ", "..bad .awful ......", "bad awful "]
     plain = BowReader(
         C=10.0, min_df=1, solver="lbfgs", dot_weight=0.0, calibration_holdout=0.0
-    ).fit(texts, labels, 2)
+    ).fit(texts, labels, ["neg", "pos"])
     ref = make_pipeline(
         TfidfVectorizer(min_df=1, sublinear_tf=True, max_features=50000),
         LogisticRegression(C=10.0, solver="lbfgs", max_iter=1000),
@@ -100,7 +100,7 @@ def test_dot_weight_zero_is_plain_tfidf_and_hidden_words_dilute() -> None:
     assert n_hidden(views).tolist() == [10, 0, 9, 0]
     diluted = BowReader(
         C=10.0, min_df=1, solver="lbfgs", dot_weight=1.0, calibration_holdout=0.0
-    ).fit(texts, labels, 2)
+    ).fit(texts, labels, ["neg", "pos"])
     p = diluted.predict_proba(views)
     conf = np.abs(p[:, 1] - 0.5)
     assert conf[0] < conf[1] and conf[2] < conf[3]  # hidden words weaken the same evidence
@@ -216,6 +216,6 @@ def test_finetuned_reader_reads_dotted_text() -> None:
         }
     )
     texts = ["a great match won by the home team", "stocks fell as markets slid"] * 4
-    reader.fit(texts, [0, 1] * 4, 2, 0)
+    reader.fit(texts, [0, 1] * 4, ["neg", "pos"], 0)
     p = reader.predict_proba(["..great .won ", "stocks ....."])
     assert p.shape == (2, 2) and np.allclose(p.sum(axis=1), 1.0)

@@ -58,7 +58,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _fit(texts: list[str], labels: list[int], **fields: object) -> EmbeddingReader:
-    return EmbeddingReader(**fields).fit(texts, labels, 2, seed=0)  # type: ignore[arg-type]
+    return EmbeddingReader(**fields).fit(texts, labels, ["neg", "pos"], seed=0)  # type: ignore[arg-type]
 
 
 def test_embedding_reader_returns_probabilities_and_knows_unseen_words(no_network: None) -> None:
@@ -70,12 +70,12 @@ def test_embedding_reader_returns_probabilities_and_knows_unseen_words(no_networ
     # neither word occurs in the training texts: the encoder knows them, a BoW reader cannot
     assert not any(w in t for t in texts for w in ("superb", "dreadful"))
     assert p[0, 1] > 0.7 and p[1, 0] > 0.7 and p[4, 1] > 0.7, p
-    bow = BowReader(min_df=1).fit(texts, labels, 2, seed=0).predict_proba(views[:2])
+    bow = BowReader(min_df=1).fit(texts, labels, ["neg", "pos"], seed=0).predict_proba(views[:2])
     assert np.abs(bow[0] - bow[1]).max() < 0.05, bow  # both unseen words read alike
     # hidden words dilute the evidence: same shown word, more dots, less confident
     assert 0.5 < p[2, 1] < p[0, 1] and 0.5 < p[3, 0] < p[1, 0], p
     # four labels, one never seen in training: a zero column, rows still sum to 1
-    four = EmbeddingReader().fit(texts, [0] * 12 + [2] * 12, 4, seed=0)
+    four = EmbeddingReader().fit(texts, [0] * 12 + [2] * 12, ["a", "b", "c", "d"], seed=0)
     q = four.predict_proba(views)
     assert q.shape == (5, 4) and np.allclose(q.sum(axis=1), 1.0) and (q[:, [1, 3]] == 0).all()
 
@@ -120,7 +120,7 @@ def test_embedding_reader_mixes_in_bow_and_composes(no_network: None) -> None:
     texts, labels = POSITIVE + NEGATIVE, [1] * 12 + [0] * 12
     views = ["wonderful ...", "...awful", "a boring ..film"]
     alone = _fit(texts, labels).predict_proba(views)
-    bow = BowReader().fit(texts, labels, 2, seed=0).predict_proba(views)  # its defaults
+    bow = BowReader().fit(texts, labels, ["neg", "pos"], seed=0).predict_proba(views)  # its defaults
     mixed = _fit(texts, labels, bow_weight=0.25).predict_proba(views)
     assert np.allclose(mixed, 0.75 * alone + 0.25 * bow)
     cfg = compose_config("simulate", ["simulation/reader=embedding"]).simulation.reader

@@ -190,9 +190,16 @@ def test_simulated_crowd_is_seeded_complete_and_marked(
         ([], "validated against real workers (docs"),
         (["simulation.seed=7"], "validated against real workers (docs"),  # not calibrated
         (["simulation/reader=embedding"], "reader._target_ = saleval.crowd.readers.Embedding"),
-        (["+simulation.reader.dot_weight=0.5"], "reader.dot_weight = 0.5 (validated: 1.0)"),
+        (
+            ["simulation.reader.corpus.dot_weight=0.5"],
+            "reader.corpus.dot_weight = 0.5 (validated: 2.0)",
+        ),
+        (
+            ["simulation.reader.lexicon.polar_threshold=1.0"],
+            "reader.lexicon.polar_threshold = 1.0 (validated: 1.5)",
+        ),
         (["simulation.temperature=0.5"], "temperature = 0.5 (validated: 1.0)"),
-        (["simulation.noise.b=18"], "noise.b = 18.0 (validated: 8.0)"),
+        (["simulation.noise.b=18"], "noise.b = 18.0 (validated: 11.33)"),
         (["simulation=noisy"], "was not validated against real workers"),
     ],
 )
@@ -292,7 +299,12 @@ def test_simulated_accuracy_rises_with_k_on_real_ag_news(
         name="tasks",
     )
     task_dir = tasks_stage.run(t_cfg)["run_dir"]
-    out = simulate.run(make_cfg("simulate", [f"inputs.tasks={task_dir}"], name="sim"))
+    # a cautious crowd ("I don't know" below 0.2; the default is 0 ± 0.05, so that
+    # people's rare abstentions leave little to see) to watch the abstentions fall with k
+    sim_cfg = make_cfg(
+        "simulate", [f"inputs.tasks={task_dir}", "simulation.idk_threshold=0.2"], name="sim"
+    )
+    out = simulate.run(sim_cfg)
     answers = tables.ANSWERS.read(out["run_dir"])
     tasks = tables.TASKS.read(task_dir)
     a = answers.merge(tasks[["task_id", "method", "k", "label"]], on="task_id")

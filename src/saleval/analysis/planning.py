@@ -22,6 +22,12 @@ aggregated by the study's strict majority (:func:`saleval.crowd.aggregation.uniq
 The reference is the pool itself: for the published crowd, the scores of all its
 samples (the published ranking); for a simulated crowd, the scores at the design's R
 averaged over many draws of answers.
+
+A simulated pool carries the simulated crowd's measured error (:class:`Discrepancy`,
+docs/planning.md#discrepancy): each drawn study adds one per-method discrepancy, drawn
+from the out-of-sample validation residuals, to its scores *and* to the reference it is
+judged against, as reality = simulator + discrepancy in Kennedy & O'Hagan's calibration
+of computer models.
 """
 
 from __future__ import annotations
@@ -71,6 +77,65 @@ class Design:
         return math.ceil(self.tasks / self.bundle_size) * self.repeats
 
 
+@dataclass(frozen=True)
+class Discrepancy:
+    """What the simulated crowd's method scores are measured to be off by: per method,
+    simulated minus real s_j in points, each from a fit that did not see that method or
+    that dataset (docs/simulated-crowd.md#out-of-sample). A method draws from its own
+    residuals where they were measured and from all of them otherwise (occlusion, a
+    method of your own). ``source`` says where the values come from."""
+
+    residuals: Mapping[str, tuple[float, ...]]
+    source: str
+
+    def __post_init__(self) -> None:
+        values = self.pooled
+        if not values or not np.all(np.isfinite(values)):
+            raise PlanError(
+                f"simulation.discrepancy.residuals: {dict(self.residuals)}; need finite values "
+                "(points of s_j, simulated minus real)"
+            )
+
+    @classmethod
+    def from_config(
+        cls, residuals: Mapping[str, Mapping[str, Mapping[str, float]]], source: str
+    ) -> Discrepancy:
+        """From ``simulation.discrepancy`` (dataset → fit → method → points).
+
+        >>> d = Discrepancy.from_config({"imdb": {"lomo": {"a": 1.0}}, "ag": {"x": {"a": 3.0, "b": -2.0}}}, "")
+        >>> dict(d.residuals), d.pooled
+        ({'a': (1.0, 3.0), 'b': (-2.0,)}, (1.0, 3.0, -2.0))
+        """
+        per: dict[str, list[float]] = {}
+        for fits in residuals.values():
+            for errs in fits.values():
+                for method, value in errs.items():
+                    per.setdefault(str(method), []).append(float(value))
+        return cls({m: tuple(v) for m, v in per.items()}, source)
+
+    @property
+    def pooled(self) -> tuple[float, ...]:
+        return tuple(v for values in self.residuals.values() for v in values)
+
+    @property
+    def rms(self) -> float:
+        return float(np.sqrt(np.mean(np.square(self.pooled))))
+
+    def draw(self, methods: Sequence[str], replicates: int, rng: np.random.Generator) -> np.ndarray:
+        """(replicates, methods) residuals as scores (0–1): per study and method, one drawn
+        with replacement from that method's residuals (or all of them).
+
+        >>> d = Discrepancy({"a": (2.0,), "b": (0.0, 0.0)}, "")
+        >>> d.draw(["a", "b", "c"], 2, np.random.default_rng(0)).tolist()
+        [[0.02, 0.0, 0.0], [0.02, 0.0, 0.0]]
+        """
+        cols = []
+        for m in methods:
+            values = np.asarray(self.residuals.get(m) or self.pooled, dtype=float)
+            cols.append(rng.choice(values, size=replicates))
+        return np.stack(cols, axis=1) / 100.0
+
+
 @dataclass
 class Pool:
     """What a crowd can answer, per sample × method × k (module docstring)."""
@@ -85,6 +150,7 @@ class Pool:
     target: np.ndarray | None = None  # (N,) the code of each sample's target answer
     n_options: int = 0  # answer codes 0..n_options-1 ("I don't know" + classes)
     origin: str = ""  # where the pool came from, for plan.md
+    discrepancy: Discrepancy | None = None  # a simulated pool's measured error (module doc)
     _reference: dict[tuple[tuple[str, ...], tuple[int, ...], int], np.ndarray] = field(
         default_factory=dict, repr=False
     )
@@ -241,12 +307,25 @@ class Settings:
 
 
 def spearman_rows(s: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Spearman's ρ of each row of ``s`` (B, J) with ``ref`` (J,); NaN for a constant row."""
+    """Spearman's ρ of each row of ``s`` (B, J) with ``ref`` (J,) or its own row of ``ref``
+    (B, J); NaN for a constant row."""
+    refs = np.broadcast_to(ref, s.shape)
     out = np.full(len(s), np.nan)
-    for b, row in enumerate(s):
-        if np.ptp(row) > 0 and np.ptp(ref) > 0:
-            out[b] = float(stats.spearmanr(row, ref).statistic)
+    for b, (row, r) in enumerate(zip(s, refs)):
+        if np.ptp(row) > 0 and np.ptp(r) > 0:
+            out[b] = float(stats.spearmanr(row, r).statistic)
     return out
+
+
+def same_order(study: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """1 where a study's difference of two scores has the truth's sign, 0 where it has the
+    other, ½ where either is a tie.
+
+    >>> same_order(np.array([0.1, -0.1, 0.0]), np.array([0.2, 0.2, 0.2])).tolist()
+    [1.0, 0.0, 0.5]
+    """
+    agree = np.sign(study) * np.sign(truth)
+    return np.where(agree == 0, 0.5, (agree > 0).astype(float))
 
 
 def predict(
@@ -258,17 +337,22 @@ def predict(
     s = scoring.method_scores(np.nan_to_num(scoring.accuracy(A)))  # (B, J)
     ref = pool.reference(design, rng)
     J = len(design.methods)
+    truth = np.broadcast_to(ref, s.shape)
+    if pool.discrepancy is not None:  # drawn last: zero residuals change nothing
+        # real = simulated − residual, for a study and for the truth it is judged against
+        delta = pool.discrepancy.draw(design.methods, len(s), rng)
+        s, truth = s - delta, truth - delta
     ranks = scoring.rank_desc(s, axis=1)
-    best = int(np.argmax(ref))
     top = ranks == 1
-    p_best = float(np.mean(top[:, best] / top.sum(axis=1)))
-    rho = spearman_rows(s, ref)
+    true_top = truth == truth.max(axis=1, keepdims=True)  # ties share
+    p_best = float(np.mean((top & true_top).sum(axis=1) / top.sum(axis=1) / true_top.sum(axis=1)))
+    rho = spearman_rows(s, truth)
     q = [(1 - settings.level) / 2 * 100, (1 + settings.level) / 2 * 100]
     lo, hi = np.percentile(s, q, axis=0)
     order = list(np.argsort(-ref, kind="stable"))
     p_order = np.full(J, np.nan)  # of each method with the next one below it
     for a, b in itertools.pairwise(order):
-        p_order[a] = float(np.mean((s[:, a] > s[:, b]) + 0.5 * (s[:, a] == s[:, b])))
+        p_order[a] = float(np.mean(same_order(s[:, a] - s[:, b], truth[:, a] - truth[:, b])))
     power = np.full(J, np.nan)
     if settings.baseline in design.methods and settings.power_replicates > 0:
         base = design.methods.index(settings.baseline)

@@ -309,6 +309,7 @@ def plan_markdown(
             "(docs/simulated-crowd.md), not on people. Check it against a pilot with real "
             "workers before paying for the full study.",
             "",
+            f"* Discrepancy: {info.get('discrepancy') or 'none'}",
         ]
     else:
         lines += [
@@ -470,6 +471,14 @@ def _plan_assumptions(info: dict[str, Any]) -> list[str]:
         "* R answers per task are drawn from the pool's answers and aggregated by the "
         "study's strict majority (docs/aggregation.md); the published crowd gives only "
         "majority verdicts, so its R is fixed.",
+        *(
+            [
+                f"* The simulated crowd's discrepancy: {info['discrepancy']}. Power is tested "
+                "on the simulated answers themselves, without it."
+            ]
+            if info.get("discrepancy")
+            else []
+        ),
         f"* Power: the paired sign-flip test against `{info['baseline']}` at α = "
         f"{info['alpha']} per method, without correction over methods, on "
         f"{info['power_replicates']} drawn studies ({info['test_resamples']} resamples each).",

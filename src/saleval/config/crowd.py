@@ -215,6 +215,17 @@ class ReaderConfig:
 
 
 @dataclass
+class DiscrepancyConfig:
+    """The simulated crowd's measured error (docs/simulated-crowd.md#out-of-sample): per
+    validated dataset and fit (``leave_one_method_out``, ``fitted_on_<other dataset>``),
+    per method, simulated minus real s_j in points, each from a fit that did not see that
+    method or dataset. The planner draws its discrepancy from them (docs/planning.md)."""
+
+    source: str = ""
+    residuals: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+
+@dataclass
 class SimulationConfig:
     """The simulated crowd (docs/study-design.md): ``simulation=default|ideal|noisy``.
 
@@ -243,6 +254,8 @@ class SimulationConfig:
     # the settings those figures were measured with, nested as this group: a run whose
     # settings differ says that the figures do not apply (validation.calibration_note)
     validated: dict[str, Any] | None = None
+    # out-of-sample method-score residuals of the validated settings (for the planner)
+    discrepancy: DiscrepancyConfig | None = None
 
     def __post_init__(self) -> None:
         try:

@@ -50,6 +50,9 @@ class PlanConfig:
     alpha: float = 0.05
     level: float = 0.95  # the interval whose width is predicted
     baseline: str = "random"
+    # simulated source: add the simulated crowd's measured discrepancy (simulation.discrepancy)
+    # to every drawn study and its reference; false: take the simulated crowd at its word
+    discrepancy: bool = True
     half_sample_check: bool = True  # empirical: set predictions beside half-samples (n = N/2)
     target: PlanTarget = field(default_factory=PlanTarget)
     cost: PlanCost = field(default_factory=PlanCost)

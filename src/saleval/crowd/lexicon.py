@@ -126,9 +126,7 @@ def read_phrases(path: str | Path, text_column: str, label_column: str) -> pd.Da
             f"{p}, row {row}, field {label_column}: {frame[label_column].iloc[row - 1]!r} is "
             "not a class index; the phrase labels must be integers 0..C-1"
         )
-    return pd.DataFrame(
-        {"text": frame[text_column].astype(str), "label": labels.astype("int64")}
-    )
+    return pd.DataFrame({"text": frame[text_column].astype(str), "label": labels.astype("int64")})
 
 
 @lru_cache(maxsize=4)
@@ -138,7 +136,9 @@ def _cached_lexicon(
     """One fit per phrase file, settings and file version, however many simulated crowds
     (seeds, planner pools) a process builds."""
     phrases = read_phrases(path, text_column, label_column)
-    log.info("lexicon reader: word model fitted on %d human-labelled phrases of %s", len(phrases), path)
+    log.info(
+        "lexicon reader: word model fitted on %d human-labelled phrases of %s", len(phrases), path
+    )
     return fit_lexicon(phrases["text"].tolist(), phrases["label"].tolist(), classes, C)
 
 

@@ -38,6 +38,7 @@ from saleval.crowd.published import read_study, reader_training_data, study_bund
 from saleval.crowd.reading import enforce_policy, sha256_file
 from saleval.crowd.simulate import expected_seconds, simulate_crowd
 from saleval.crowd.source import crowd_source
+from saleval.crowd.validation import calibration_differences
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
@@ -228,7 +229,46 @@ def task_seconds(cfg: DictConfig, pc: PlanConfig) -> tuple[Any, str]:
     )
 
 
+def discrepancy(cfg: DictConfig, pc: PlanConfig) -> tuple[planning.Discrepancy | None, str]:
+    """The simulated crowd's measured error for a simulated pool (``simulation.discrepancy``),
+    and the line plan.md says of it; none where ``plan.discrepancy=false`` or no residuals
+    were measured."""
+    sim = to_schema(SimulationConfig, cfg.simulation)
+    node = sim.discrepancy
+    if not pc.discrepancy:
+        return None, (
+            "none (plan.discrepancy=false): the simulated crowd is taken at its word, so "
+            "P(best), Spearman and the intervals leave out its measured error"
+        )
+    if node is None or not any(e for fits in node.residuals.values() for e in fits.values()):
+        return None, (
+            "none: this simulation has no measured residuals (simulation.discrepancy), so "
+            "P(best), Spearman and the intervals leave out the simulated crowd's own error"
+        )
+    found = planning.Discrepancy.from_config(node.residuals, node.source)
+    differs = calibration_differences(dataclasses.asdict(sim)) if sim.validated else []
+    caveat = (
+        f"; they were measured for the validated settings and this run's differ "
+        f"({'; '.join(differs)}), so they may understate its error"
+        if differs
+        else ""
+    )
+    return found, (
+        f"per drawn study, each method's score and the reference it is judged against "
+        f"lowered by one of that method's measured residuals, simulated minus real s_j "
+        f"({len(found.pooled)} in all, RMS {found.rms:.1f} points; a method without its "
+        f"own draws from all of them; Kennedy & O'Hagan 2001): {found.source} "
+        f"(docs/simulated-crowd.md#out-of-sample){caveat}"
+    )
+
+
 def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> dict[str, Any]:
+    note = ""
+    if pool.source == "simulated":
+        pool.discrepancy, note = discrepancy(cfg, pc)
+        tracking.log_params(
+            {"plan.discrepancy_rms": pool.discrepancy.rms if pool.discrepancy else 0.0}
+        )
     grid = designs(pool, pc)
     seconds, seconds_source = task_seconds(cfg, pc)
     settings = planning.Settings(
@@ -252,7 +292,7 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
     caption = f"{cfg.dataset.name}: what a study of n samples would show"
     st.log_file(reports.plot_power_curves(table, methods, st.path("power.png"), caption, simulated))
     shown_seconds = seconds(grid[0]) if callable(seconds) else seconds
-    info = _assumptions(pool, pc, shown_seconds, seconds_source)
+    info = _assumptions(pool, pc, shown_seconds, seconds_source) | {"discrepancy": note}
     md = st.path("plan.md")
     md.write_text(reports.plan_markdown(table, methods, recommended, info, check))
     st.log_file(md)

@@ -42,9 +42,9 @@ from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import (
     VALIDATION_FILE,
-    bias_table,
     VALIDATION_JSON,
     VALIDATION_PLOT,
+    bias_table,
     calibration_note,
     compare_crowds,
     plot_validation,
