@@ -3,6 +3,7 @@ import and score code, and the stage end to end on the published crowd and a sim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -256,3 +257,53 @@ def test_plan_stage_refuses_empirical_without_real_answers(make_cfg, smoke_pipel
         plan.run(cfg)
     with pytest.raises(InputError, match="exactly one source"):
         plan.run(make_cfg("plan", [], name="none"))
+
+
+def test_discrepancy_widens_intervals_and_lowers_p_best_only_when_measured() -> None:
+    """docs/planning.md#discrepancy: zero residuals leave every figure as it was; large
+    ones (the simulated crowd is far off) widen the intervals and lower P(best)."""
+    pool = _pool(np.array([0.8, 0.7, 0.6, 0.5]), N=200, seed=3)
+    design = _design(pool, 40)
+    settings = planning.Settings(replicates=300, power_replicates=0)
+    plain = planning.predict(pool, design, settings, np.random.default_rng(7))
+    zero = dataclasses.replace(
+        pool, discrepancy=planning.Discrepancy({m: (0.0, 0.0) for m in pool.methods}, "zeros")
+    )
+    same = planning.predict(zero, design, settings, np.random.default_rng(7))
+    np.testing.assert_equal(same[0], plain[0])
+    pd.testing.assert_frame_equal(same[1], plain[1])
+    # the simulated crowd measured 15 points off either way, per method
+    big = dataclasses.replace(pool, discrepancy=planning.Discrepancy({"x": (-15.0, 15.0)}, "large"))
+    wide = planning.predict(big, design, settings, np.random.default_rng(7))
+    assert wide[0]["ci_width_mean"] > plain[0]["ci_width_mean"] + 10
+    assert wide[0]["p_best"] < plain[0]["p_best"] - 0.2
+    assert wide[0]["spearman_mean"] < plain[0]["spearman_mean"]
+
+
+def test_discrepancy_lowers_the_truth_by_each_methods_own_residual() -> None:
+    """real = simulated − residual: a method the simulated crowd over-rates by 20 points
+    loses its lead in every drawn study, so studies rarely confirm the simulated winner."""
+    pool = _pool(np.array([0.9, 0.8, 0.5]), N=300, seed=4)
+    design = _design(pool, 300)
+    settings = planning.Settings(replicates=50, power_replicates=0)
+    resid = {"m0": (20.0,), "m1": (0.0,), "random": (0.0,)}
+    bias = dataclasses.replace(pool, discrepancy=planning.Discrepancy(resid, "m0 over-rated"))
+    row, per_method = planning.predict(bias, design, settings, np.random.default_rng(0))
+    score = per_method.set_index("method")["mean_score"]
+    assert score["m0"] < score["m1"]  # 90 − 20 < 80
+    assert row["p_best"] < 0.1  # the simulated winner, m0, is not the studies' winner
+    cfg = {"imdb": {"lomo": {"m0": 20.0}}, "ag": {"x": {"m1": 0.0, "random": 0.0}}}
+    assert planning.Discrepancy.from_config(cfg, "").residuals == resid
+
+
+def test_plan_md_names_the_discrepancy_it_used(make_cfg, smoke_pipeline) -> None:
+    from saleval.stages import plan
+
+    explain = smoke_pipeline.dirs["explain"]
+    base = [f"inputs.explain={explain}", "study=smoke", "kgrid=smoke", *FAST, "plan.n=[4]"]
+    md = (Path(plan.run(make_cfg("plan", base))["run_dir"]) / "plan.md").read_text()
+    assert "Discrepancy: per drawn study" in md and "32 in all" in md
+    assert "leave one method out" in md and "Kennedy & O'Hagan" in md
+    off = make_cfg("plan", [*base, "plan.discrepancy=false"], name="off")
+    md_off = (Path(plan.run(off)["run_dir"]) / "plan.md").read_text()
+    assert "none (plan.discrepancy=false)" in md_off

@@ -120,7 +120,9 @@ def test_embedding_reader_mixes_in_bow_and_composes(no_network: None) -> None:
     texts, labels = POSITIVE + NEGATIVE, [1] * 12 + [0] * 12
     views = ["wonderful ...", "...awful", "a boring ..film"]
     alone = _fit(texts, labels).predict_proba(views)
-    bow = BowReader().fit(texts, labels, ["neg", "pos"], seed=0).predict_proba(views)  # its defaults
+    bow = (
+        BowReader().fit(texts, labels, ["neg", "pos"], seed=0).predict_proba(views)
+    )  # its defaults
     mixed = _fit(texts, labels, bow_weight=0.25).predict_proba(views)
     assert np.allclose(mixed, 0.75 * alone + 0.25 * bow)
     cfg = compose_config("simulate", ["simulation/reader=embedding"]).simulation.reader

@@ -24,10 +24,11 @@ samples (the published ranking); for a simulated crowd, the scores at the design
 averaged over many draws of answers.
 
 A simulated pool carries the simulated crowd's measured error (:class:`Discrepancy`,
-docs/planning.md#discrepancy): each drawn study adds one per-method discrepancy, drawn
-from the out-of-sample validation residuals, to its scores *and* to the reference it is
-judged against, as reality = simulator + discrepancy in Kennedy & O'Hagan's calibration
-of computer models.
+docs/planning.md#discrepancy): each drawn study's scores get one per-method discrepancy,
+drawn from the out-of-sample validation residuals (real = simulated − residual), as
+reality = simulator + discrepancy in Kennedy & O'Hagan's calibration of computer models.
+The reference stays the simulated crowd's own ranking, so ``p_best`` is the chance that a
+study of real people crowns the method the simulated crowd ranks first.
 """
 
 from __future__ import annotations
@@ -339,9 +340,9 @@ def predict(
     J = len(design.methods)
     truth = np.broadcast_to(ref, s.shape)
     if pool.discrepancy is not None:  # drawn last: zero residuals change nothing
-        # real = simulated − residual, for a study and for the truth it is judged against
-        delta = pool.discrepancy.draw(design.methods, len(s), rng)
-        s, truth = s - delta, truth - delta
+        # what real people would give: simulated − residual; judged against the simulated
+        # reference, the ranking the plan is asked to confirm
+        s = s - pool.discrepancy.draw(design.methods, len(s), rng)
     ranks = scoring.rank_desc(s, axis=1)
     top = ranks == 1
     true_top = truth == truth.max(axis=1, keepdims=True)  # ties share

@@ -201,14 +201,23 @@ class LexiconReader(ReaderConfig):
         self, texts: Sequence[str], labels: Sequence[int], label_names: Sequence[str], seed: int = 0
     ) -> LexiconReader:
         """Ready the polar words for ``label_names``; the dataset's texts are not used."""
-        order = class_order(self.phrase_labels, label_names)
+        return self.use(self.lexicon(), label_names)
+
+    def use(self, lexicon: Lexicon, label_names: Sequence[str]) -> LexiconReader:
+        """Read with ``lexicon``'s clearly polar words, its classes in the dataset's order."""
+        order = class_order(lexicon.classes, label_names)
         if order is None:
             raise SimulationError(
-                f"simulation.reader: the lexicon's classes {list(self.phrase_labels)} do not "
+                f"simulation.reader: the lexicon's classes {list(lexicon.classes)} do not "
                 f"name every label of the dataset {list(label_names)}; use simulation/reader=auto "
                 "(the corpus reader for such labels) or a lexicon of these labels"
             )
-        polar = self.lexicon().polar(float(self.polar_threshold))
+        polar = lexicon.polar(float(self.polar_threshold))
+        if not polar.vocabulary:
+            raise SimulationError(
+                f"simulation.reader.polar_threshold={self.polar_threshold}: no word of the "
+                f"lexicon ({len(lexicon.vocabulary)} words) is that polar; lower the threshold"
+            )
         self._vec = CountVectorizer(
             lowercase=True, token_pattern=TOKEN_PATTERN, vocabulary=polar.vocabulary
         )

@@ -254,8 +254,8 @@ def discrepancy(cfg: DictConfig, pc: PlanConfig) -> tuple[planning.Discrepancy |
         else ""
     )
     return found, (
-        f"per drawn study, each method's score and the reference it is judged against "
-        f"lowered by one of that method's measured residuals, simulated minus real s_j "
+        f"per drawn study, each method's score lowered by one of that method's measured "
+        f"residuals, simulated minus real s_j, and judged against the simulated ranking "
         f"({len(found.pooled)} in all, RMS {found.rms:.1f} points; a method without its "
         f"own draws from all of them; Kennedy & O'Hagan 2001): {found.source} "
         f"(docs/simulated-crowd.md#out-of-sample){caveat}"
