@@ -36,6 +36,7 @@ from saleval.pipeline import tables
 VALIDATION_FILE = "validation.csv"
 VALIDATION_JSON = "validation.json"
 VALIDATION_PLOT = "validation.png"
+READER_FILE = "reader.json"  # a simulate run's reader, by name (what simulation/reader=auto chose)
 
 
 @dataclass
@@ -314,6 +315,8 @@ def calibration_note(
 
     >>> calibration_note({"validation": {"imdb": "cell MAE 6.6 pts"}})
     'SIMULATED crowd validated against real workers (docs/simulated-crowd.md): imdb: cell MAE 6.6 pts'
+    >>> calibration_note({"validation": {"imdb": "MAE 4.3"}, "reader_used": "lexicon reader"})
+    'SIMULATED crowd (read by the lexicon reader) validated against real workers (docs/simulated-crowd.md): imdb: MAE 4.3'
     >>> calibration_note({"validation": {"imdb": "MAE 6.6"}, "temperature": 2.0,
     ...     "validated": {"temperature": 1.0}}, short=True)
     'crowd model not validated against real workers (temperature = 2.0 (validated: 1.0))'
@@ -346,9 +349,10 @@ def calibration_note(
         if outside
         else ""
     )
+    read_by = f" (read by the {sim['reader_used']})" if sim and sim.get("reader_used") else ""
     return (
-        f"{SIMULATED} crowd validated against real workers (docs/simulated-crowd.md): "
-        f"{parts}{scope}"
+        f"{SIMULATED} crowd{read_by} validated against real workers "
+        f"(docs/simulated-crowd.md): {parts}{scope}"
     )
 
 
@@ -372,7 +376,10 @@ def upstream_simulation(
                 container = OmegaConf.to_container(node) if node is not None else None
                 if not isinstance(container, dict):
                     return {}
-                return {str(k): v for k, v in container.items()}
+                out = {str(k): v for k, v in container.items()}
+                if (d / READER_FILE).is_file():
+                    out["reader_used"] = json.loads((d / READER_FILE).read_text())["reader_used"]
+                return out
             nxt.extend(Path(p) for p in (info.get("parent_dirs") or {}).values())
         frontier = nxt
     return None

@@ -27,6 +27,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import comparison, scoring
+from saleval.crowd.validation import calibration_note, upstream_simulation
 from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, tables, tracking
 from saleval.pipeline.stage import Stage, hydra_main, read_run_info
@@ -176,7 +177,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         title = f"{prefix}Human vs automated evaluation of saliency methods: {dataset}"
         notes = list(result.notes)
         if simulated:
-            notes.insert(0, "The human side comes from a SIMULATED crowd, not from people.")
+            sim = upstream_simulation(score_dirs)
+            how = "" if sim is None else " " + calibration_note(sim, False, dataset) + "."
+            notes.insert(0, f"The human side comes from a SIMULATED crowd, not from people.{how}")
         missing = sorted(set(human.index) ^ set(metrics["method"].astype(str)))
         if missing:
             notes.append(f"Methods on one side only (left out): {', '.join(missing)}.")

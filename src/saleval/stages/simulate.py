@@ -41,6 +41,7 @@ from saleval.crowd.reading import enforce_policy, sha256_file
 from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import (
+    READER_FILE,
     VALIDATION_FILE,
     VALIDATION_JSON,
     VALIDATION_PLOT,
@@ -51,6 +52,7 @@ from saleval.crowd.validation import (
 )
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
+from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
 from saleval.schema import to_schema
 from saleval.vocab import Population, Target
@@ -79,6 +81,8 @@ def _write_notice(
         )
     )
     tracking.log_params({"simulation.reader_used": crowd.reader})
+    write_json(st.path(READER_FILE), {"reader_used": crowd.reader})  # for later notices
+    st.log_file(st.path(READER_FILE))
     crowd.workers.to_csv(st.path("workers.csv"), index=False)
     st.log_file(st.path("workers.csv"))
     st.log_file(st.path("SIMULATED.md"))
