@@ -2,9 +2,10 @@
 and is tested without people. Everything it produces is SIMULATED and says so.
 
 A simulated worker reads only a task's ``display_text``. Its "understanding" is a
-reading model (``simulation.reader``, :mod:`saleval.crowd.readers`; by default TF-IDF +
-logistic regression whose evidence is diluted by the hidden words) trained on a split of
-the dataset disjoint from the explained samples, so it never saw the explained
+reading model (``simulation.reader``; by default :class:`saleval.crowd.lexicon.AutoReader`:
+for sentiment labels the word weights of people's own phrase judgments summed over the
+clearly polar words shown, elsewhere TF-IDF + logistic regression trained on a split of
+the dataset disjoint from the explained samples), so it never saw the explained
 classifier nor the study texts. Per task a worker
 
 1. lapses with its own noise rate (drawn per worker from a configured

@@ -218,6 +218,9 @@ def _validate(
     plot_validation(v.table, st.path(VALIDATION_PLOT), dataset, note)
     print(f"[saleval-simulate] {SIMULATED} vs the published crowd on {dataset} ({reader}): {note}")
     print(bias_table(v))
+    shipped = (sim.validation or {}).get(dataset)
+    if shipped:
+        print(f"the shipped figures for {dataset}, in and out of sample: {shipped}")
     for name in (VALIDATION_FILE, "validation_methods.csv", VALIDATION_JSON, VALIDATION_PLOT):
         st.log_file(st.path(name))
     metrics = {
