@@ -51,13 +51,26 @@ from saleval.modeling.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = ["sample_id", "method", "k"]
-WORKERS: dict[str, list[float]] = {
-    "lapse": [0.05, 0.1, 0.15, 0.2, 0.3],
-    "idk": [0.0, 0.05, 0.1, 0.2, 0.3],
-    "temperature": [0.35, 0.5, 0.7, 1.0, 1.5, 2.0],
-}
-LEXICON_THRESHOLDS = [0.75, 1.0, 1.25, 1.5, 2.0, 2.5]
-DOT_WEIGHTS = [0.5, 1.0, 2.0, 3.0]
+WORKER_KEYS = ("lapse", "idk", "temperature")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The settings tried: each reader's, and the worker model's (lapse mean, "I don't
+    know" threshold, temperature)."""
+
+    thresholds: tuple[float, ...] = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5)  # lexicon, IMDB
+    dot_weights: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)  # corpus reader
+    lapse: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3)
+    idk: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3)
+    temperature: tuple[float, ...] = (0.35, 0.5, 0.7, 1.0, 1.5, 2.0)
+
+    def workers(self) -> list[tuple[float, ...]]:
+        return list(itertools.product(self.lapse, self.idk, self.temperature))
+
+
+#: smoke size: the defaults and a neighbour or two, every table in well under a minute
+QUICK = Grid((1.0, 1.5), (1.0, 2.0), (0.15, 0.2), (0.0, 0.2), (1.0,))
 A_PRIORI = {"lexicon": 1.0, "corpus": 1.0}  # the other dataset's reader, cross-dataset
 DEFAULT_READER = {"imdb": "lexicon", "ag_news": "corpus"}  # what simulation/reader=auto picks
 FORMER = {"reader": ("corpus", 1.0), "lapse": 0.2, "idk": 0.2, "temperature": 1.0}
@@ -95,18 +108,18 @@ def load(name: str, root: Path) -> Published:
     return Published(name, tasks, real, train, labels)
 
 
-def readings(p: Published, root: Path, seed: int) -> dict[tuple[str, float], np.ndarray]:
+def readings(p: Published, root: Path, seed: int, g: Grid) -> dict[tuple[str, float], np.ndarray]:
     """Per reader setting (family, parameter), the probabilities of every task, true class
     first. The corpus reader is fitted once (``dot_weight`` acts only when reading)."""
     texts, y = p.tasks["display_text"].tolist(), p.tasks["label"].to_numpy()
     out: dict[tuple[str, float], np.ndarray] = {}
     bow = BowReader().fit(p.train["text"].tolist(), p.train["label"].tolist(), p.labels, seed)
-    for dw in DOT_WEIGHTS:
+    for dw in g.dot_weights:
         bow.dot_weight = dw
         out[("corpus", dw)] = true_first(bow.predict_proba(texts), y)
     lexicon = LexiconReader(phrases=str(root / "sst2/train.tsv"))
     if lexicon.covers(p.labels):
-        for tau in LEXICON_THRESHOLDS:
+        for tau in g.thresholds:
             lexicon.polar_threshold = tau
             lexicon.fit([], [], p.labels, seed)
             out[("lexicon", tau)] = true_first(lexicon.predict_proba(texts), y)
@@ -142,13 +155,16 @@ def score_errors(c: pd.DataFrame) -> pd.Series:
 
 
 def grid(
-    studies: dict[str, Published], reads: dict[str, dict[tuple[str, float], np.ndarray]], reps: int
+    studies: dict[str, Published],
+    reads: dict[str, dict[tuple[str, float], np.ndarray]],
+    reps: int,
+    g: Grid,
 ) -> dict[tuple[str, tuple[str, float], tuple[float, ...]], pd.DataFrame]:
     """Cells of every (dataset, reader setting, worker setting), common random numbers."""
     out = {}
     for name, per_reader in reads.items():
         for reader, probs in per_reader.items():
-            for w in itertools.product(*WORKERS.values()):
+            for w in g.workers():
                 rng = np.random.default_rng(0)
                 exp = fast_crowd(probs, w[0], w[1], w[2], rng, replicates=reps)
                 out[(name, reader, w)] = cells(studies[name], exp)
@@ -167,7 +183,7 @@ def fit_report(
 ) -> dict[str, Any]:
     """The joint fit (one worker setting, each dataset's reader setting), leave one method
     out per dataset, and each dataset fitted alone and measured on the other."""
-    workers = list(itertools.product(*WORKERS.values()))
+    workers = sorted({w for (_, _, w) in table})
     settings = {
         d: sorted({r for (dd, r, _) in table if dd == d and r[0] == family[d]}) for d in family
     }
@@ -179,7 +195,7 @@ def fit_report(
         workers,
         key=lambda w: sum(figures(table[(d, best_reader(d, w), w)])["objective"] for d in family),
     )
-    report: dict[str, Any] = {"workers": dict(zip(WORKERS, joint_w)), "datasets": {}}
+    report: dict[str, Any] = {"workers": dict(zip(WORKER_KEYS, joint_w)), "datasets": {}}
     residuals: dict[str, dict[str, dict[str, float]]] = {}
     for d in family:
         r = best_reader(d, joint_w)
@@ -208,7 +224,7 @@ def fit_report(
         c = table[there]
         report["datasets"][other][f"from_{fit_on}"] = {
             "fitted_on": fit_on,
-            "setting": {"reader": list(k[1]), **dict(zip(WORKERS, k[2]))},
+            "setting": {"reader": list(k[1]), **dict(zip(WORKER_KEYS, k[2]))},
             "other_reader": list(there[1]),
             **figures(c),
         }
@@ -276,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--seed", type=int, default=42, help="the corpus reader's seed (simulation.seed)"
     )
+    ap.add_argument("--quick", action="store_true", help="smoke size (QUICK): seconds, not minutes")
     args = ap.parse_args(argv)
     out = args.out or ROOT / "outputs" / "benchmarks" / "crowd_reader" / time.strftime(
         "%Y%m%d-%H%M%S"
@@ -283,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     studies = {d: load(d, args.data_root) for d in DATASETS}
-    reads = {d: readings(p, args.data_root, args.seed) for d, p in studies.items()}
+    g = QUICK if args.quick else Grid()
+    reads = {d: readings(p, args.data_root, args.seed, g) for d, p in studies.items()}
     print(f"readers read both studies in {time.perf_counter() - t0:.0f} s", flush=True)
-    table = grid(studies, reads, args.replicates)
+    table = grid(studies, reads, 2 if args.quick else args.replicates, g)
     print(
         f"{len(table)} (dataset, reader, worker) settings in {time.perf_counter() - t0:.0f} s",
         flush=True,
@@ -303,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     imdb = studies["imdb"]
     counts = polar_counts(imdb, args.data_root)
     former = (FORMER["lapse"], FORMER["idk"], FORMER["temperature"])
-    w = tuple(report["workers"][k] for k in WORKERS)
+    w = tuple(report["workers"][k] for k in WORKER_KEYS)
     r = report["datasets"]["imdb"]["reader"]
     expected = {
         "former (corpus reader)": fast_crowd(

@@ -92,3 +92,31 @@ def test_training_options_benchmark_measures_padding_of_the_loaders_batches() ->
     default = padded_share(base)
     grouped = padded_share([*base, "trainer.loader.length_grouped=true"])
     assert 0 <= grouped < 0.1 < default < 0.9  # the option is what removes the padding
+
+
+def test_crowd_reader_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
+    """docs/simulated-crowd.md#calibration at smoke size: the published crowds, both
+    readers, the fits in and out of sample, and the residuals the planner reads."""
+    import json
+
+    import yaml  # type: ignore[import-untyped]
+
+    from benchmarks import crowd_reader
+
+    assert crowd_reader.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    imdb, ag = report["datasets"]["imdb"], report["datasets"]["ag_news"]
+    assert imdb["reader"]["family"] == "lexicon" and ag["reader"]["family"] == "corpus"
+    # people answer in steps of the polar words shown, and so does the lexicon reader
+    md = (tmp_path / "report.md").read_text()
+    rows = [line.split("|") for line in md.splitlines() if re.match(r"\| (0|1|2|≥ 3) \|", line)]
+    people = [float(r[3]) for r in rows]
+    lexicon = [float(r[5]) for r in rows]
+    assert people == sorted(people) and lexicon == sorted(lexicon) and len(rows) == 4
+    # on IMDB, out of sample, the lexicon reader beats the corpus reader by far
+    same = report["same_protocol_lomo"]["imdb"]
+    assert same["lexicon"] < same["corpus"] - 2
+    # 8 methods × 2 datasets × 2 out-of-sample fits, in the form the config takes
+    resid = yaml.safe_load((tmp_path / "residuals.yaml").read_text())["residuals"]
+    values = [v for fits in resid.values() for errs in fits.values() for v in errs.values()]
+    assert len(values) == 32 and all(abs(v) < 30 for v in values)
