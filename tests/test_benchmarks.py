@@ -100,7 +100,6 @@ def test_crowd_reader_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     import json
 
     import yaml  # type: ignore[import-untyped]
-
     from benchmarks import crowd_reader
 
     assert crowd_reader.main(["--quick", "--out", str(tmp_path)]) == 0
