@@ -1,14 +1,14 @@
-"""Issue #25: what the opt-in training options save on the default study, side by side.
+"""Issue #39: the training defaults, old and new, side by side in one run.
 
 ``python -m benchmarks training_options [--root DIR] [-- saleval-train overrides]`` runs
-``saleval-train`` with the default profile's train settings three times in one output
-root — as it is, with ``trainer.loader.length_grouped=true`` (batches of similar length)
-and with ``trainer.precision=bf16-mixed`` (only where bf16 is native: emulated bf16 is
-~8× slower, docs/benchmarks.md) — and prints, per option, the stage's seconds, the
-validation and test accuracy, and the padded share of the training batches' token slots
-(one seeded epoch of the loader's own batches). Neither option is a default: each
-trains another model than the default's (other batches, other rounding), and this
-table says what that buys.
+``saleval-train`` with the default profile's train settings four times in one output
+root: with the defaults before issue #39 (``trainer.precision=32-true
+trainer.loader.length_grouped=false``), with each of the two changes alone, and with the
+new defaults (length-grouped batches; ``precision: auto``, i.e. bf16-mixed where bf16 is
+native) — and prints, per setting, the stage's seconds, the validation and test
+accuracy, the padded share of the training batches' token slots (one seeded epoch of the
+loader's own batches), and the new default's speed-up over the old one. On a host where
+bf16 is emulated, ``auto`` is fp32 and the bf16-only row is left out.
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ from saleval.modeling.training import TextDataModule
 from saleval.stages.run import compose_stage
 
 ROOT = Path(__file__).resolve().parents[1]
+OLD = ["trainer.precision=32-true", "trainer.loader.length_grouped=false"]
 OPTIONS = {
-    "default": [],
-    "length_grouped": ["trainer.loader.length_grouped=true"],
-    "bf16-mixed": ["trainer.precision=bf16-mixed"],
+    "old default (fp32, shuffled batches)": OLD,
+    "length-grouped only": ["trainer.precision=32-true"],
+    "bf16-mixed only": ["trainer.loader.length_grouped=false", "trainer.precision=bf16-mixed"],
+    "new default (length-grouped, precision auto)": [],
 }
 
 
@@ -84,13 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host: {host_line()}", flush=True)
     options = dict(OPTIONS)
     if not bf16_native(torch.device("cpu")) and not torch.cuda.is_available():
-        del options["bf16-mixed"]
+        del options["bf16-mixed only"]
         print("bf16-mixed left out: bf16 is emulated on this host", flush=True)
     script = Path(sys.executable).parent / "saleval-train"
     rows = ["| option | seconds | val accuracy | test accuracy | padded train slots |",
             "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
-    for name, extra in options.items():
-        run_dir = root / name
+    seconds: dict[str, float] = {}
+    for i, (name, extra) in enumerate(options.items()):
+        run_dir = root / f"setting{i}"
         cmd = [str(script), f"paths.output_root={root}", f"run_dir={run_dir}", *base, *extra]
         print(" ".join(cmd), flush=True)
         code = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
@@ -103,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['test_accuracy']:.4f} | {pad:.1%} |"
         )
         print(rows[-1], flush=True)
+        seconds[name] = float(m["seconds"])
     print(f"host after: {host_line()}\n")
     print("\n".join(rows))
+    old, new = seconds[next(iter(options))], seconds[list(options)[-1]]
+    print(f"\nnew default vs old default: {old / new:.2f}× faster ({old:.1f} s → {new:.1f} s)")
     return 0
 
 

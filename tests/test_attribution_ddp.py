@@ -161,3 +161,38 @@ def test_a_stage_in_a_rank_above_zero_writes_and_logs_nothing(
         st.set_tags({"model": "tiny"})
     assert not Path(cfg.run_dir).exists()
     assert _runs_logged_from(Path(cfg.run_dir).resolve()) == []
+
+
+def test_length_grouped_training_shards_its_batches_over_ddp_processes(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    """The default length-grouped batches under ``trainer=ddp_cpu``: each of the two
+    processes takes half of one seeded batch order (LengthGroupedBatches), so an epoch of
+    160 texts in batches of 16 is 5 steps, not 10 (each process alone) and not 3 or 4
+    (a sampler that dropped the grouping)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "ddp_train"
+    script = Path(sys.executable).parent / "saleval-train"
+    cmd = [
+        str(script),
+        "model=tiny",
+        "trainer=ddp_cpu",
+        "dataset=ag_news",
+        "dataset.max_train=160",
+        "dataset.max_validation=32",
+        "dataset.max_test=32",
+        "trainer.max_epochs=1",
+        "trainer.progress_bar=false",
+        "tracking.log_model=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 5, metrics
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0

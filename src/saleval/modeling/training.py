@@ -49,25 +49,40 @@ def length_sorted_indices(ds: TokenizedTexts) -> list[int]:
 
 
 class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
-    """Training batches of similar length, in random order (opt-in ``length_grouped``).
+    """Training batches of similar length, in random order (``trainer.loader.length_grouped``,
+    the default).
 
     Each epoch the examples are shuffled, cut into pools of ``pool`` batches, each pool is
     sorted by length and cut into batches, and the batches are shuffled: every batch
     still draws from a random stretch of the data, but pads to a near neighbour's length
     rather than to the longest of ``batch_size`` random texts (the grouping of Hugging
-    Face's ``group_by_length``). The batches differ from the default shuffle's, so the
-    trained model does too: opt-in, with its saving measured in docs/benchmarks.md.
+    Face's ``group_by_length``; its saving is measured in docs/benchmarks.md). Under
+    data parallelism each of ``replicas`` processes takes every ``replicas``-th batch of
+    the same seeded order, from ``rank`` on, all of them the same number (the last
+    batches are repeated where the count does not divide, as a distributed sampler pads).
 
     >>> b = LengthGroupedBatches([5, 1, 4, 2, 3, 6], batch_size=2, pool=3, seed=0)
     >>> sorted(i for batch in b for i in batch), len(b)
     ([0, 1, 2, 3, 4, 5], 3)
+    >>> ranks = [LengthGroupedBatches([5, 1, 4, 2, 3, 6], 2, 3, 0, r, 2) for r in (0, 1)]
+    >>> [len(list(r)) for r in ranks], sorted({i for r in ranks for bt in r for i in bt})
+    ([2, 2], [0, 1, 2, 3, 4, 5])
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, pool: int = 50, seed: int = 0):
+    def __init__(
+        self,
+        lengths: list[int],
+        batch_size: int,
+        pool: int = 50,
+        seed: int = 0,
+        rank: int = 0,
+        replicas: int = 1,
+    ):
         self.lengths = list(lengths)
         self.batch_size = int(batch_size)
         self.pool = int(pool)
         self.seed = int(seed)
+        self.rank, self.replicas = int(rank), int(replicas)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -75,7 +90,7 @@ class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
+        return math.ceil(math.ceil(len(self.lengths) / self.batch_size) / self.replicas)
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = np.random.default_rng([self.seed, self.epoch])
@@ -85,8 +100,10 @@ class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
         for start in range(0, len(order), size):
             pool = sorted(order[start : start + size].tolist(), key=lambda i: self.lengths[i])
             batches += [pool[j : j + self.batch_size] for j in range(0, len(pool), self.batch_size)]
-        for k in rng.permutation(len(batches)):
-            yield batches[k]
+        shuffled = [batches[k] for k in rng.permutation(len(batches))]
+        total = len(self) * self.replicas
+        shuffled += shuffled[: total - len(shuffled)]  # equal shares for every process
+        yield from shuffled[self.rank : total : self.replicas]
 
 
 class TextDataModule(L.LightningDataModule):
@@ -100,7 +117,7 @@ class TextDataModule(L.LightningDataModule):
         batch_size: int = 16,
         eval_batch_size: int = 64,
         num_workers: int = 0,
-        length_grouped: bool = False,
+        length_grouped: bool = True,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -146,9 +163,13 @@ class TextDataModule(L.LightningDataModule):
         if self.length_grouped:
             ds = self.ds["train"]
             lengths = [len(item["input_ids"]) for item in ds.items]
+            trainer = getattr(self, "trainer", None)  # None outside a Trainer (benchmarks)
+            rank, replicas = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
             return DataLoader(
                 ds,
-                batch_sampler=LengthGroupedBatches(lengths, self.batch_size, seed=self.seed),
+                batch_sampler=LengthGroupedBatches(
+                    lengths, self.batch_size, seed=self.seed, rank=rank, replicas=replicas
+                ),
                 collate_fn=self.collate,
                 num_workers=self.num_workers,
             )
@@ -308,6 +329,31 @@ def _positive_or_all(value: Any, key: str) -> Any:
     return value
 
 
+def training_device(accelerator: str) -> torch.device:
+    """The kind of device Lightning trains on for ``trainer.accelerator``: a GPU when asked
+    for (or, with ``auto``, when CUDA is there), else the CPU."""
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """``trainer.precision``: ``auto`` is ``bf16-mixed`` where the training device has native
+    bf16 and ``32-true`` elsewhere (saleval.modeling.inference.bf16_native: emulated bf16
+    trains ~8× slower); any other value is Lightning's own.
+
+    >>> resolve_precision("32-true", "cpu"), resolve_precision("bf16-mixed", "cpu")
+    ('32-true', 'bf16-mixed')
+    >>> resolve_precision("auto", "cpu") in ("bf16-mixed", "32-true")
+    True
+    """
+    if precision != "auto":
+        return precision
+    from saleval.modeling.inference import bf16_native
+
+    return "bf16-mixed" if bf16_native(training_device(accelerator)) else "32-true"
+
+
 def fit(
     model: PreTrainedModel,
     data: TextDataModule,
@@ -316,6 +362,7 @@ def fit(
 ) -> dict[str, float]:
     """Fit with early stopping on validation accuracy, restore the best epoch, test it."""
     tc = trainer_config(trainer_cfg)
+    precision = resolve_precision(tc.precision, tc.accelerator)
     ckpt_dir = workdir / "checkpoints"
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
@@ -345,7 +392,7 @@ def fit(
         devices=tc.devices,
         num_nodes=tc.num_nodes,
         strategy=tc.strategy,
-        precision=tc.precision,  # type: ignore[arg-type]
+        precision=precision,  # type: ignore[arg-type]
         max_epochs=tc.max_epochs,
         min_epochs=tc.min_epochs,
         limit_train_batches=_positive_or_all(tc.limit_train_batches, "limit_train_batches"),
@@ -358,6 +405,8 @@ def fit(
         enable_model_summary=False,
         num_sanity_val_steps=0,
         enable_progress_bar=tc.progress_bar,
+        # length-grouped batches shard themselves across processes (LengthGroupedBatches)
+        use_distributed_sampler=not data.length_grouped,
     )
     # from_pretrained returns eval mode and Lightning keeps submodule modes: turn dropout on.
     module.train()
@@ -384,4 +433,5 @@ def fit(
         "test_loss": float(test["test_loss"]),
         "epochs": int(trainer.current_epoch),
         "steps": int(trainer.global_step),
+        "bf16_training": float(precision.startswith("bf16")),  # what precision=auto chose
     }
