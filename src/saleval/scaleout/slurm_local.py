@@ -180,7 +180,7 @@ class LocalCluster:
         state = ""
         while time.monotonic() < deadline:
             state = self.node_state()
-            if state.startswith("idle") or state.startswith("mix") or state.startswith("alloc"):
+            if state in ("idle", "mixed", "allocated"):  # "idle*": not responding yet
                 return time.monotonic() - t0
             time.sleep(0.3)
         logs = "\n".join(
