@@ -35,7 +35,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval.scaleout import resume
-from saleval.scaleout.resume import one_line_errors
+from saleval.scaleout.resume import LauncherError, one_line_errors
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class RayLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         jobs = resume.jobs_of(self.config, job_overrides, initial_job_idx)
         todo, done = resume.split(jobs)
+        resume.end_dead_runs(self.config)
         returns: dict[int, Any] = {
             j.idx: resume.reused_return(j, str(self.config.hydra.job.name)) for j in done
         }
@@ -173,8 +174,20 @@ class RayLauncher(Launcher):
                             state,
                         )
                     )
-                for job, ret in zip(todo, ray.get(refs)):
-                    returns[job.idx] = ret
+                lost = []
+                for job, ref in zip(todo, refs):
+                    try:
+                        returns[job.idx] = ray.get(ref)
+                    except ray.exceptions.RayError as err:  # its worker or node died
+                        lost.append(
+                            f"job {job.idx} ({' '.join(job.overrides)}): {type(err).__name__}"
+                        )
+                if lost:
+                    resume.end_dead_runs(self.config)
+                    raise LauncherError(
+                        f"{'; '.join(lost)}: Ray lost it before it finished. Rerun only the "
+                        f"unfinished jobs: the same command with hydra.sweep.dir={sweep_dir}"
+                    )
             finally:
                 if started:
                     ray.shutdown()

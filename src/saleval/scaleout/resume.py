@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,8 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.errors import EXIT_USER_ERROR, UserError
+
+log = logging.getLogger(__name__)
 
 #: the only job sub dir whose path is known before a job composes its config
 _JOB_NUM_SUBDIR = "${hydra.job.num}"
@@ -109,6 +112,21 @@ def split(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
     """(jobs to run, jobs finished already)."""
     done = [j for j in jobs if finished(j)]
     return [j for j in jobs if j not in done], done
+
+
+def end_dead_runs(config: Any) -> None:
+    """What every stage does when it starts, done by a launcher before submitting and
+    after a job was lost: a job that died is KILLED in MLflow (and its run.json) before
+    it is rerun (:func:`saleval.pipeline.tracking.end_dead_runs`)."""
+    from mlflow.tracking import MlflowClient
+
+    from saleval.pipeline import tracking
+
+    uri = tracking.tracking_uri(OmegaConf.select(config, "tracking.uri", default=None))
+    try:
+        tracking.end_dead_runs(MlflowClient(tracking_uri=uri))
+    except Exception as err:  # an unreachable store is the jobs' concern, not the launcher's
+        log.warning("could not look for dead runs in %s: %s", uri, err)
 
 
 def reused_return(job: Job, task_name: str) -> Any:

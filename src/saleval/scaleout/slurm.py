@@ -38,7 +38,6 @@ from typing import Any
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
     SlurmLauncher as SubmititSlurmLauncher,
 )
-from omegaconf import OmegaConf
 
 from saleval.errors import Stopped
 from saleval.scaleout import resume, slurm_state
@@ -168,20 +167,6 @@ def check_resources(params: Mapping[str, Any], part: Partition) -> None:
         )
 
 
-def _end_dead_runs(config: Any) -> None:
-    """What every stage does when it starts, done before submitting: a job of an earlier
-    submission that died is KILLED in MLflow (and its run.json) before it is rerun."""
-    from mlflow.tracking import MlflowClient
-
-    from saleval.pipeline import tracking
-
-    uri = tracking.tracking_uri(OmegaConf.select(config, "tracking.uri", default=None))
-    try:
-        tracking.end_dead_runs(MlflowClient(tracking_uri=uri))
-    except Exception as err:  # an unreachable store is the jobs' concern, not the launcher's
-        log.warning("could not look for dead runs in %s: %s", uri, err)
-
-
 class SlurmLauncher(SubmititSlurmLauncher):
     """Submitit's SLURM launcher with the checks, the wait and the resume of the module
     docstring. Hydra finds it as ``hydra_plugins.saleval_launchers.SlurmLauncher``."""
@@ -224,7 +209,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         jobs = resume.jobs_of(self.config, job_overrides, initial_job_idx)
         todo, done = resume.split(jobs)
-        _end_dead_runs(self.config)
+        resume.end_dead_runs(self.config)
         for job in done:
             log.info("\t#%d : finished already in %s: not run again", job.idx, job.dir)
         returns: dict[int, Any] = {
@@ -284,7 +269,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             if pending:
                 time.sleep(self.poll_s)
         if ended:
-            _end_dead_runs(self.config)
+            resume.end_dead_runs(self.config)
             named = "; ".join(
                 f"job {idx} ({' '.join(next(j.overrides for j in todo if j.idx == idx))}) "
                 f"ended {why}"
