@@ -665,6 +665,19 @@ def process_alive(pid: int, started: str | None = None) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def killed_when_stopped() -> Iterator[None]:
+    """End the active run as KILLED when the block is stopped from outside (Ctrl-C, a
+    SIGTERM turned into :class:`saleval.errors.Stopped`), as a stage run is; MLflow's own
+    ``with start_run()`` would say FAILED."""
+    try:
+        yield
+    except BaseException as err:
+        if not isinstance(err, Exception) and mlflow.active_run() is not None:
+            mlflow.end_run(status="KILLED")
+        raise
+
+
 def mark_killed(client: MlflowClient, runs: Sequence[Any], why: str) -> list[str]:
     """End ``runs`` (RUNNING MLflow runs whose process is known dead) as KILLED, now,
     and say so in one warning line naming each; their ``run.json`` says KILLED too.
