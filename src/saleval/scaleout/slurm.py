@@ -276,7 +276,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 for idx, why in sorted(ended.items())
             )
             raise LauncherError(
-                f"{named} without finishing; its run is marked KILLED. Rerun only the "
+                f"{named} without finishing (a run it started is marked KILLED). Rerun only the "
                 f"unfinished jobs: the same command with hydra.sweep.dir={sweep_dir}"
             )
         return results
