@@ -120,7 +120,7 @@ def test_train_sweep_a_cancelled_job_is_killed_and_a_resubmission_reruns_it_alon
     # job 1 trains long enough to be cancelled mid-training
     command = [BIN / "saleval-train", "-m", *SMALL, *base, "dataset.max_train=160",
                "trainer.early_stopping.patience=100", f"paths.output_root={tmp_path}",
-               f"hydra.sweep.dir={sweep}", "trainer.max_epochs=1,60"]  # fmt: skip
+               f"hydra.sweep.dir={sweep}", "trainer.max_epochs=1,30"]  # fmt: skip
     proc = subprocess.Popen(
         [str(a) for a in command], env=env, cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -150,7 +150,7 @@ def test_train_sweep_a_cancelled_job_is_killed_and_a_resubmission_reruns_it_alon
     k = first["1"][0]
     assert k.info.run_id == killed["run_id"] and k.info.end_time
     assert "test_accuracy" not in k.data.metrics  # stopped before its test
-    assert "trainer.max_epochs=60" in k.data.tags["sweep.overrides"]
+    assert "trainer.max_epochs=30" in k.data.tags["sweep.overrides"]
     assert k.data.tags["slurm_job_id"] != first["0"][0].data.tags["slurm_job_id"]
 
     # the same command into the same sweep dir: job 0 is reused, job 1 runs again

@@ -103,7 +103,8 @@ def postgres() -> Iterator[tuple[str, int, str]]:
                      "--no-sync"]),
         check=True, capture_output=True,
     )  # fmt: skip
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root}"
+    # a throwaway database: no fsync, and stopped without a last checkpoint
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
     pg_ctl = str(_pg_bin("pg_ctl"))
     started = subprocess.run(
         _as_db_user([pg_ctl, "-D", str(data), "-l", str(root / "log"), "-o", options, "-w",
@@ -115,7 +116,7 @@ def postgres() -> Iterator[tuple[str, int, str]]:
         yield user, port, password
     finally:
         subprocess.run(
-            _as_db_user([pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"]),
+            _as_db_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]),
             capture_output=True,
         )
         shutil.rmtree(root, ignore_errors=True)
@@ -189,7 +190,7 @@ def server(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

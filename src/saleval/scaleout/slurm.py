@@ -167,6 +167,12 @@ def check_resources(params: Mapping[str, Any], part: Partition) -> None:
         )
 
 
+#: SLURM states of a job stopped before its end: it wrote no result
+_STOPPED = frozenset(
+    {"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+
+
 class SlurmLauncher(SubmititSlurmLauncher):
     """Submitit's SLURM launcher with the checks, the wait and the resume of the module
     docstring. Hydra finds it as ``hydra_plugins.saleval_launchers.SlurmLauncher``."""
@@ -261,9 +267,11 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 state = states.get(sjob.job_id)
                 if state is None or state in slurm_state.ACTIVE:
                     continue
-                # over without a result: give a shared filesystem a moment to show it
+                # over without a result: a job that ran to its end may have written one
+                # that a shared filesystem shows late; a stopped job has none to show
                 first = gone_since.setdefault(idx, time.monotonic())
-                if time.monotonic() - first > 10:
+                grace = 0 if state in _STOPPED else 30
+                if time.monotonic() - first >= grace:
                     ended[idx] = f"{state} (SLURM job {sjob.job_id})"
                     del pending[idx]
             if pending:
