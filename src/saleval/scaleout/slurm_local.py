@@ -101,8 +101,9 @@ class LocalCluster:
     def _write(self) -> None:
         for sub in ("state", "spool", "log", "munge"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)  # every user's sbatch reads slurm.conf
         munge = self.root / "munge"
-        munge.chmod(0o700)
+        munge.chmod(0o755)  # clients (sbatch of any user) reach the socket; the key stays 0400
         key = munge / "munge.key"
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
