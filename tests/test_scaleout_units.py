@@ -152,3 +152,22 @@ def test_the_launcher_configs_name_saleval_launchers(tmp_path: Path) -> None:
         **{**{k: v for k, v in ray.items() if k != "_target_"}, "address": "head:6379"}
     )
     assert joined.init_args() == {"address": "head:6379"}  # no sizes: Ray would refuse them
+
+
+def test_missing_packages_skip_off_ci_naming_the_install_and_fail_on_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from saleval.scaleout import slurm_local
+    from tests.scaleout_support import require
+
+    monkeypatch.setattr(slurm_local, "_COMMANDS", {"no-such-slurmd": "slurmd"})
+    reason = slurm_local.missing()
+    assert reason is not None and "\n" not in reason
+    assert reason.startswith("no-such-slurmd not found: apt-get install -y slurm-wlm munge")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y slurm-wlm munge"):
+        require(reason)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run this test"):
+        require(reason)
+    require(None)  # nothing missing: runs
