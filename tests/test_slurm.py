@@ -175,7 +175,7 @@ def test_the_next_stage_ends_a_run_whose_slurm_job_is_over(
 
     def sbatch() -> str:
         out = subprocess.run(
-            ["sbatch", "--parsable", "--mem=100M", "--wrap", "sleep 120"],
+            ["sbatch", "--parsable", "--mem=100M", f"--output={tmp_path}/%j.out", "--wrap", "sleep 120"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         return out.stdout.strip().split(";")[0]
