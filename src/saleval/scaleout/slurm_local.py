@@ -220,7 +220,7 @@ class LocalCluster:
             _kill_pidfile(self.root / pidfile)
 
 
-def _kill_pidfile(path: Path, wait: float = 15.0) -> None:
+def _kill_pidfile(path: Path, wait: float = 3.0) -> None:
     """SIGTERM the process a pid file names and wait for it (then SIGKILL)."""
     try:
         pid = int(path.read_text().split()[0])
