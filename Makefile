@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 FERRET_VENV := .venv-ferret
 FERRET_STAMP := $(FERRET_VENV)/.installed
 
-.PHONY: run test lint setup clean-outputs bench bench-perf bench-ferret-env
+.PHONY: run test lint setup clean-outputs bench bench-perf bench-ferret-env slurm-local slurm-local-stop
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,3 +50,12 @@ $(FERRET_STAMP):
 	touch $(FERRET_STAMP)
 
 bench-ferret-env: $(FERRET_STAMP)
+
+# A one-node SLURM cluster on this machine to try hydra/launcher=slurm configs before the
+# real cluster (docs/scale-out.md): root and `apt-get install -y slurm-wlm munge`. Prints the
+# SLURM_CONF to export; ARGS="--memory-mb 4000" makes a smaller node.
+slurm-local: $(STAMP)
+	$(BIN)/python -m saleval.scaleout.slurm_local start --dir .slurm-local $(ARGS)
+
+slurm-local-stop: $(STAMP)
+	$(BIN)/python -m saleval.scaleout.slurm_local stop --dir .slurm-local

@@ -147,6 +147,9 @@ def quiet_libraries() -> None:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     # raised inside Lightning on torch >= 2.9; nothing a user of saleval can change
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # on a SLURM login node (or beside `make slurm-local`) a stage run directly, not in a
+    # job, is what the user meant: Lightning's hint to prepend `srun` is noise there
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
 
 
 def lazy_run(module: str) -> Callable[[DictConfig], Any]:

@@ -21,3 +21,10 @@ EXIT_USER_ERROR = 2
 
 class UserError(Exception):
     """Input, data or configuration the user can fix; the message says how."""
+
+
+class Stopped(BaseException):
+    """The process was told to stop from outside (``scancel``, a preempting scheduler: its
+    SIGTERM). A ``BaseException``, like ``KeyboardInterrupt``, so no ``except Exception``
+    on the way swallows it: the stage that runs ends its run as KILLED, not FAILED
+    (docs/scale-out.md, *When a job dies*)."""

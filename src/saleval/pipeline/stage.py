@@ -15,7 +15,8 @@ one provenance rule applied; ``st.read`` merges the tables of an input that name
 runs), then owns the run's lifecycle: it writes the resolved config and ``run.json`` (run
 id, fingerprint, parents, provenance) into the run dir, starts an MLflow run (nested under
 an active pipeline run), tags it (with the host, pid and pid start time that let a later
-stage tell it died), and always ends it, marking it FAILED on an exception; before
+stage tell it died), and always ends it, marking it FAILED on an exception (KILLED when stopped from outside:
+Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
 starting, it marks KILLED the RUNNING runs of this host
 whose process is gone (:func:`saleval.pipeline.tracking.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
@@ -195,7 +196,10 @@ class Stage:
         if not self.is_main:
             return
         seconds = time.perf_counter() - self._t0
-        status = "FAILED" if exc_type else "FINISHED"
+        # stopped from outside (Ctrl-C, scancel's SIGTERM: saleval.errors.Stopped) is not
+        # a failure of the stage: KILLED, as a run whose process died is marked later
+        killed = exc_type is not None and not issubclass(exc_type, Exception)
+        status = "KILLED" if killed else "FAILED" if exc_type else "FINISHED"
         try:
             if not exc_type:
                 tracking.log_metrics({"stage_seconds": seconds})

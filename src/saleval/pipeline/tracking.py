@@ -44,6 +44,8 @@ import pandas as pd
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from saleval.scaleout import slurm_state
+
 try:
     import fcntl
 except ImportError:  # Windows: no multirun store lock
@@ -638,6 +640,7 @@ def process_tags() -> dict[str, str]:
         "host": socket.gethostname(),
         "pid": str(os.getpid()),
         "pid_start": _process_start(os.getpid()) or "",
+        **slurm_state.job_tags(),  # in a SLURM job: its id, so any node can tell it ended
     }
 
 
@@ -660,6 +663,19 @@ def process_alive(pid: int, started: str | None = None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def killed_when_stopped() -> Iterator[None]:
+    """End the active run as KILLED when the block is stopped from outside (Ctrl-C, a
+    SIGTERM turned into :class:`saleval.errors.Stopped`), as a stage run is; MLflow's own
+    ``with start_run()`` would say FAILED."""
+    try:
+        yield
+    except BaseException as err:
+        if not isinstance(err, Exception) and mlflow.active_run() is not None:
+            mlflow.end_run(status="KILLED")
+        raise
 
 
 def mark_killed(client: MlflowClient, runs: Sequence[Any], why: str) -> list[str]:
@@ -715,4 +731,47 @@ def end_dead_runs(client: MlflowClient | None = None) -> list[str]:
         if (r.data.tags.get("pid") or "").isdigit()
         and not process_alive(int(r.data.tags["pid"]), r.data.tags.get("pid_start"))
     ]
-    return mark_killed(client, dead, "whose process on this host is gone")
+    return _end_ended_slurm_jobs(client, exps) + mark_killed(
+        client, dead, "whose process on this host is gone"
+    )
+
+
+def _end_ended_slurm_jobs(client: MlflowClient, exps: list[str]) -> list[str]:
+    """Mark KILLED the RUNNING runs whose SLURM job is over (cancelled, preempted, timed
+    out, killed with its node), from whichever node ran them: ``squeue`` sees every job of
+    its cluster. Only runs of the cluster this machine's client talks to count (a store
+    shared by two clusters); where there is no SLURM client, nothing is done."""
+    if not slurm_state.available():
+        return []
+    try:
+        running = client.search_runs(
+            exps,
+            filter_string="attributes.status = 'RUNNING' and tags.slurm_job_id LIKE '%'",
+            max_results=10_000,
+        )
+    except mlflow.exceptions.MlflowException as err:
+        log.warning("could not look for runs whose SLURM job ended: %s", err)
+        return []
+    if not running:
+        return []
+    here = slurm_state.cluster_name()
+    mine = [r for r in running if here is None or r.data.tags.get("slurm_cluster") in ("", here)]
+    states = slurm_state.job_states(r.data.tags["slurm_job_id"] for r in mine)
+    ended = [
+        r
+        for r in mine
+        if states.get(r.data.tags["slurm_job_id"], "RUNNING") not in slurm_state.ACTIVE
+    ]
+    why = (
+        "whose SLURM job is over ("
+        + ", ".join(
+            sorted(
+                {
+                    f"{r.data.tags['slurm_job_id']} {states[r.data.tags['slurm_job_id']]}"
+                    for r in ended
+                }
+            )
+        )
+        + ")"
+    )
+    return mark_killed(client, ended, why)

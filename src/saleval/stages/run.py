@@ -156,18 +156,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     simulated = "simulate" in selected
     what = ["run", str(profile.name), str(profile.dataset), str(profile.model)]
-    with mlflow.start_run(
-        run_name=tracking.SEP.join(what + (["SIMULATED"] if simulated else [])),
-        tags={
-            "stage": "run",
-            "profile": str(profile.name),
-            "dataset": str(profile.dataset),
-            "model": str(profile.model),
-            "run_dir": str(out_root),
-            "simulated": "true" if simulated else "false",
-            **tracking.process_tags(),
-        },
-    ) as parent:
+    with (
+        mlflow.start_run(
+            run_name=tracking.SEP.join(what + (["SIMULATED"] if simulated else [])),
+            tags={
+                "stage": "run",
+                "profile": str(profile.name),
+                "dataset": str(profile.dataset),
+                "model": str(profile.model),
+                "run_dir": str(out_root),
+                "simulated": "true" if simulated else "false",
+                **tracking.process_tags(),
+            },
+        ) as parent,
+        tracking.killed_when_stopped(),
+    ):
         tracking.log_params(
             {
                 "dataset": str(profile.dataset),

@@ -1,0 +1,194 @@
+"""``hydra/launcher=ray``: each job of a sweep as a Ray task, on this machine or a cluster.
+
+Written on Ray's public API (``ray.init``, ``ray.remote``, ``ray.get``) rather than taken
+from ``hydra-ray-launcher``, whose last release requires ``cloudpickle<3``: installing it
+would downgrade the cloudpickle MLflow uses (docs/scale-out.md, *Ray*).
+
+``hydra.launcher.address`` picks where the jobs run:
+
+* ``null`` (default): a Ray instance started for the sweep on this machine and stopped
+  after it, sized by ``hydra.launcher.local`` (cores, object store);
+* ``auto`` or ``<head>:6379``: an existing cluster (``ray start --head`` on its head
+  node). Ray refuses resource arguments when it joins a cluster
+  (``ValueError: When connecting to an existing cluster, object_store_memory must not be
+  provided``), so the ``local`` settings are never passed then; the cluster's own sizes
+  hold.
+
+Each job runs in a Ray worker process of its own (``num_cpus``/``num_gpus`` per job), with
+the launching shell's ``MLFLOW_*``, ``SALEVAL_*``, ``HF_*`` variables, writes
+``<sweep dir>/<job number>`` and its own MLflow run tagged ``sweep``/``sweep.job``.
+Resubmitting into the same sweep dir reruns only the jobs that did not finish
+(:mod:`saleval.scaleout.resume`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saleval.scaleout import resume
+from saleval.scaleout.resume import LauncherError, one_line_errors
+
+log = logging.getLogger(__name__)
+
+#: environment variables a job takes from the launching shell (a joined cluster's
+#: workers do not inherit it)
+_PASS_ENV = ("MLFLOW_", "SALEVAL_", "HF_", "TOKENIZERS_", "OMP_NUM_THREADS", "PYTHONPATH")
+
+
+def _execute(
+    idx: int,
+    overrides: Sequence[str],
+    hydra_context: HydraContext,
+    config: DictConfig,
+    task_function: TaskFunction,
+    singleton_state: dict[Any, Any],
+) -> JobReturn:
+    """One job in a Ray worker: Hydra's run of it, as the joblib launcher does."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import run_job, setup_globals
+
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)
+    return run_job(
+        hydra_context=hydra_context,
+        task_function=task_function,
+        config=sweep_config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
+
+
+def _mapping(node: Any) -> dict[str, Any]:
+    """A config node (or a plain mapping, or None) as a plain dict of str keys."""
+    if node is None:
+        return {}
+    plain: Any = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+    return {str(k): v for k, v in dict(plain).items()}
+
+
+class RayLauncher(Launcher):
+    """The launcher of the module docstring; Hydra finds it as
+    ``hydra_plugins.saleval_launchers.RayLauncher``."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        local: Any = None,
+        init: Any = None,
+    ) -> None:
+        self.address = address
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.local, self.init = _mapping(local), _mapping(init)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def init_args(self) -> dict[str, Any]:
+        """``ray.init``'s arguments: the address alone when joining a cluster (module
+        docstring), the ``local`` sizes when starting one here; ``init`` in both cases.
+
+        >>> RayLauncher(local={"object_store_memory": 10**8, "num_cpus": 2}).init_args()
+        {'num_cpus': 2, 'object_store_memory': 100000000, 'include_dashboard': False}
+        >>> RayLauncher(address="auto", local={"object_store_memory": 10**8}).init_args()
+        {'address': 'auto'}
+        """
+        if self.address:
+            return {"address": str(self.address), **self.init}
+        sizes = {k: v for k, v in sorted(self.local.items()) if v is not None}
+        return {**sizes, "include_dashboard": False, **self.init}
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None
+        with one_line_errors(str(self.config.hydra.job.name)):
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        import ray
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import configure_log, filter_overrides, setup_globals
+
+        assert self.config is not None and self.hydra_context is not None
+        assert self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        jobs = resume.jobs_of(self.config, job_overrides, initial_job_idx)
+        todo, done = resume.split(jobs)
+        resume.end_dead_runs(self.config)
+        returns: dict[int, Any] = {
+            j.idx: resume.reused_return(j, str(self.config.hydra.job.name)) for j in done
+        }
+        for job in done:
+            log.info("\t#%d : finished already in %s: not run again", job.idx, job.dir)
+        if todo:
+            env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
+            started = not ray.is_initialized()
+            if started:
+                args = self.init_args()
+                runtime_env = dict(args.pop("runtime_env", None) or {})
+                runtime_env["env_vars"] = {**env, **(runtime_env.get("env_vars") or {})}
+                ray.init(**args, runtime_env=runtime_env)
+            log.info("Ray sweep output dir : %s (%s)", sweep_dir, self.address or "local")
+            try:
+                task = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0)(
+                    _execute
+                )
+                state = Singleton.get_state()
+                refs = []
+                for job in todo:
+                    log.info("\t#%d : %s", job.idx, " ".join(filter_overrides(job.overrides)))
+                    refs.append(
+                        task.remote(
+                            job.idx,
+                            job.overrides,
+                            self.hydra_context,
+                            self.config,
+                            self.task_function,
+                            state,
+                        )
+                    )
+                lost = []
+                for job, ref in zip(todo, refs):
+                    try:
+                        returns[job.idx] = ray.get(ref)
+                    except ray.exceptions.RayError as err:  # its worker or node died
+                        lost.append(
+                            f"job {job.idx} ({' '.join(job.overrides)}): {type(err).__name__}"
+                        )
+                if lost:
+                    resume.end_dead_runs(self.config)
+                    raise LauncherError(
+                        f"{'; '.join(lost)}: Ray lost it before it finished. Rerun only the "
+                        f"unfinished jobs: the same command with hydra.sweep.dir={sweep_dir}"
+                    )
+            finally:
+                if started:
+                    ray.shutdown()
+        return [returns[j.idx] for j in jobs]
