@@ -80,8 +80,9 @@ def serve(
     """(base URL, the app or the server process) for the run's lifetime."""
     db = root / "annotations.sqlite"
     if args.in_process:
-        from saleval.annotate.app import AppSettings, background_server, create_app
-        from saleval.annotate.store import LeasePolicy
+        from saleval.annotate.app import background_server, create_app
+        from saleval.annotate.state import AppSettings
+        from saleval.annotate.store_db import LeasePolicy
 
         lease = LeasePolicy(lease_minutes=lease_minutes, max_claims=0)
         app = create_app(tasks, AppSettings(db, TOKEN, synchronous=args.synchronous, lease=lease))

@@ -13,7 +13,9 @@ from markupsafe import escape
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval.annotate.app import AppSettings, create_app, valid_worker_id
+from saleval.annotate.app import create_app
+from saleval.annotate.security import valid_worker_id
+from saleval.annotate.state import AppSettings
 from saleval.annotate.study import IDK, load_study
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage

@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval.annotate.store import AnnotationStore
+from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import IDK, load_study
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage

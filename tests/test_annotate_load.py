@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from saleval.annotate.store import LeasePolicy
+from saleval.annotate.store_db import LeasePolicy
 from saleval.testing.annotate_load import run_load
 from tests.annotate_support import TOKEN, served_app
 

@@ -7,7 +7,6 @@ named, not dropped silently; an unknown key of the ``metrics`` config fails nami
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -244,23 +243,3 @@ def test_a_metrics_settings_are_checked_where_the_config_is() -> None:
     # once unregistered, its node is gone from the schema: the key fails at compose again
     with pytest.raises(ConfigCompositionException, match="settings.windowed"):
         compose_config("metrics", ["metrics.settings.windowed.width=5"])
-
-
-@pytest.mark.parametrize(
-    "old,new",
-    [
-        ("saleval.metrics_registry", "saleval.metrics.registry"),
-        ("saleval.metrics_config", "saleval.metrics.config"),
-        ("saleval.faithfulness", "saleval.metrics.faithfulness"),
-        ("saleval.faithfulness.engine", "saleval.metrics.faithfulness.engine"),
-        ("saleval.faithfulness.formulas", "saleval.metrics.faithfulness.formulas"),
-        ("saleval.faithfulness.builtin", "saleval.metrics.faithfulness.builtin"),
-        ("saleval.plausibility", "saleval.metrics.plausibility"),
-        ("saleval.shortcut.metrics", "saleval.metrics.shortcut"),
-    ],
-)
-def test_the_paths_before_the_metrics_package_still_import(old: str, new: str) -> None:
-    """Code written before ``saleval.metrics`` existed gets the very same objects."""
-    before, now = importlib.import_module(old), importlib.import_module(new)
-    assert before.__all__ == now.__all__
-    assert all(getattr(before, name) is getattr(now, name) for name in now.__all__)

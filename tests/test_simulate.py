@@ -17,15 +17,14 @@ from mlflow.tracking import MlflowClient
 from omegaconf.errors import ConfigKeyError
 
 import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
-from saleval.config.crowd import SimulationConfig
-from saleval.crowd.answers import IDK
-from saleval.crowd.errors import SimulationError
+from saleval.config.crowd import SimulationConfig, SimulationError
 from saleval.crowd.readers import build_reader
 from saleval.crowd.simulate import simulate_crowd
 from saleval.crowd.validation import calibration_note
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables
 from saleval.schema import to_schema
+from saleval.vocab import IDK
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config
 from tests.test_crowd_design import AG_LABELS, METHODS, synthetic_explain, write_explain_run

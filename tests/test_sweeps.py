@@ -11,9 +11,10 @@ from omegaconf import DictConfig
 
 from saleval.analysis import comparison
 from saleval.pipeline import tables
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.merge import MergeError
 from saleval.pipeline.provenance import ProvenanceError
-from saleval.pipeline.stage import InputError, resolve_inputs
+from saleval.pipeline.run_inputs import resolve_inputs
 from saleval.stages import report
 from saleval.stages import tasks as tasks_stage
 from saleval.testing import explain_frames, make_explain_run, make_result_run

@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from saleval.pipeline import tables
-from saleval.pipeline.stage import read_run_info
+from saleval.pipeline.run_inputs import read_run_info
 from saleval.pipeline.tracking import VIEW_PARAM, method_rows
 from saleval.testing.annotate_load import free_port, stop, wait_healthy
 from tests.annotate_support import launch_chromium, needs_chromium

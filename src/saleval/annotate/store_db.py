@@ -1,11 +1,35 @@
-"""The database under the annotation store: schema and its upgrade, connections,
-transactions, read-only opening, backups.
+"""The database under the annotation store: SQLite in WAL mode, one commit per answer.
 
-:class:`StoreDatabase` knows nothing of bundles, leases or answers; the rules of the
-study are in its schema (the unique indexes :mod:`saleval.annotate.store` describes) and
-in the classes built on it (:mod:`saleval.annotate.store_leases`,
-:mod:`saleval.annotate.store_answers`). Kept apart so opening, upgrading and copying the
-file can be read without the study's logic.
+Why SQLite: a study runs on one machine for days; a crash, a kill or a reboot must not
+lose an answer a worker already saw acknowledged. Every answer is its own
+``BEGIN IMMEDIATE … COMMIT`` transaction with ``synchronous=FULL`` by default, so once
+the server has redirected the worker to the next task, the answer is on disk.
+
+The rules of the study live in the schema, not only in Python, so that no code path (two
+server processes on one database, a double-clicked button, a replayed request) can
+break them:
+
+* ``one_bundle_per_worker_per_dataset``: a unique index on the *active* assignments'
+  ``(worker_id, dataset)``, across every task set stored in the same database;
+* ``one_worker_per_bundle``: a unique index on the active assignments' ``(run_key,
+  bundle_id)``: a bundle is never with two workers at once;
+* ``PRIMARY KEY (assignment_id, position)`` and ``UNIQUE (assignment_id, task_id)`` on
+  answers: an answer is never stored twice; the first one wins.
+
+An assignment is active until it is released: its lease ran out (``lease_minutes`` after
+the worker's last action; see :class:`LeasePolicy`), or the admin released or
+reassigned it. A released assignment keeps its answers (they were acknowledged) and its
+bundle goes back to the pool. Every lease change is a ``BEGIN IMMEDIATE`` transaction
+like an answer, so a late answer and the claim that releases its bundle are ordered:
+exactly one of them wins. docs/annotate.md describes the rules for operators.
+
+Times are ISO 8601 in UTC with milliseconds (``2025-01-31T12:00:00.123+00:00``).
+
+The store is three layers, one module each: this one (schema and its upgrade,
+connections, transactions, read-only opening, backups), which knows nothing of bundles,
+leases or answers; task sets, assignments and leases
+(:mod:`saleval.annotate.store_leases`); and tasks, answers and the tables read back
+(:mod:`saleval.annotate.store_answers`, whose :class:`AnnotationStore` is the store).
 """
 
 from __future__ import annotations

@@ -24,6 +24,4 @@ checks that no cycle exists):
    :mod:`~saleval.crowd.validation` (simulated vs real crowd);
 4. :mod:`~saleval.crowd.importer` (the built-in crowd sources: long answer files and the
    published format).
-
-:mod:`saleval.crowd.config` is the schemas' old address, kept for user code.
 """

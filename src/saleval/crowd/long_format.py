@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 
 from saleval.config.crowd import WorkerIdCase
-from saleval.crowd.answers import IDK_ALIASES, AnswerParser
+from saleval.crowd.answers import AnswerParser
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import MAX_LISTED_REJECTS, Rejects, read_rows
+from saleval.vocab import IDK_ALIASES
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from saleval.pipeline import stage_table, tracking
+from saleval.pipeline.input_paths import LATEST, latest_link
+from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import LATEST, PRODUCERS, RUN_JSON, RunInputs, latest_link
+from saleval.pipeline.run_inputs import PRODUCERS, RunInputs
 
 
 def run_dir_of(cfg: DictConfig) -> Path:

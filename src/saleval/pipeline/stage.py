@@ -37,21 +37,10 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
 from saleval.pipeline import run_record, tracking
+from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import LATEST as LATEST
-from saleval.pipeline.run_inputs import PRODUCERS as PRODUCERS
-from saleval.pipeline.run_inputs import RUN_JSON as RUN_JSON
-from saleval.pipeline.run_inputs import InputError as InputError
-from saleval.pipeline.run_inputs import RunInputs as RunInputs
-from saleval.pipeline.run_inputs import given_input as given_input
-from saleval.pipeline.run_inputs import latest_link as latest_link
-from saleval.pipeline.run_inputs import read_run_config as read_run_config
-from saleval.pipeline.run_inputs import read_run_info as read_run_info
-from saleval.pipeline.run_inputs import resolve_input as resolve_input
-from saleval.pipeline.run_inputs import resolve_inputs as resolve_inputs
-from saleval.pipeline.run_inputs import run_or_checkpoint as run_or_checkpoint
+from saleval.pipeline.run_inputs import RunInputs, read_run_info
 from saleval.pipeline.stage_tracking import StageTracking
 from saleval.pipeline.tables import TableSpec
 

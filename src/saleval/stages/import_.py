@@ -30,13 +30,15 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from saleval.cli import hydra_main
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary
 from saleval.crowd.source import Given, ImportContext, crowd_source
 from saleval.pipeline import tables, tracking
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.run_inputs import file_input
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.run_inputs import file_input, given_input
+from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
 REPORT_FILE = tables.IMPORT_REPORT

@@ -25,15 +25,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from saleval.cli import hydra_main
 from saleval.metrics.config import MetricsConfig
 from saleval.pipeline import tables, tracking
-from saleval.pipeline.stage import (
-    InputError,
-    Stage,
-    given_input,
-    hydra_main,
-    run_or_checkpoint,
-)
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.stage import Stage
 
 if TYPE_CHECKING:
     from saleval.metrics.faithfulness import Explanation

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from saleval.analysis import planning, reports
+from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
 from saleval.crowd.importer import PublishedSource
@@ -41,7 +42,9 @@ from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import calibration_differences
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
 from saleval.vocab import Population, Target
 

@@ -35,17 +35,13 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import comparison
+from saleval.cli import hydra_main
 from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, tables, tracking
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.stage import (
-    InputError,
-    Stage,
-    hydra_main,
-    read_run_config,
-    read_run_info,
-    resolve_input,
-)
+from saleval.pipeline.run_inputs import read_run_config, read_run_info, resolve_input
+from saleval.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

@@ -35,19 +35,16 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths
+from saleval.cli import hydra_main
 from saleval.config import register_configs
 from saleval.config.keys import check_keys
 from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
 from saleval.pipeline import stage_table, tracking
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import (
-    RUN_JSON,
-    hydra_main,
-    read_run_info,
-    resolve_input,
-    stage_fingerprint,
-)
+from saleval.pipeline.merge import RUN_JSON
+from saleval.pipeline.run_inputs import read_run_info, resolve_input
+from saleval.pipeline.stage import stage_fingerprint
 
 log = logging.getLogger(__name__)
 

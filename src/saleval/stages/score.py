@@ -30,13 +30,16 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import reports, scoring
+from saleval.cli import hydra_main
 from saleval.crowd.importer import PublishedSource
 from saleval.crowd.reading import sha256_file
 from saleval.crowd.source import crowd_source
 from saleval.crowd.validation import calibration_note, upstream_simulation
 from saleval.pipeline import tables, tracking
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
 COUNTS_FILE = "counts.csv"

@@ -33,6 +33,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis.reports import SIMULATED
+from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
 from saleval.crowd.importer import AnswersSource, PublishedSource
@@ -52,8 +53,10 @@ from saleval.crowd.validation import (
 )
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
 from saleval.vocab import Population, Target
 

@@ -460,7 +460,7 @@ def store_checks(db: Path, run_key: str, exported: pd.DataFrame, backup_to: Path
     backup is SQLite's online backup (:meth:`AnnotationStore.backup`), read back
     read-only.
     """
-    from saleval.annotate.store import AnnotationStore
+    from saleval.annotate.store_answers import AnnotationStore
 
     store = AnnotationStore(db, readonly=True)
     try:
