@@ -17,10 +17,10 @@ from mlflow.tracking import MlflowClient
 from omegaconf.errors import ConfigKeyError
 
 import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
+from saleval.analysis.validation import calibration_note
 from saleval.config.crowd import SimulationConfig, SimulationError
 from saleval.crowd.readers import build_reader
 from saleval.crowd.simulate import simulate_crowd
-from saleval.crowd.validation import calibration_note
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables
 from saleval.schema import to_schema

@@ -191,12 +191,13 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
     def main() -> Any:
         import hydra
 
-        from saleval.config import register_configs
+        from saleval.pipeline.compose import register_configs, search_path_override
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         args = sys.argv[1:]
-        try:  # a module named by metrics.plugins=[...] registers first: its settings compose
-            register_configs(args)
+        overrides = [a for a in args if not a.startswith("-") and "=" in a]
+        try:  # a module metrics.plugins names registers first: its settings compose
+            register_configs([*search_path_override(args), *overrides], config_name)
         except ValueError as err:  # that module cannot be imported
             if full_error():
                 raise

@@ -27,12 +27,23 @@ RENAMES: Mapping[str, str] = {
     "saleval.shortcut.metrics": "saleval.metrics.shortcut",
     # the crowd's schemas beside every other schema
     "saleval.crowd.config": "saleval.config.crowd",
+    # layers that only point down (issue #38): scoring a simulated crowd is analysis
+    "saleval.crowd.validation": "saleval.analysis.validation",
+    "saleval.crowd.published.published_ranking_agreement": (
+        "saleval.analysis.validation.published_ranking_agreement"
+    ),
     # the annotation store in its three layers, one module each
     **{
         f"saleval.annotate.store.{name}": f"saleval.annotate.{module}.{name}"
         for module, names in {
-            "store_db": ("SCHEMA_VERSION", "SYNCHRONOUS", "LeasePolicy", "StoreDatabase",
-                         "StoreError", "utcnow"),
+            "store_db": (
+                "SCHEMA_VERSION",
+                "SYNCHRONOUS",
+                "LeasePolicy",
+                "StoreDatabase",
+                "StoreError",
+                "utcnow",
+            ),
             "store_leases": ("Assignment", "BundleRefused", "LeaseStore", "ResumeRequired"),
             "store_answers": ("AnnotationStore", "AnswerRejected", "AnswerResult", "NextTask"),
         }.items()

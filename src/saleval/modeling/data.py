@@ -36,9 +36,9 @@ from omegaconf.errors import (
 )
 from sklearn.model_selection import train_test_split
 
-from saleval.config import to_schema
 from saleval.config.dataset import DatasetConfig, DataSource
 from saleval.errors import UserError
+from saleval.schema import to_schema
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.config import to_schema
 from saleval.config.shortcut import ShortcutConfig
 from saleval.errors import UserError
 from saleval.modeling.data import DatasetSplits
+from saleval.schema import to_schema
 from saleval.words import segment
 
 log = logging.getLogger(__name__)

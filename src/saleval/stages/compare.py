@@ -27,8 +27,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import comparison, scoring
+from saleval.analysis.validation import calibration_note, upstream_simulation
 from saleval.cli import hydra_main
-from saleval.crowd.validation import calibration_note, upstream_simulation
 from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, tables, tracking
 from saleval.pipeline.run_inputs import read_run_info

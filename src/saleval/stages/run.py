@@ -34,13 +34,12 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import paths
+from saleval.analysis.validation import published_ranking_agreement
 from saleval.cli import hydra_main
-from saleval.config import register_configs
 from saleval.config.keys import check_keys
-from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
 from saleval.pipeline import stage_table, tracking
+from saleval.pipeline.compose import compose_root, register_configs
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.run_inputs import read_run_info, resolve_input
@@ -57,16 +56,8 @@ PIPELINE: list[tuple[str, str, str, dict[str, str]]] = [
 
 def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
     """Compose a stage's root config as its console script would."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs(overrides)  # a metrics.plugins override: its settings compose
-    if GlobalHydra.instance().is_initialized():
-        # inside a Hydra app: compose with the already-initialised config search path
-        cfg = compose(config_name, overrides=overrides)
-    else:
-        with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-            cfg = compose(config_name, overrides=overrides)
+    register_configs(overrides, config_name)  # a metrics plugin's settings compose
+    cfg = compose_root(config_name, overrides)
     check_keys(cfg)  # a profile's `+key=` is refused as on the command line
     return cfg
 
