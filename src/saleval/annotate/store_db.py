@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from saleval.config.crowd import WorkerIdCase
 from saleval.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -148,12 +149,15 @@ class LeasePolicy:
     A lease runs ``lease_minutes`` from the worker's last action (start, instructions,
     a task shown, an answer); when it has run out, the next claim by anyone returns the
     bundle to the pool. ``max_claims`` new bundles per client address per
-    ``claim_window_minutes`` (0: no bound).
+    ``claim_window_minutes`` (0: no bound). ``worker_id_case``: which IDs name one worker,
+    the import's rule (``crowd.worker_id_case``), so a worker is one in the app and in
+    the scores.
     """
 
     lease_minutes: float = 60.0
     max_claims: int = 5
     claim_window_minutes: float = 60.0
+    worker_id_case: WorkerIdCase = WorkerIdCase.insensitive
 
 
 class StoreDatabase:

@@ -110,6 +110,19 @@ class LeaseStore(StoreDatabase):
                 )
 
     # -- assignments --------------------------------------------------------------
+    def worker(self, c: _Connection, worker_id: str) -> str:
+        """The worker ``worker_id`` names here, by the one worker-ID rule
+        (:meth:`~saleval.config.crowd.WorkerIdCase.key`, ``lease.worker_id_case``): the
+        spelling this store first recorded for that worker, else the ID without its
+        surrounding spaces. Every way to a bundle (start, resume, the admin's assign)
+        asks it, so "Ann " and "ann" hold one bundle under the default rule."""
+        case = self.lease.worker_id_case
+        key = case.key(worker_id)
+        known = c.execute(
+            "SELECT worker_id FROM assignments GROUP BY worker_id ORDER BY MIN(assignment_id)"
+        )
+        return next((str(w) for (w,) in known if case.key(str(w)) == key), worker_id.strip())
+
     def assign(
         self,
         run_key: str,
@@ -135,6 +148,7 @@ class LeaseStore(StoreDatabase):
             if run is None:
                 raise StoreError(f"{self.path}: task set {run_key} is not registered")
             dataset = run[0]
+            worker_id = self.worker(c, worker_id)
             self._expire(c, run_key)
             held = c.execute(
                 "SELECT * FROM assignments WHERE worker_id=? AND dataset=? AND released_at IS NULL",
@@ -316,6 +330,7 @@ class LeaseStore(StoreDatabase):
         The new worker resumes with the returned assignment's resume code.
         """
         with self._write() as c:
+            worker_id = self.worker(c, worker_id)
             run = c.execute("SELECT dataset FROM runs WHERE run_key=?", (run_key,)).fetchone()
             n = c.execute(
                 "SELECT COUNT(*) FROM bundle_items WHERE run_key=? AND bundle_id=?",

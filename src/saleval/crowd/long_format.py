@@ -30,17 +30,6 @@ ANSWER_FILE = "answers.csv"
 """The file name of a long answer file inside a run dir (``saleval-simulate``, export)."""
 
 
-def worker_key(raw: str, case: WorkerIdCase | str = WorkerIdCase.insensitive) -> str:
-    """Who a worker ID names: surrounding spaces never count, case only under ``sensitive``
-    (docs/aggregation.md#worker-ids).
-
-    >>> worker_key(" A1b2 "), worker_key(" A1b2 ", "sensitive")
-    ('a1b2', 'A1b2')
-    """
-    value = raw.strip()
-    return value if WorkerIdCase(case) == WorkerIdCase.sensitive else value.casefold()
-
-
 _TIME_FIELDS = ("started_at", "submitted_at")
 
 
@@ -67,7 +56,7 @@ def read_answers(
     answer of one worker to one task, a worker answering the same sample twice, and a
     worker taking more than one bundle (docs/study-design.md: one bundle per worker and dataset).
 
-    Worker IDs are compared by :func:`worker_key` (``worker_id_case``); IDs that name one
+    Worker IDs are compared by :meth:`WorkerIdCase.key` (``worker_id_case``); IDs that name one
     worker are logged in one line and take the spelling of their first row
     (``info["worker_ids_merged"]``). A bundle answered by more than one worker is a
     warning naming file, row and field (``info["bundles_with_several_workers"]``):
@@ -192,7 +181,7 @@ class _TaskIndex:
 
 
 class _WorkerIds:
-    """Worker IDs as :func:`worker_key` reads them: the first spelling of a worker names it
+    """Worker IDs as :meth:`WorkerIdCase.key` reads them: the first spelling of a worker names it
     in every later row; every raw spelling is kept for the merge warning."""
 
     def __init__(self, case: WorkerIdCase | str) -> None:
@@ -204,7 +193,7 @@ class _WorkerIds:
         """The worker a raw ID names, as first spelt; "" for an empty ID."""
         worker = raw.strip()
         if worker:
-            key = worker_key(worker, self.case)
+            key = WorkerIdCase(self.case).key(worker)
             worker = self.spelling.setdefault(key, worker)
             self.spellings.setdefault(key, {})[raw] = None
         return worker

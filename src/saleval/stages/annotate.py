@@ -43,6 +43,7 @@ from saleval.annotate.store_db import LeasePolicy, StoreError
 from saleval.annotate.study import load_study
 from saleval.cli import hydra_main
 from saleval.config.annotate import AnnotateAction
+from saleval.config.crowd import WorkerIdCase
 from saleval.pipeline import tables
 from saleval.pipeline.run_inputs import resolve_input
 from saleval.pipeline.stage import Stage
@@ -107,6 +108,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 lease_minutes=float(cfg.annotate.lease_minutes),
                 max_claims=int(cfg.annotate.max_claims_per_client),
                 claim_window_minutes=float(cfg.annotate.claim_window_minutes),
+                worker_id_case=WorkerIdCase(cfg.crowd.worker_id_case),
             ),
             completion_url=cfg.annotate.completion_url,
             allowed_origins=tuple(str(o) for o in cfg.annotate.allowed_origins),
