@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from saleval.pipeline import tracking
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
-from saleval.testing.annotate_load import free_port, start_cli_server, stop, wait_healthy
+from saleval.testing.load_servers import free_port, start_cli_server, stop, wait_healthy
 from tests.annotate_support import TOKEN
 
 

@@ -33,7 +33,7 @@ from PIL import Image
 from saleval.pipeline import tables
 from saleval.pipeline.run_inputs import read_run_info
 from saleval.pipeline.tracking import VIEW_PARAM, method_rows
-from saleval.testing.annotate_load import free_port, stop, wait_healthy
+from saleval.testing.load_servers import free_port, stop, wait_healthy
 from tests.annotate_support import launch_chromium, needs_chromium
 from tests.conftest import FinishedPipeline
 
