@@ -140,7 +140,8 @@ def test_profile_typo_fails_saleval_run_before_any_stage_runs(
 
 
 def test_implementations_are_picked_by_target() -> None:
-    from saleval.modeling.data import DataError, load_dataset
+    from saleval.modeling.data import load_dataset
+    from saleval.modeling.data_checks import DataError
     from saleval.modeling.models import ModelError, PretrainedSource, RandomSource, model_source
 
     assert isinstance(model_source(compose_config("train", ["model=tiny"]).model), RandomSource)

@@ -11,7 +11,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from saleval import paths
-from saleval.modeling.data import DataError, clean_ag_news, clean_imdb, load_dataset
+from saleval.modeling.data import clean_ag_news, clean_imdb, load_dataset
+from saleval.modeling.data_checks import DataError
 from saleval.modeling.models import ModelError, build_model, load_tokenizer, load_trained
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.run_inputs import resolve_input

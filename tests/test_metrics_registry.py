@@ -17,6 +17,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from saleval.analysis import comparison as C
+from saleval.analysis import comparison_report, metric_columns
 from saleval.config.keys import UnknownKeyError
 from saleval.metrics import faithfulness as F
 from saleval.metrics import registry as R
@@ -60,7 +61,7 @@ def test_builtins_declare_direction_citation_and_outputs() -> None:
     ]
     assert [m.info.name for m in R.registered("plausibility")] == ["auprc", "token_f1", "iou_f1"]
     assert all(m.info.citation for m in R.registered())
-    directions = C.metric_directions()
+    directions = metric_columns.metric_directions()
     assert directions["comprehensiveness_kgrid"] is True
     assert directions["sufficiency_kgrid"] is False and directions["aopc_least"] is False
     assert "no_switch" not in directions and R.direction("no_switch") is None
@@ -100,7 +101,7 @@ def test_a_registered_metric_reaches_evaluate_and_the_comparison(tok, toy_metric
     }
     corr = out.correlations.set_index(["metric", "statistic"])
     assert bool(corr.loc[(toy_metric, "spearman"), "higher_is_better"]) is True
-    md = C.markdown_report(out.comparison, out.correlations, out.columns, "T")
+    md = comparison_report.markdown_report(out.comparison, out.correlations, out.columns, "T")
     assert f"{toy_metric} ↑" in md
 
 
@@ -120,8 +121,10 @@ def test_an_unregistered_metric_is_named_not_dropped(caplog) -> None:
     assert res.columns == ["comprehensiveness"]
     assert any("mystery_metric" in n and "register" in n for n in res.notes)
     assert "mystery_metric" in caplog.text
-    with pytest.raises(C.ComparisonError, match="mystery_metric.*no registered direction"):
-        C.higher_is_better("mystery_metric")
+    with pytest.raises(
+        metric_columns.ComparisonError, match="mystery_metric.*no registered direction"
+    ):
+        metric_columns.higher_is_better("mystery_metric")
 
 
 def test_unknown_metrics_keys_fail_naming_the_key() -> None:

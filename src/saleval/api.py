@@ -375,7 +375,7 @@ def evaluate(
     ``per_example``: the long per-(sample, method, metric, k) table instead
     (``metrics_per_example.parquet``'s layout). Definitions: ``docs/metrics.md``.
     """
-    from saleval.analysis.comparison import select_columns, wide_metrics
+    from saleval.analysis.metric_columns import select_columns, wide_metrics
     from saleval.metrics import faithfulness
 
     length = max_length or explanations.attrs.get("max_length")

@@ -41,14 +41,9 @@ from saleval.crowd.lu2024 import LU2024_METHODS, _read_blocks, read_lu2024
 from saleval.crowd.sampling import interleave
 from saleval.crowd.seeding import seeded_rng
 from saleval.crowd.source import CrowdTasks
-from saleval.modeling.data import (
-    DataError,
-    DatasetSplits,
-    _file,
-    read_ag_news,
-    read_imdb,
-    stratified_split,
-)
+from saleval.modeling.data import DatasetSplits, _file, read_ag_news, read_imdb
+from saleval.modeling.data_checks import DataError
+from saleval.modeling.splits import stratified_split
 from saleval.pipeline import tables
 
 _PIECE = re.compile(r" ##")

@@ -12,8 +12,8 @@ settings are then checked at compose like every other key (docs/extending.md, *A
 automated metric*). The console scripts, ``saleval-run`` and the tests' compose helper
 all call it.
 
->>> register_configs(); register_configs()  # idempotent
-[]
+>>> register_configs() == register_configs() == []  # idempotent; no plugin named
+True
 >>> from hydra.core.config_store import ConfigStore
 >>> "train_schema.yaml" in ConfigStore.instance().list("")
 True

@@ -17,7 +17,7 @@ id, fingerprint, parents, provenance) into the run dir, starts an MLflow run (ne
 an active pipeline run), tags it (with the host, pid and pid start time that let a later
 stage tell it died), and always ends it, marking it FAILED on an exception; before
 starting, it marks KILLED the RUNNING runs of this host
-whose process is gone (:func:`saleval.pipeline.tracking.end_dead_runs`). In the extra processes of a multi-process
+whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 """
 
@@ -242,7 +242,7 @@ class Stage:
     def log_metrics(
         self, metrics: Mapping[str, float], step: int | None = None, **kwargs: Any
     ) -> None:
-        """Into the stage run (keys: :func:`saleval.pipeline.tracking.metric_key`); ``kwargs``:
+        """Into the stage run (keys: :func:`saleval.pipeline.run_naming.metric_key`); ``kwargs``:
         MLflow's ``model_id``/``dataset``."""
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)

@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.analysis import comparison, scoring
+from saleval.analysis import comparison, comparison_report, scoring
 from saleval.analysis.validation import calibration_note, upstream_simulation
 from saleval.cli import hydra_main
 from saleval.metrics.registry import import_plugins
-from saleval.pipeline import merge, tables, tracking
+from saleval.pipeline import merge, run_naming, tables
 from saleval.pipeline.run_inputs import read_run_info
 from saleval.pipeline.stage import Stage
 
@@ -89,7 +89,7 @@ def correlation_metrics(corr: pd.DataFrame) -> dict[str, float]:
     for r in corr.itertuples():
         if pd.notna(r.value) and r.statistic in ("spearman", "kendall"):
             level = "" if r.level == "method" else "instance_"
-            out[f"{level}{r.statistic}_{tracking.metric_at_k(str(r.metric))}"] = float(r.value)
+            out[f"{level}{r.statistic}_{run_naming.metric_at_k(str(r.metric))}"] = float(r.value)
     return out
 
 
@@ -100,8 +100,8 @@ def method_rows(table: pd.DataFrame) -> pd.DataFrame:
 
     def key(col: str) -> str:
         if col.endswith("_rank") and col not in ("human_rank",):
-            return tracking.metric_at_k(col.removesuffix("_rank")) + "_rank"
-        return tracking.metric_at_k(col)
+            return run_naming.metric_at_k(col.removesuffix("_rank")) + "_rank"
+        return run_naming.metric_at_k(col)
 
     rows = table.drop(columns=["simulated"], errors="ignore")
     return rows.rename(columns={c: key(c) for c in rows.columns if c != "method"})
@@ -185,9 +185,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         missing = sorted(set(human.index) ^ set(metrics["method"].astype(str)))
         if missing:
             notes.append(f"Methods on one side only (left out): {', '.join(missing)}.")
-        md = comparison.markdown_report(table, corr, result.columns, title, notes)
+        md = comparison_report.markdown_report(table, corr, result.columns, title, notes)
         st.path("comparison.md").write_text(md)
-        comparison.plot_rank_vs_rank(
+        comparison_report.plot_rank_vs_rank(
             table, result.columns, corr, st.path("rank_vs_rank.png"), title
         )
         outputs = ["comparison.md", "rank_vs_rank.png"]

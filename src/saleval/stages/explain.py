@@ -35,7 +35,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.cli import hydra_main
-from saleval.modeling.data import DataError, load_dataset
+from saleval.modeling.data import load_dataset
+from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.run_inputs import given_input, run_or_checkpoint

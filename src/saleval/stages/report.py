@@ -34,10 +34,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.analysis import comparison
+from saleval.analysis import comparison, metric_columns
 from saleval.cli import hydra_main
 from saleval.metrics.registry import import_plugins
-from saleval.pipeline import merge, tables, tracking
+from saleval.pipeline import merge, run_naming, tables
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance
 from saleval.pipeline.run_inputs import read_run_config, read_run_info, resolve_input
@@ -212,14 +212,14 @@ def values_of(source: Source, columns: str | Sequence[str]) -> pd.DataFrame:
     """``method, column, value`` of one run: the human score and/or each metric column."""
     if source.stage == "compare":
         table = tables.COMPARISON.read(source.run_dir)
-        known = comparison.metric_directions()
+        known = metric_columns.metric_directions()
         cols = [HUMAN] + [
             c
             for c in table.columns
             if c not in tables.COMPARISON.columns
             and c not in tables.COMPARISON.optional
             and not c.endswith("_rank")
-            and comparison.split_column(c)[0] in known
+            and metric_columns.split_column(c)[0] in known
         ]
         long = table.melt(id_vars="method", value_vars=cols, var_name="column")
     elif source.stage == "score":
@@ -227,8 +227,8 @@ def values_of(source: Source, columns: str | Sequence[str]) -> pd.DataFrame:
         long = pd.DataFrame({"method": scores["method"], "column": HUMAN, "value": scores["score"]})
     else:
         metrics = tables.METRICS.read(source.run_dir)
-        cols = comparison.select_columns(metrics, columns)
-        wide = comparison.wide_metrics(metrics, cols, ["method"])
+        cols = metric_columns.select_columns(metrics, columns)
+        wide = metric_columns.wide_metrics(metrics, cols, ["method"])
         long = wide.reset_index().melt(id_vars="method", var_name="column")
     return long.assign(method=long["method"].astype(str), value=long["value"].astype(float))
 
@@ -284,10 +284,10 @@ def report_table(long: pd.DataFrame, rank_within: Sequence[str]) -> tuple[pd.Dat
         out[col] = wide[col]
         out[f"{col}_rank"] = pd.array([pd.NA] * len(out), dtype="Int64")
     for _, idx in out.groupby(list(rank_within)).groups.items():
-        out.loc[idx, "human_rank"] = comparison.rank_methods(out.loc[idx, HUMAN], True)
+        out.loc[idx, "human_rank"] = metric_columns.rank_methods(out.loc[idx, HUMAN], True)
         for col in metric_cols:
-            higher = comparison.higher_is_better(col)
-            out.loc[idx, f"{col}_rank"] = comparison.rank_methods(out.loc[idx, col], higher)
+            higher = metric_columns.higher_is_better(col)
+            out.loc[idx, f"{col}_rank"] = metric_columns.rank_methods(out.loc[idx, col], higher)
     out["simulated"], out["runs"] = wide["simulated"].to_numpy(), wide["runs"].to_numpy()
     out = out.sort_values([*rank_within, "human_rank", "method"], na_position="last")
     return out.reset_index(drop=True), metric_cols
@@ -304,7 +304,7 @@ def rank_correlations(
             continue
         group = dict(zip(rank_within, key if isinstance(key, tuple) else (key,)))
         for col in metric_cols:
-            higher = comparison.higher_is_better(col)
+            higher = metric_columns.higher_is_better(col)
             r = comparison.rank_agreement(g[HUMAN], g[col], higher)
             for stat in ("spearman", "kendall"):
                 rows.append(
@@ -344,7 +344,7 @@ def markdown(
             shown["variant"] = g["variant"].to_numpy()
         shown["human"] = [_cell(v, r) for v, r in zip(g[HUMAN], g["human_rank"])]
         for col in metric_cols:
-            arrow = "↑" if comparison.higher_is_better(col) else "↓"
+            arrow = "↑" if metric_columns.higher_is_better(col) else "↓"
             shown[f"{col} {arrow}"] = [_cell(v, r) for v, r in zip(g[col], g[f"{col}_rank"])]
         parts += [f"## {name}", "", shown.to_markdown(index=False), ""]
     parts += ["Ranks in brackets, within each section (1 = best).", ""]
@@ -498,7 +498,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             }
         )
         logged = {
-            tracking.metric_key(f"{r.statistic}_{r.dataset}_{r.model}_{r.metric}"): float(r.value)
+            run_naming.metric_key(f"{r.statistic}_{r.dataset}_{r.model}_{r.metric}"): float(r.value)
             for r in corr.itertuples()
             if pd.notna(r.value) and not r.variant
         }

@@ -38,7 +38,7 @@ from saleval.analysis.validation import published_ranking_agreement
 from saleval.cli import hydra_main
 from saleval.config.keys import check_keys
 from saleval.errors import UserError
-from saleval.pipeline import stage_table, tracking
+from saleval.pipeline import dead_runs, run_naming, stage_table, tracking, views
 from saleval.pipeline.compose import compose_root, register_configs
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.merge import RUN_JSON
@@ -138,14 +138,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     uri = tracking.tracking_uri(cfg.tracking.uri)
     experiment_id = tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
     mark_orphans_killed(out_root)
-    tracking.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
+    dead_runs.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
     simulated = "simulate" in selected
     what = ["run", str(profile.name), str(profile.dataset), str(profile.model)]
     with mlflow.start_run(
-        run_name=tracking.SEP.join(what + (["SIMULATED"] if simulated else [])),
+        run_name=run_naming.SEP.join(what + (["SIMULATED"] if simulated else [])),
         tags={
             "stage": "run",
             "profile": str(profile.name),
@@ -153,7 +153,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "model": str(profile.model),
             "run_dir": str(out_root),
             "simulated": "true" if simulated else "false",
-            **tracking.process_tags(),
+            **dead_runs.process_tags(),
         },
     ) as parent:
         tracking.log_params(
@@ -271,8 +271,8 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
     A ``kill -9`` leaves no chance to end a run, so its pipeline run and the stage run
     it was in stay RUNNING for ever. A resume in the same run dir is the first moment
     that knows they are dead (two pipelines never share a run dir), whichever host ran
-    them; they are ended by :func:`saleval.pipeline.tracking.mark_killed` (the same as runs
-    whose process is gone, :func:`saleval.pipeline.tracking.end_dead_runs`) and their ids
+    them; they are ended by :func:`saleval.pipeline.dead_runs.mark_killed` (the same as runs
+    whose process is gone, :func:`saleval.pipeline.dead_runs.end_dead_runs`) and their ids
     returned.
     """
     root = out_root.resolve()
@@ -286,7 +286,7 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
         if (d := r.data.tags.get("run_dir"))
         and (Path(d).resolve() == root or root in Path(d).resolve().parents)
     ]
-    return tracking.mark_killed(client, orphans, "of an earlier, killed pipeline in this run dir")
+    return dead_runs.mark_killed(client, orphans, "of an earlier, killed pipeline in this run dir")
 
 
 def _hydra_dir() -> Path:
@@ -329,7 +329,7 @@ def _final_report(
     view = None
     if "compare" in dirs:
         view = read_run_info(dirs["compare"]).get("mlflow_view")
-    print(f"\nOpen the comparison:\n  {tracking.ui_hint(uri, experiment_id, view)}\n")
+    print(f"\nOpen the comparison:\n  {views.ui_hint(uri, experiment_id, view)}\n")
 
 
 main = hydra_main("run", run)
