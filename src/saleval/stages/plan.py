@@ -30,7 +30,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from saleval.analysis import planning, reports
+from saleval.analysis import plan_report, planning
 from saleval.analysis.validation import calibration_differences
 from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig, StudyConfig
@@ -302,11 +302,13 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
         st.write(tables.PLAN_CHECK, check)
     simulated = pool.source == "simulated"
     caption = f"{cfg.dataset.name}: what a study of n samples would show"
-    st.log_file(reports.plot_power_curves(table, methods, st.path("power.png"), caption, simulated))
+    st.log_file(
+        plan_report.plot_power_curves(table, methods, st.path("power.png"), caption, simulated)
+    )
     shown_seconds = seconds(grid[0]) if callable(seconds) else seconds
     info = _assumptions(pool, pc, shown_seconds, seconds_source) | {"discrepancy": note}
     md = st.path("plan.md")
-    md.write_text(reports.plan_markdown(table, methods, recommended, info, check))
+    md.write_text(plan_report.plan_markdown(table, methods, recommended, info, check))
     st.log_file(md)
     out: dict[str, Any] = {
         "run_dir": str(st.run_dir),
