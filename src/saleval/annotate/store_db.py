@@ -201,7 +201,7 @@ class StoreDatabase:
         mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        self._migrate_v1()
+        upgrade_from_v1(self)
         with self._write() as c:
             c.executescript_safe(_SCHEMA)
             row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -339,55 +339,6 @@ class StoreDatabase:
                     con.execute("ROLLBACK")
                 raise
 
-    def _migrate_v1(self) -> None:
-        """Rebuild a version-1 ``assignments`` table (table constraints) as version 2.
-
-        SQLite cannot drop a table constraint, so the table is copied; foreign keys are
-        off during the copy (``shown`` and ``answers`` point at it) and checked after.
-        """
-        con = self._conn()
-        row = con.execute(
-            "SELECT 1 FROM sqlite_master WHERE name='meta' AND type='table'"
-        ).fetchone()
-        version = (
-            row and con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        )
-        if not version or int(version[0]) != 1:
-            return
-        con.execute("PRAGMA foreign_keys=OFF")
-        try:
-            with self._write() as c:
-                ddl = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS assignments") :]
-                ddl = ddl[: ddl.index(");") + 1].replace(
-                    "IF NOT EXISTS assignments", "assignments_v2"
-                )
-                c.execute(ddl)
-                c.execute(
-                    f"INSERT INTO assignments_v2 ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} "
-                    "FROM assignments"
-                )
-                c.execute("DROP TABLE assignments")
-                c.execute("ALTER TABLE assignments_v2 RENAME TO assignments")
-                c.executescript_safe(_SCHEMA)  # the indexes
-                # v1 bundles were never released: each keeps a lease from now, and a
-                # resume code of its own
-                for (aid,) in c.execute(
-                    "SELECT assignment_id FROM assignments WHERE resume_code=''"
-                ).fetchall():
-                    c.execute(
-                        "UPDATE assignments SET resume_code=?, lease_expires_at=? "
-                        "WHERE assignment_id=?",
-                        (_new_code(), self._lease_end(), aid),
-                    )
-                bad = c.execute("PRAGMA foreign_key_check").fetchall()
-                if bad:
-                    raise StoreError(f"{self.path}: upgrade broke foreign keys: {bad[:3]}")
-                c.execute(
-                    "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
-                )
-        finally:
-            con.execute("PRAGMA foreign_keys=ON")
-
     def close(self) -> None:
         with self._lock:
             for con in self._all:
@@ -431,6 +382,47 @@ class StoreDatabase:
 
     def _lease_end(self) -> str:
         return _iso(self.clock() + timedelta(minutes=self.lease.lease_minutes))
+
+
+def upgrade_from_v1(db: StoreDatabase) -> None:
+    """Rebuild a version-1 ``assignments`` table (table constraints) as version 2.
+
+    SQLite cannot drop a table constraint, so the table is copied; foreign keys are
+    off during the copy (``shown`` and ``answers`` point at it) and checked after.
+    """
+    con = db._conn()
+    row = con.execute("SELECT 1 FROM sqlite_master WHERE name='meta' AND type='table'").fetchone()
+    version = row and con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if not version or int(version[0]) != 1:
+        return
+    con.execute("PRAGMA foreign_keys=OFF")
+    try:
+        with db._write() as c:
+            ddl = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS assignments") :]
+            ddl = ddl[: ddl.index(");") + 1].replace("IF NOT EXISTS assignments", "assignments_v2")
+            c.execute(ddl)
+            c.execute(
+                f"INSERT INTO assignments_v2 ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM assignments"
+            )
+            c.execute("DROP TABLE assignments")
+            c.execute("ALTER TABLE assignments_v2 RENAME TO assignments")
+            c.executescript_safe(_SCHEMA)  # the indexes
+            # v1 bundles were never released: each keeps a lease from now, and a
+            # resume code of its own
+            for (aid,) in c.execute(
+                "SELECT assignment_id FROM assignments WHERE resume_code=''"
+            ).fetchall():
+                c.execute(
+                    "UPDATE assignments SET resume_code=?, lease_expires_at=? "
+                    "WHERE assignment_id=?",
+                    (_new_code(), db._lease_end(), aid),
+                )
+            bad = c.execute("PRAGMA foreign_key_check").fetchall()
+            if bad:
+                raise StoreError(f"{db.path}: upgrade broke foreign keys: {bad[:3]}")
+            c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+    finally:
+        con.execute("PRAGMA foreign_keys=ON")
 
 
 class _Connection(sqlite3.Connection):

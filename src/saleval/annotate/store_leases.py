@@ -2,7 +2,8 @@
 
 A bundle in progress is handed back only to a request that proves it belongs to its
 worker (:func:`_proves`); a lease runs from the worker's last action and, once run out,
-the bundle goes back to the pool at the next claim (:class:`LeaseStore`). Every change
+the bundle goes back to the pool at the next claim (:class:`LeaseStore`); task sets and
+claims are :class:`BundleStore`'s. Every change
 is one ``BEGIN IMMEDIATE`` transaction, ordered against answers.
 """
 
@@ -64,7 +65,119 @@ class Assignment:
 
 
 class LeaseStore(StoreDatabase):
-    """The database with task sets registered and bundles assigned, leased and released."""
+    """Assignments as leases: an assignment is made with a lease, renewed by the worker's
+    actions, released when it runs out (at the next claim, or :meth:`expire_leases`) or by
+    the admin, and taken back by its own worker while nobody else holds the bundle."""
+
+    def _insert(
+        self,
+        c: _Connection,
+        run_key: str,
+        dataset: str,
+        bundle_id: str,
+        n_tasks: int,
+        worker_id: str,
+        client: str | None,
+        platform_session: str | None,
+    ) -> Assignment:
+        cur = c.execute(
+            "INSERT INTO assignments (run_key, dataset, bundle_id, worker_id, session_token, "
+            "n_tasks, assigned_at, resume_code, lease_expires_at, client, platform_session) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_key,
+                dataset,
+                bundle_id,
+                worker_id,
+                secrets.token_urlsafe(24),
+                n_tasks,
+                self._now(),
+                _new_code(),
+                self._lease_end(),
+                client,
+                platform_session or None,
+            ),
+        )
+        return self._get(c, int(cur.lastrowid or 0))
+
+    def _get(self, c: _Connection, assignment_id: int) -> Assignment:
+        row = c.execute(
+            "SELECT * FROM assignments WHERE assignment_id=?", (assignment_id,)
+        ).fetchone()
+        return _assignment(row)
+
+    def _renew(self, c: _Connection, assignment_id: int) -> None:
+        c.execute(
+            "UPDATE assignments SET lease_expires_at=? WHERE assignment_id=? "
+            "AND released_at IS NULL AND completed_at IS NULL",
+            (self._lease_end(), assignment_id),
+        )
+
+    def _expire(self, c: _Connection, run_key: str) -> int:
+        """Release every unfinished bundle of the task set whose lease has run out."""
+        now = self._now()
+        return c.execute(
+            "UPDATE assignments SET released_at=?, released_reason='expired' "
+            "WHERE run_key=? AND released_at IS NULL AND completed_at IS NULL "
+            "AND lease_expires_at<=?",
+            (now, run_key, now),
+        ).rowcount
+
+    def _reactivate(self, c: _Connection, assignment_id: int) -> Assignment:
+        """Give an expired assignment back to its worker; the indexes refuse a taken bundle."""
+        c.execute(
+            "UPDATE assignments SET released_at=NULL, released_reason=NULL, lease_expires_at=? "
+            "WHERE assignment_id=?",
+            (self._lease_end(), assignment_id),
+        )
+        return self._get(c, assignment_id)
+
+    def expire_leases(self, run_key: str) -> int:
+        """Return bundles whose lease has run out to the pool now; how many were released."""
+        with self._write() as c:
+            return self._expire(c, run_key)
+
+    def reclaim(self, assignment_id: int) -> Assignment:
+        """A released assignment back for its own worker (who holds its session), if possible.
+
+        Possible when the lease ran out (an admin release is final), nobody else holds the
+        bundle and the worker holds no other bundle of the dataset.
+        """
+        with self._write() as c:
+            a = self._get(c, assignment_id)
+            if not a.released:
+                self._renew(c, assignment_id)
+                return self._get(c, assignment_id)
+            if a.released_reason != "expired":
+                raise BundleRefused(_released_message(c, a), status=410)
+            try:
+                return self._reactivate(c, assignment_id)
+            except sqlite3.IntegrityError:
+                raise BundleRefused(_released_message(c, a), status=410) from None
+
+    def release(self, run_key: str, bundle_id: str, reason: str = "admin") -> Assignment:
+        """Take an unfinished bundle away from its worker; their answers so far are kept."""
+        with self._write() as c:
+            row = c.execute(
+                "SELECT * FROM assignments WHERE run_key=? AND bundle_id=? AND released_at IS NULL",
+                (run_key, bundle_id),
+            ).fetchone()
+            if row is None:
+                raise BundleRefused(f"Bundle {bundle_id} is not assigned to anyone.")
+            a = _assignment(row)
+            if a.done:
+                raise BundleRefused(f"Bundle {bundle_id} is completed; it cannot be released.")
+            c.execute(
+                "UPDATE assignments SET released_at=?, released_reason=? WHERE assignment_id=?",
+                (self._now(), reason, a.assignment_id),
+            )
+            return self._get(c, a.assignment_id)
+
+
+class BundleStore(LeaseStore):
+    """Task sets and who holds which bundle: a task set registered once, a bundle claimed
+    by a worker (:meth:`assign`) or given by the admin (:meth:`reassign`), an assignment
+    found by its session; every worker ID read by the one worker-ID rule (:meth:`worker`)."""
 
     def register_run(
         self, run_key: str, dataset: str, tasks_dir: str, bundles: pd.DataFrame
@@ -109,7 +222,6 @@ class LeaseStore(StoreDatabase):
                     f"dataset ({known[0]!r}); serve the original tasks run dir or use a new database"
                 )
 
-    # -- assignments --------------------------------------------------------------
     def worker(self, c: _Connection, worker_id: str) -> str:
         """The worker ``worker_id`` names here, by the one worker-ID rule
         (:meth:`~saleval.config.crowd.WorkerIdCase.key`, ``lease.worker_id_case``): the
@@ -219,110 +331,6 @@ class LeaseStore(StoreDatabase):
             return self._insert(
                 c, run_key, dataset, free[0], free[1], worker_id, client, platform_session
             )
-
-    def _insert(
-        self,
-        c: _Connection,
-        run_key: str,
-        dataset: str,
-        bundle_id: str,
-        n_tasks: int,
-        worker_id: str,
-        client: str | None,
-        platform_session: str | None,
-    ) -> Assignment:
-        cur = c.execute(
-            "INSERT INTO assignments (run_key, dataset, bundle_id, worker_id, session_token, "
-            "n_tasks, assigned_at, resume_code, lease_expires_at, client, platform_session) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                run_key,
-                dataset,
-                bundle_id,
-                worker_id,
-                secrets.token_urlsafe(24),
-                n_tasks,
-                self._now(),
-                _new_code(),
-                self._lease_end(),
-                client,
-                platform_session or None,
-            ),
-        )
-        return self._get(c, int(cur.lastrowid or 0))
-
-    def _get(self, c: _Connection, assignment_id: int) -> Assignment:
-        row = c.execute(
-            "SELECT * FROM assignments WHERE assignment_id=?", (assignment_id,)
-        ).fetchone()
-        return _assignment(row)
-
-    def _renew(self, c: _Connection, assignment_id: int) -> None:
-        c.execute(
-            "UPDATE assignments SET lease_expires_at=? WHERE assignment_id=? "
-            "AND released_at IS NULL AND completed_at IS NULL",
-            (self._lease_end(), assignment_id),
-        )
-
-    def _expire(self, c: _Connection, run_key: str) -> int:
-        """Release every unfinished bundle of the task set whose lease has run out."""
-        now = self._now()
-        return c.execute(
-            "UPDATE assignments SET released_at=?, released_reason='expired' "
-            "WHERE run_key=? AND released_at IS NULL AND completed_at IS NULL "
-            "AND lease_expires_at<=?",
-            (now, run_key, now),
-        ).rowcount
-
-    def _reactivate(self, c: _Connection, assignment_id: int) -> Assignment:
-        """Give an expired assignment back to its worker; the indexes refuse a taken bundle."""
-        c.execute(
-            "UPDATE assignments SET released_at=NULL, released_reason=NULL, lease_expires_at=? "
-            "WHERE assignment_id=?",
-            (self._lease_end(), assignment_id),
-        )
-        return self._get(c, assignment_id)
-
-    def expire_leases(self, run_key: str) -> int:
-        """Return bundles whose lease has run out to the pool now; how many were released."""
-        with self._write() as c:
-            return self._expire(c, run_key)
-
-    def reclaim(self, assignment_id: int) -> Assignment:
-        """A released assignment back for its own worker (who holds its session), if possible.
-
-        Possible when the lease ran out (an admin release is final), nobody else holds the
-        bundle and the worker holds no other bundle of the dataset.
-        """
-        with self._write() as c:
-            a = self._get(c, assignment_id)
-            if not a.released:
-                self._renew(c, assignment_id)
-                return self._get(c, assignment_id)
-            if a.released_reason != "expired":
-                raise BundleRefused(_released_message(c, a), status=410)
-            try:
-                return self._reactivate(c, assignment_id)
-            except sqlite3.IntegrityError:
-                raise BundleRefused(_released_message(c, a), status=410) from None
-
-    def release(self, run_key: str, bundle_id: str, reason: str = "admin") -> Assignment:
-        """Take an unfinished bundle away from its worker; their answers so far are kept."""
-        with self._write() as c:
-            row = c.execute(
-                "SELECT * FROM assignments WHERE run_key=? AND bundle_id=? AND released_at IS NULL",
-                (run_key, bundle_id),
-            ).fetchone()
-            if row is None:
-                raise BundleRefused(f"Bundle {bundle_id} is not assigned to anyone.")
-            a = _assignment(row)
-            if a.done:
-                raise BundleRefused(f"Bundle {bundle_id} is completed; it cannot be released.")
-            c.execute(
-                "UPDATE assignments SET released_at=?, released_reason=? WHERE assignment_id=?",
-                (self._now(), reason, a.assignment_id),
-            )
-            return self._get(c, a.assignment_id)
 
     def reassign(self, run_key: str, bundle_id: str, worker_id: str) -> Assignment:
         """Release ``bundle_id`` if held and give it to ``worker_id``, in one transaction.

@@ -107,6 +107,18 @@ def method_rows(table: pd.DataFrame) -> pd.DataFrame:
     return rows.rename(columns={c: key(c) for c in rows.columns if c != "method"})
 
 
+def chain_tags(st: Stage, chains: list[dict[str, Path]]) -> dict[str, str]:
+    """The run's tags naming both chains: ``link.<stage>`` (every run of that stage in
+    them), ``human_run`` (the score runs) and ``automated_run`` (the metrics runs)."""
+    ids: dict[str, list[str]] = {}
+    for chain in chains:
+        for stage, d in chain.items():
+            ids.setdefault(stage, []).append(str(read_run_info(d).get("run_id", "")))
+    links = {f"link.{stage}": ",".join(dict.fromkeys(v)) for stage, v in ids.items()}
+    automated = [str(info.get("run_id", "")) for _, info, _ in st.runs_of("metrics")]
+    return {"human_run": links.get("link.score", ""), "automated_run": ",".join(automated), **links}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     # both chains must be about one dataset (and one model, where both name one): the
     # provenance rule fails naming both runs otherwise
@@ -122,19 +134,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         auto_chains = [ancestry(d) for d in metrics_dirs]
         dataset = str(st.provenance.dataset)
         simulated = st.provenance.simulated
-        ids: dict[str, list[str]] = {}  # every run of both chains, by stage
-        for chain in human_chains + auto_chains:
-            for stage, d in chain.items():
-                ids.setdefault(stage, []).append(str(read_run_info(d).get("run_id", "")))
-        links = {f"link.{stage}": ",".join(dict.fromkeys(v)) for stage, v in ids.items()}
-        automated = [str(info.get("run_id", "")) for _, info, _ in st.runs_of("metrics")]
-        st.set_tags(
-            {
-                "human_run": links.get("link.score", ""),
-                "automated_run": ",".join(automated),
-                **links,
-            }
-        )
+        st.set_tags(chain_tags(st, human_chains + auto_chains))
         ccfg = cfg.compare
         scores = st.read(tables.SCORES, "score")  # merged when several runs are given
         human = scores.set_index(scores["method"].astype(str))["score"].astype(float)
