@@ -11,7 +11,13 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from saleval.analysis.reports import SIMULATED, display_name, md_table, title, watermark
+from saleval.analysis.reports import (
+    SIMULATED,
+    display_name,
+    md_table,
+    save_figure,
+    title,
+)
 from saleval.analysis.scoring import order_methods
 
 
@@ -57,11 +63,7 @@ def plot_power_curves(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title(caption, simulated))
-    if simulated:
-        watermark(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return Path(path)
+    return save_figure(fig, path, simulated)
 
 
 def plan_markdown(

@@ -215,11 +215,7 @@ def plot_accuracy_vs_k(
     ax.set_title(title(caption, simulated))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
-    if simulated:
-        watermark(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return Path(path)
+    return save_figure(fig, path, simulated)
 
 
 def plot_flip_histogram(
@@ -235,11 +231,7 @@ def plot_flip_histogram(
     ax.set_ylabel("samples")
     ax.set_xticks(hist["n_methods"])
     ax.set_title(title(caption, simulated))
-    if simulated:
-        watermark(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return Path(path)
+    return save_figure(fig, path, simulated)
 
 
 def watermark(fig: Figure) -> None:
@@ -255,3 +247,13 @@ def watermark(fig: Figure) -> None:
         va="center",
         rotation=25,
     )
+
+
+def save_figure(fig: Figure, path: str | Path, simulated: bool) -> Path:
+    """Lay out and write a figure (120 dpi), SIMULATED across it when a simulated crowd
+    made it (:func:`watermark`)."""
+    if simulated:
+        watermark(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return Path(path)
