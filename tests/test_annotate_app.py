@@ -372,7 +372,13 @@ def test_one_worker_id_rule_from_login_to_the_scores(
     )
     scored = score.run(
         make_cfg(
-            "score", [f"inputs.crowd={imported['run_dir']}", "scoring.n_bootstrap=10"], name="score"
+            "score",
+            [
+                f"inputs.crowd={imported['run_dir']}",
+                "scoring.bootstrap.n=10",
+                "scoring.test_resamples=99",
+            ],
+            name="score",
         )
     )
     assert Path(scored["run_dir"], "scores.csv").is_file()
