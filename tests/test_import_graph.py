@@ -1,4 +1,6 @@
-"""The modules of ``src/saleval`` import one another without a cycle.
+"""The modules of ``src/saleval`` import one another without a cycle, only down the layers
+that docs/architecture.md declares, and the stages ask a crowd source what it provides
+rather than which class it is.
 
 A cycle makes import order matter and is usually dodged with an import inside a
 function, which hides it from readers and from tools; so every import counts here,
