@@ -48,11 +48,9 @@ HELP_RESOLVER = "saleval.help"
 
 
 def register_resolvers() -> None:
-    """The ``${saleval.*:}`` resolvers the configs use; idempotent."""
-    if not OmegaConf.has_resolver("saleval.root"):
-        OmegaConf.register_new_resolver("saleval.root", lambda: str(paths.project_root()))
-    if not OmegaConf.has_resolver("saleval.data_root"):
-        OmegaConf.register_new_resolver("saleval.data_root", lambda: str(paths.default_data_root()))
+    """The ``${saleval.*:}`` resolvers the configs use: the places (:mod:`saleval.paths`)
+    and the help text of a stage; idempotent."""
+    paths.register_resolvers()
     if not OmegaConf.has_resolver(HELP_RESOLVER):
         # Hydra fills the help template with string.Template: a literal $ must be doubled
         OmegaConf.register_new_resolver(HELP_RESOLVER, lambda s: stage_help(s).replace("$", "$$"))

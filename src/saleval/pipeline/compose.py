@@ -67,6 +67,7 @@ def register_configs(overrides: Sequence[str] = (), config_name: str | None = No
     ``config_name`` (the root config about to be composed), those that the config it
     composes names in YAML (:func:`plugins_in_yaml`)."""
     global _static_stored
+    paths.register_resolvers()  # ${saleval.root:}, ${saleval.data_root:}
     if not _static_stored:
         cs = ConfigStore.instance()
         for name, schema in root_schemas().items():
