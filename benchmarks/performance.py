@@ -33,14 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 import os
-import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +41,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import Setup, Timing, agreement, compose, setup, speedups, timed
-from benchmarks.naive import naive_method, probs_padded
+from benchmarks.common import Timing, agreement, compose, setup, speedups, timed
+from benchmarks.naive import naive_method
+from benchmarks.perf_baselines import FERRET_PYTHON, naive_metrics, run_ferret
+from benchmarks.perf_bounds import (
+    count_passes,
+    forward_flops,
+    gemm_throughput,
+    padded_share,
+    recording,
+    replay,
+)
 from saleval.attribution import attention as A
 from saleval.attribution import build_method
 from saleval.attribution import perturbation as P
@@ -67,8 +69,6 @@ FAMILIES = (
     F.SWITCHING_POINT,
     F.LOG_ODDS_DROP,
 )
-ROOT = Path(__file__).resolve().parents[1]
-FERRET_PYTHON = ROOT / ".venv-ferret" / "bin" / "python"
 TOTAL_TARGET = 10.0  # engine ≥ 10× the naive loop, nine methods end to end
 BOUND_TARGET = 2.0  # gradient methods within 2× of the compute bound
 PLAIN_TARGET = 1.5  # LIME / perturbation metrics within 1.5× of plain batched inference
@@ -139,108 +139,9 @@ def _metrics_cfg() -> F.MetricsConfig:
 # ---------------------------------------------------------------------------------
 
 
-def forward_flops(config: Any, length: int) -> float:
-    """Forward FLOPs of one sequence: per layer 2·L·(4d² + 2·d·d_ff) + 4·L²·d."""
-    d, ff, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    return layers * (2 * length * (4 * d * d + 2 * d * ff) + 4 * length * length * d)
-
-
-@contextmanager
-def count_passes(model: Any) -> Any:
-    """Forward-equivalent passes: rows run without grad count 1, with grad 3 (backward ≈ 2×)."""
-    tally = {"passes": 0.0, "calls": 0}
-
-    def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
-        rows = out.logits.shape[0]
-        tally["passes"] += rows * (3 if out.logits.requires_grad else 1)
-        tally["calls"] += 1
-
-    handle = model.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield tally
-    finally:
-        handle.remove()
-
-
-def gemm_throughput(config: Any, rows: int, length: int, dtype: torch.dtype) -> tuple[float, float]:
-    """FLOP/s (per wall second, per CPU second) of one encoder layer's GEMMs at ``rows``
-    sequences of ``length`` tokens: Q, K, V, O, the two FFN matmuls and both attention bmms."""
-    d, ff, h = config.hidden_size, config.intermediate_size, config.num_attention_heads
-    r = rows * length
-    x = torch.randn(r, d, dtype=dtype)
-    wd = [torch.randn(d, d, dtype=dtype) for _ in range(4)]
-    w1, w2 = torch.randn(ff, d, dtype=dtype), torch.randn(d, ff, dtype=dtype)
-    hx = torch.randn(r, ff, dtype=dtype)
-    q = torch.randn(rows * h, length, d // h, dtype=dtype)
-    k = torch.randn(rows * h, d // h, length, dtype=dtype)
-    a = torch.randn(rows * h, length, length, dtype=dtype)
-    flops = 2 * r * (4 * d * d + 2 * d * ff) + 4 * rows * length * length * d
-
-    def layer() -> None:
-        for w in wd:
-            torch.nn.functional.linear(x, w)
-        torch.nn.functional.linear(x, w1)
-        torch.nn.functional.linear(hx, w2)
-        torch.bmm(q, k)
-        torch.bmm(a, q)
-
-    with torch.inference_mode():
-        layer()
-        best_wall = best_cpu = math.inf
-        for _ in range(3):
-            reps = max(1, int(2e9 / flops))
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(reps):
-                layer()
-            best_wall = min(best_wall, (time.perf_counter() - t0) / reps)
-            best_cpu = min(best_cpu, (time.process_time() - c0) / reps)
-    return flops / best_wall, flops / max(best_cpu, 1e-12)
-
-
 # ---------------------------------------------------------------------------------
 # recording the perturbed inputs the engine ran (to replay them as plain inference)
 # ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def recording(module: Any, name: str) -> Any:
-    """Wrap ``module.name`` (a batched-inference function) to keep every call's
-    sequences and keyword arguments; the wrapped call itself is unchanged."""
-    calls: list[tuple[list[Sequence[int]], dict[str, Any]]] = []
-    original = getattr(module, name)
-
-    def wrapper(model: Any, sequences: Sequence[Sequence[int]], **kw: Any) -> Any:
-        calls.append((list(sequences), kw))
-        return original(model, sequences, **kw)
-
-    setattr(module, name, wrapper)
-    try:
-        yield calls
-    finally:
-        setattr(module, name, original)
-
-
-def padded_share(calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> float:
-    """Padded share of the token slots the recorded calls' length-sorted batches held."""
-    with inference.padding_tally() as tally:
-        for seqs, kw in calls:
-            lengths = [len(x) for x in seqs]
-            max_tokens = int(kw.get("max_tokens", inference.DEFAULT_MAX_TOKENS))
-            for idx in inference.length_batches(lengths, max_tokens, int(kw.get("max_batch", 512))):
-                inference.count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
-    return tally.fraction
-
-
-def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> Timing:
-    """Plain :func:`saleval.modeling.inference.forward_logits` over the recorded calls."""
-    keep = ("pad_token_id", "max_tokens", "max_batch", "bf16")
-
-    def run() -> None:
-        for seqs, kw in calls:
-            inference.forward_logits(model, seqs, **{k: v for k, v in kw.items() if k in keep})
-
-    t, _ = timed(run, sum(len(c[0]) for c in calls))
-    return t
 
 
 # ---------------------------------------------------------------------------------
@@ -248,144 +149,9 @@ def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) 
 # ---------------------------------------------------------------------------------
 
 
-def naive_metrics(
-    s: Setup, items: list[F.Explanation], config: F.MetricsConfig
-) -> tuple[dict[str, Timing], dict[tuple[str, str, str, str], float]]:
-    """Every metric family per explanation, one padded forward per explanation and family
-    (the switching point: per chunk of deletions), no cache; values keyed like the engine's."""
-    model, pad = s.model, int(s.tok.pad_token_id)
-    tok = s.tok if config.removal != "delete" else None
-    values: dict[tuple[str, str, str, str], float] = {}
-    times: dict[str, Timing] = {}
-    grid = [(F.k_label(k), lambda n, k=int(k): min(k, n)) for k in config.ks] + [
-        (F.k_label(f), lambda n, f=f: F.n_words_for_fraction(f, n)) for f in config.eraser_grid
-    ]
-    p_full: dict[str, float] = {}
-    target: dict[str, int] = {}
-
-    def full() -> None:
-        for e in items:
-            if e.sample_id not in p_full:
-                p = probs_padded(model, [e.seg.input_ids], pad)[0]
-                target[e.sample_id] = int(np.argmax(p))
-                p_full[e.sample_id] = float(p[target[e.sample_id]])
-
-    def top_k(name: str, make: Callable[[F.Explanation, int], list[int]], fn: Any) -> None:
-        for e in items:
-            seqs = [make(e, how(e.seg.n_words)) for _, how in grid]
-            p = probs_padded(model, seqs, pad)[:, target[e.sample_id]]
-            for (lab, _), v in zip(grid, fn(p_full[e.sample_id], p)):
-                values[(e.sample_id, e.method, name, lab)] = float(v)
-
-    def aopc(name: str, most_first: bool) -> None:
-        for e in items:
-            order = e.order if most_first else e.order[::-1]
-            seqs = [
-                F.without_words(e.seg, order[: min(k, e.seg.n_words)], config.removal, tok)
-                for k in range(1, config.aopc_k + 1)
-            ]
-            p = probs_padded(model, seqs, pad)[:, target[e.sample_id]]
-            values[(e.sample_id, e.method, name, "")] = float(F.aopc(p_full[e.sample_id], p))
-
-    def switching() -> None:
-        for e in items:
-            limit = max(1, math.ceil(config.switching.max_fraction * e.seg.n_words - 1e-9))
-            preds: list[int] = []
-            lo = 1
-            while True:
-                hi = min(lo + config.switching.chunk - 1, limit)
-                seqs = [
-                    F.without_words(e.seg, e.order[:k], config.removal, tok)
-                    for k in range(lo, hi + 1)
-                ]
-                chunk = probs_padded(model, seqs, pad).argmax(1)
-                preds.extend(int(c) for c in chunk)
-                if (chunk != target[e.sample_id]).any() or hi >= limit:
-                    break
-                lo = hi + 1
-            v, _ = F.switching_point(preds, target[e.sample_id], e.seg.n_words)
-            values[(e.sample_id, e.method, F.SWITCHING_POINT, "")] = v
-
-    def log_odds() -> None:
-        f = config.log_odds_fraction
-        for e in items:
-            k = F.n_words_for_fraction(f, e.seg.n_words)
-            seq = F.without_words(e.seg, e.order[:k], config.removal, tok)
-            p = probs_padded(model, [seq], pad)[0, target[e.sample_id]]
-            key = (e.sample_id, e.method, F.LOG_ODDS_DROP, F.k_label(f))
-            values[key] = float(F.log_odds_drop(p_full[e.sample_id], p))
-
-    plan: list[tuple[str, Callable[[], None]]] = [
-        ("full_text", full),
-        (
-            F.COMPREHENSIVENESS,
-            lambda: top_k(
-                F.COMPREHENSIVENESS,
-                lambda e, k: F.without_words(e.seg, e.order[:k], config.removal, tok),
-                F.comprehensiveness,
-            ),
-        ),
-        (
-            F.SUFFICIENCY,
-            lambda: top_k(
-                F.SUFFICIENCY,
-                lambda e, k: F.only_words(
-                    e.seg, e.order[:k], config.removal, tok, config.sufficiency_keep_other
-                ),
-                F.sufficiency,
-            ),
-        ),
-        (F.AOPC_MOST, lambda: aopc(F.AOPC_MOST, True)),
-        (F.AOPC_LEAST, lambda: aopc(F.AOPC_LEAST, False)),
-        (F.SWITCHING_POINT, switching),
-        (F.LOG_ODDS_DROP, log_odds),
-    ]
-    for name, fn in plan:
-        times[name], _ = timed(fn, len(items))
-    return times, values
-
-
 # ---------------------------------------------------------------------------------
 # ferret (separate venv, subprocess)
 # ---------------------------------------------------------------------------------
-
-
-def run_ferret(
-    s: Setup, n: int, metrics_texts: int, metrics_n: int, lime_samples: int, ig_steps: int,
-    python: Path, timeout: float,
-) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
-    """Timings from :mod:`benchmarks.ferret_side` under ``python``, or why there are none."""
-    if not python.is_file():
-        return None, f"{python} missing: `make bench-ferret-env` creates it"
-    with tempfile.TemporaryDirectory() as tmp:
-        s.model.save_pretrained(tmp + "/model")
-        s.tok.save_pretrained(tmp + "/model")
-        job = {
-            "model_dir": tmp + "/model",
-            "texts": s.texts[:n],
-            "targets": s.targets[:n],
-            "metrics_n": metrics_n,
-            "metrics_texts": metrics_texts,
-            "lime_samples": lime_samples,
-            "ig_steps": ig_steps,
-            "threads": torch.get_num_threads(),
-        }
-        Path(tmp, "job.json").write_text(json.dumps(job))
-        try:
-            proc = subprocess.run(
-                [str(python), str(ROOT / "benchmarks" / "ferret_side.py"), tmp + "/job.json",
-                 tmp + "/out.json"],
-                capture_output=True, text=True, timeout=timeout,
-                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            if Path(tmp, "out.json").is_file():  # what it measured before the timeout
-                return json.loads(Path(tmp, "out.json").read_text()), ""
-            return None, f"ferret side ran past {timeout:.0f} s"
-        if proc.returncode != 0 or not Path(tmp, "out.json").is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return None, "ferret side failed: " + " | ".join(tail)
-        return json.loads(Path(tmp, "out.json").read_text()), ""
 
 
 # ---------------------------------------------------------------------------------

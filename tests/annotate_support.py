@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from saleval.annotate.app import AppSettings, background_server, create_app
+from saleval.annotate.app import background_server, create_app
+from saleval.annotate.state import AppSettings
 from saleval.annotate.study import Study, load_study
 from saleval.testing import make_task_run
 

@@ -20,8 +20,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
 
 from saleval import paths
-from saleval.config import register_configs
 from saleval.config.keys import check_keys
+from saleval.pipeline.compose import register_configs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -49,7 +49,7 @@ def compose_config(
     config_name: str, overrides: Sequence[str] = (), run_dir: Path | None = None
 ) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` like Hydra would, with a test run dir."""
-    register_configs(overrides)  # as the CLI: a metrics.plugins module registers first
+    register_configs(overrides, config_name)  # as the CLI: metric plugins register first
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides))

@@ -13,8 +13,12 @@ from markupsafe import escape
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval.annotate.app import AppSettings, create_app, valid_worker_id
+from saleval.annotate.app import create_app
+from saleval.annotate.security import valid_worker_id
+from saleval.annotate.state import AppSettings
+from saleval.annotate.store_db import LeasePolicy
 from saleval.annotate.study import IDK, load_study
+from saleval.config.crowd import WorkerIdCase
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
@@ -311,3 +315,70 @@ def test_export_imports_with_zero_rejected_rows(
     assert out["n_rejected_rows"] == 0
     w1 = annotations[annotations.worker_id == "w1"].sort_values("task_id")
     assert sorted(w1.answer_code.tolist()) == sorted([1, 0, 3])  # World=1, IDK=0, Business=3
+
+
+RESUME_CODE = re.compile(r'id="resume-code">([^<]+)<')
+
+
+@pytest.mark.parametrize("case", ["insensitive", "sensitive"])
+def test_one_worker_id_rule_from_login_to_the_scores(
+    tmp_path: Path, make_cfg: Callable[..., DictConfig], case: str
+) -> None:
+    """docs/annotate.md, *Worker identity*: "Ann " and later "ann" are one worker under the
+    default ``crowd.worker_id_case`` — one bundle in the app (the second login must prove
+    it is that worker, then continues the same bundle), one worker in the import and the
+    scores; under ``sensitive`` they are two workers with two bundles."""
+    from saleval.stages import import_, score
+
+    tasks_dir = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
+    db = tmp_path / "db.sqlite"
+    base = [f"inputs.tasks={tasks_dir}", f"annotate.db={db}", f"crowd.worker_id_case={case}"]
+    cfg = make_cfg("annotate", base, name="serve")
+    lease = LeasePolicy(worker_id_case=WorkerIdCase(cfg.crowd.worker_id_case))
+    app = create_app(tasks_dir, AppSettings(db, TOKEN, lease=lease))
+    first = client(app)
+    begin(first, "Ann ")
+    code = RESUME_CODE.search(first.get("/task").text).group(1)
+    answer_current(first, "World")
+    later = client(app)
+    again = later.post("/start", data={"worker_id": "ann"})
+    if case == "insensitive":
+        assert again.status_code == 409 and "Worker Ann already has a bundle" in again.text
+        resumed = later.post("/start", data={"worker_id": "ann", "resume_code": code})
+        assert resumed.status_code == 303
+    else:
+        assert again.status_code == 303  # another worker: the next free bundle
+        assert later.post("/instructions").headers["location"] == "/task"
+    for answer in ("Sports", "Business"):
+        answer_current(later, answer)
+    progress = app.state.store.progress(load_study(tasks_dir).run_key)
+    app.state.store.close()
+    held = progress.dropna(subset=["worker_id"])
+    assert sorted(held.worker_id) == (["Ann"] if case == "insensitive" else ["Ann", "ann"])
+    exported = annotate_stage.run(make_cfg("annotate", [*base, "action=export"], name="export"))
+    imported = import_.run(
+        make_cfg(
+            "import",
+            [f"inputs.tasks={tasks_dir}", f"inputs.answers={exported['run_dir']}",
+             "crowd.filters.min_bundle_seconds=null", f"crowd.worker_id_case={case}"],
+            name="import",
+        )
+    )  # fmt: skip
+    annotations = tables.ANNOTATIONS.read(imported["run_dir"])
+    assert (
+        imported["n_workers"]
+        == annotations.worker_id.nunique()
+        == (1 if case == "insensitive" else 2)
+    )
+    scored = score.run(
+        make_cfg(
+            "score",
+            [
+                f"inputs.crowd={imported['run_dir']}",
+                "scoring.bootstrap.n=10",
+                "scoring.test_resamples=99",
+            ],
+            name="score",
+        )
+    )
+    assert Path(scored["run_dir"], "scores.csv").is_file()

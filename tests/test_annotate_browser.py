@@ -18,12 +18,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval.annotate.store import AnnotationStore
+from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import IDK, load_study
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
-from saleval.testing.annotate_load import free_port, start_cli_server, stop, wait_healthy
+from saleval.testing.load_servers import free_port, start_cli_server, stop, wait_healthy
 from tests.annotate_support import TOKEN, launch_chromium, needs_chromium, served_app
 
 # building a task run logs to MLflow

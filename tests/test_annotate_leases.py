@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from saleval.annotate.app import SECURITY_HEADERS, AppSettings, create_app
-from saleval.annotate.store import (
-    AnnotationStore,
-    AnswerRejected,
-    BundleRefused,
-    LeasePolicy,
-)
+from saleval.annotate.app import create_app
+from saleval.annotate.security import SECURITY_HEADERS
+from saleval.annotate.state import AppSettings
+from saleval.annotate.store_answers import AnnotationStore, AnswerRejected
+from saleval.annotate.store_db import LeasePolicy
+from saleval.annotate.store_leases import BundleRefused
 from saleval.annotate.study import Study, load_study
 from saleval.testing import make_task_run
 from tests.annotate_support import TOKEN

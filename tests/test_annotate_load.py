@@ -1,34 +1,36 @@
 """Load on loopback: 50 concurrent simulated workers, zero lost or duplicated answers.
 
 The smaller sibling of ``benchmarks/annotate_load.py`` (bundles of 4 instead of 20,
-server in a thread), on the same driver (:mod:`saleval.testing.annotate_load`). Bounded: workers stop at a deadline and the server is stopped on
-exit. Latency is printed, never asserted (no timed tests).
+server in a thread), through the same driver (:func:`saleval.testing.annotate_load.drive`).
+Bounded: workers stop at a deadline and the servers are stopped on exit. Latency is
+printed, never asserted (no timed tests).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 
-from saleval.annotate.store import LeasePolicy
-from saleval.testing.annotate_load import run_load
-from tests.annotate_support import TOKEN, served_app
-
-pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building the task run logs to MLflow
+from saleval.annotate.store_answers import AnnotationStore
+from saleval.testing.annotate_load import LoadSettings, drive
 
 
 def test_fifty_concurrent_workers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    no_bound = LeasePolicy(max_claims=0)  # all 50 workers come from loopback
-    with served_app(tmp_path, n_bundles=50, bundle_size=4, lease=no_bound) as srv:
-        result = run_load(srv.url, TOKEN, n_workers=50, deadline_s=240, seed=7, resend_prob=0.25)
-        stored = srv.app.state.store.answers(srv.study.run_key)
-        progress = srv.app.state.store.progress(srv.study.run_key)
-    summary = result.summary()
+    settings = LoadSettings(
+        workers=50, bundle_size=4, in_process=True, deadline=240, seed=7, resend_prob=0.25
+    )
+    report = drive(settings, tmp_path)
+    summary, result = report.summary, report.result
     print("annotate load:", summary)
+    assert report.problems == []
     assert [w.error for w in result.workers if w.error] == []
+    store = AnnotationStore(report.db, readonly=True)
+    try:
+        stored = store.answers(report.run_key)
+        progress = store.progress(report.run_key)
+    finally:
+        store.close()
     assert summary["sent"] == 50 * 4 == summary["exported"] == len(stored)
     assert summary["lost"] == summary["duplicated"] == summary["altered"] == 0
     assert summary["duplicated_tasks"] == summary["unexpected"] == 0
@@ -39,24 +41,44 @@ def test_fifty_concurrent_workers_lose_and_duplicate_nothing(tmp_path: Path) -> 
     assert set(codes) == set(progress.completion_code)
 
 
-def test_attack_scenario_at_smoke_size(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The attack round of ``benchmarks/annotate_load.py`` (two servers on one store,
-    kill -9, short leases) at a size that runs in well under a minute."""
-    from benchmarks import annotate_load
-
-    # the benchmark points MLflow at its own temporary store; the session's comes back after
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", os.environ["MLFLOW_TRACKING_URI"])
-    argv = ["--scenario", "attack", "--workers", "6", "--bundle-size", "4", "--think", "0.5"]
-    argv += ["--kills", "2", "--kill-every", "1", "--lease-s", "2", "--leavers", "1"]
-    rc = annotate_load.main([*argv, "--deadline", "90"])
-    out = capsys.readouterr().out  # the stages print their summaries first
-    summary = json.loads(out[out.index("\n{\n") + 1 :])
+def test_attack_scenario_at_smoke_size(tmp_path: Path) -> None:
+    """The attack round (two servers on one store, kill -9, short leases) at a size that
+    runs in well under a minute."""
+    settings = LoadSettings(
+        scenario="attack", workers=6, bundle_size=4, think=0.5, kills=2, kill_every=1,
+        lease_s=2, leavers=1, deadline=90,
+    )  # fmt: skip
+    summary = drive(settings, tmp_path).summary
     print("attack smoke:", summary)
-    assert rc == 0 and summary["problems"] == []
+    assert summary["problems"] == []
     assert summary["kills"] == 2 and summary["servers"] == 2
     assert summary["lost"] == summary["duplicated"] == summary["altered"] == 0
     assert summary["sent"] == summary["exported"] == summary["stored"] == summary["backed_up"] > 0
     assert summary["bundle_held_twice"] == summary["answers_after_release"] == 0
     assert summary["runs_left_running"] == 0
+
+
+@pytest.mark.parametrize(
+    "settings,problem",
+    [
+        (LoadSettings(scenario="diskfull"), "diskfull needs in_process"),
+        (LoadSettings(scenario="attack", in_process=True), "attack needs servers in their own"),
+        (LoadSettings(scenario="attack", bundle_size=2), "bundle_size of at least 3"),
+        (LoadSettings(scenario="flood"), "scenario 'flood': choose one of"),
+    ],
+)
+def test_settings_that_cannot_run_are_one_line(settings: LoadSettings, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        drive(settings)
+
+
+def test_the_benchmark_is_a_command_line_over_the_driver(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its flags are the driver's settings: a bad combination is refused by the driver's
+    own check, before anything starts."""
+    from benchmarks import annotate_load
+
+    with pytest.raises(SystemExit):
+        annotate_load.main(["--scenario", "diskfull"])
+    assert "diskfull needs in_process" in capsys.readouterr().err

@@ -13,8 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.annotate.app import AppSettings, create_app
-from saleval.annotate.store import AnnotationStore, StoreError
+from saleval.annotate.app import create_app
+from saleval.annotate.state import AppSettings
+from saleval.annotate.store_answers import AnnotationStore
+from saleval.annotate.store_db import StoreError
 from saleval.annotate.study import load_study
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
@@ -153,7 +155,7 @@ def test_read_only_export_of_a_copy_with_its_wal_but_no_shm(
         def no_space(*args: object) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr("saleval.annotate.store.shutil.copyfile", no_space)
+        monkeypatch.setattr("saleval.annotate.store_db.shutil.copyfile", no_space)
         where = rf"{re.escape(str(copied))}: its write-ahead log .*-wal holds answers"
         with pytest.raises(StoreError, match=where) as refused:
             annotate_stage.run(make_cfg("annotate", base, name="refused"))

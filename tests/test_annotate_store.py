@@ -11,14 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from saleval.annotate.export import ExportError, answers_frame
-from saleval.annotate.store import (
-    AnnotationStore,
-    AnswerRejected,
-    Assignment,
-    BundleRefused,
-    ResumeRequired,
-    StoreError,
-)
+from saleval.annotate.store_answers import AnnotationStore, AnswerRejected
+from saleval.annotate.store_db import StoreError
+from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
 from saleval.annotate.study import IDK, Study, StudyError, load_study
 from saleval.pipeline import tables
 from saleval.testing import make_task_run

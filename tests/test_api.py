@@ -19,7 +19,7 @@ import pytest
 
 import saleval
 from saleval import api, paths
-from saleval.analysis.comparison import select_columns, wide_metrics
+from saleval.analysis.metric_columns import select_columns, wide_metrics
 from saleval.attribution import AttributionError, explain_frame
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables

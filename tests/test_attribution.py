@@ -27,7 +27,7 @@ from saleval.attribution import (
     build_method,
     explain_frame,
 )
-from saleval.attribution.base import Batch
+from saleval.attribution.base import Batch, Texts
 from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMethod
 from saleval.attribution.perturbation import lime_neighbourhood
 from saleval.modeling.models import build_model, load_tokenizer
@@ -163,11 +163,11 @@ def _independent_baseline(model, tok, batch: Batch, kind: str) -> torch.Tensor:
 )
 def test_ig_completeness(baseline, output, model, tok, segs) -> None:
     """Σ attributions = f(x) − f(baseline) within the reported convergence delta."""
-    batch = Batch.from_segs(segs[:4], tok.pad_token_id, torch.device("cpu"))
-    targets = torch.tensor([0, 1, 2, 3])
+    texts = Texts(model, tok, segs[:4], [0, 1, 2, 3])
+    batch, targets = texts.padded, texts.target_ids
     ig = IntegratedGradientsMethod(baseline=baseline, n_steps=32, output=output)
     with torch.enable_grad():
-        attr = ig.token_scores(model, tok, batch, targets).detach()
+        attr = ig.token_scores(texts).detach()
     fwd = EmbeddingForward(model, "embeddings", output)
     args = (batch.input_ids, batch.attention_mask, batch.token_type_ids)
     with torch.no_grad():
@@ -205,11 +205,11 @@ def test_zero_all_baseline_is_captums_default_on_one_unpadded_text(kind, model, 
 
     settings = {"n_steps": 16} if kind == "integrated_gradients" else {}
     cls = IntegratedGradientsMethod if kind == "integrated_gradients" else DeepLiftMethod
-    batch = Batch.from_segs(segs[:4], tok.pad_token_id, torch.device("cpu"))
-    targets = torch.tensor([0, 1, 2, 3])
+    texts = Texts(model, tok, segs[:4], [0, 1, 2, 3])
+    batch, targets = texts.padded, texts.target_ids
     ours = cls(baseline="zero_all", **settings)
     with torch.enable_grad():
-        attr = ours.token_scores(model, tok, batch, targets).detach()
+        attr = ours.token_scores(texts).detach()
     fwd = EmbeddingForward(model, "embeddings", "logits")
     for i in range(4):
         n = int(batch.attention_mask[i].sum())

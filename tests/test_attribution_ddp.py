@@ -23,7 +23,7 @@ from lightning.pytorch.strategies.launchers import (
 )
 from mlflow.tracking import MlflowClient
 
-from saleval.attribution import Attributor
+from saleval.attribution import Attributor, Texts
 from saleval.attribution.frame import make_trainer
 from saleval.pipeline import tables
 from saleval.pipeline.stage import _RANK_VARS, Stage, is_main_process
@@ -37,8 +37,8 @@ METHODS = list(compose_config("explain").method)
 class ProcessId(Attributor):
     """Scores every word with the id of the process that explained it (which rank ran what)."""
 
-    def word_scores(self, model, tokenizer, segs, targets) -> list[np.ndarray]:
-        return [np.full(s.n_words, float(os.getpid())) for s in segs]
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
+        return [np.full(s.n_words, float(os.getpid())) for s in texts.segs]
 
 
 def _explain(make_cfg, model_dir: Path, name: str, extra: list[str]) -> Path:

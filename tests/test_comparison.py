@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from saleval.analysis import comparison as C
+from saleval.analysis import comparison_report, metric_columns
 from saleval.pipeline import tables
 from saleval.pipeline.tracking import method_rows
 from saleval.stages.compare import human_score_fn
@@ -23,8 +24,8 @@ METHODS = ["m0", "m1", "m2", "m3", "m4"]
 
 def test_ranks_share_the_best_rank_and_respect_direction() -> None:
     v = pd.Series([0.5, 0.7, 0.5, 0.1])
-    assert C.rank_methods(v, True).tolist() == [2, 1, 2, 4]
-    assert C.rank_methods(v, False).tolist() == [2, 4, 2, 1]
+    assert metric_columns.rank_methods(v, True).tolist() == [2, 1, 2, 4]
+    assert metric_columns.rank_methods(v, False).tolist() == [2, 4, 2, 1]
 
 
 def test_rank_agreement_on_hand_rankings() -> None:
@@ -58,18 +59,18 @@ def test_columns_and_table_with_ranks_in_brackets() -> None:
         ],
         columns=["method", "metric", "k", "value"],
     )
-    cols = C.select_columns(metrics, "summary")
+    cols = metric_columns.select_columns(metrics, "summary")
     assert cols == ["comprehensiveness", "sufficiency", "log_odds_drop@0.2"]
-    assert "comprehensiveness@5" in C.select_columns(metrics, "all")
-    with pytest.raises(C.ComparisonError, match="nope"):
-        C.select_columns(metrics, ["nope"])
+    assert "comprehensiveness@5" in metric_columns.select_columns(metrics, "all")
+    with pytest.raises(metric_columns.ComparisonError, match="nope"):
+        metric_columns.select_columns(metrics, ["nope"])
     human = pd.Series([10.0, 20.0, 30.0, 30.0, 50.0], index=METHODS)
-    table = C.comparison_table(human, C.wide_metrics(metrics, cols, ["method"]), cols)
+    table = C.comparison_table(human, metric_columns.wide_metrics(metrics, cols, ["method"]), cols)
     assert table["method"].tolist() == ["m4", "m2", "m3", "m1", "m0"]
     assert table["human_rank"].tolist() == [1, 2, 2, 4, 5]
     assert table.set_index("method").loc["m4", "sufficiency_rank"] == 1  # lowest is best
     res = C.compare(human, metrics, metrics.assign(sample_id="s"), n_boot=0)
-    md = C.markdown_report(res.comparison, res.correlations, res.columns, "T")
+    md = comparison_report.markdown_report(res.comparison, res.correlations, res.columns, "T")
     assert "| m4 " in md and "50.0 (1)" in md and "0.400 (1)" in md and "30.0 (2)" in md
 
 
@@ -160,7 +161,9 @@ def fake_chain(root: Path, simulated: bool, dataset: str = "ag_news") -> tuple[P
     tables.AGGREGATED.write(agg, imp)
     score = write_run(root / "score", "score", ds, simulated=simulated, parents={"crowd": imp})
     s = human_score_fn(A)
-    scores = pd.DataFrame({"method": METHODS, "score": s, "rank": C.rank_methods(pd.Series(s))})
+    scores = pd.DataFrame(
+        {"method": METHODS, "score": s, "rank": metric_columns.rank_methods(pd.Series(s))}
+    )
     tables.SCORES.write(scores, score)
     explain = write_run(root / "explain", "explain", {**ds, "model": {"max_length": 64}})
     p = pd.DataFrame(

@@ -15,13 +15,13 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf, open_dict
 
 from saleval import paths
-from saleval.config import register_configs, to_schema
-from saleval.config.stages import ROOTS
+from saleval.pipeline.compose import register_configs, root_schemas
+from saleval.schema import to_schema
 from saleval.stages import run as pipeline
 from tests.conftest import compose_config
 
 register_configs()
-
+ROOTS = root_schemas()
 STAGES = sorted(name.removesuffix("_schema") for name in ROOTS)
 PROFILES = sorted(p.stem for p in (paths.conf_dir() / "profile").glob("*.yaml"))
 # the training recipes; every recipe, each with its own stage: tests/test_recipes.py
@@ -140,7 +140,8 @@ def test_profile_typo_fails_saleval_run_before_any_stage_runs(
 
 
 def test_implementations_are_picked_by_target() -> None:
-    from saleval.modeling.data import DataError, load_dataset
+    from saleval.modeling.data import load_dataset
+    from saleval.modeling.data_checks import DataError
     from saleval.modeling.models import ModelError, PretrainedSource, RandomSource, model_source
 
     assert isinstance(model_source(compose_config("train", ["model=tiny"]).model), RandomSource)

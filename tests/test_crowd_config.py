@@ -18,17 +18,20 @@ from saleval.config.crowd import (
     LU2024_METHODS,
     SCHEMAS,
     AnswersCrowdConfig,
+    DesignError,
     PublishedCrowdConfig,
     SimulationConfig,
+    SimulationError,
     StudyConfig,
 )
 from saleval.config.keys import UnknownKeyError
 from saleval.crowd.aggregation import StrictMajority
-from saleval.crowd.answers import IDK_ALIASES, AnswerParser, normalise
-from saleval.crowd.errors import CrowdImportError, DesignError, SimulationError
+from saleval.crowd.answers import AnswerParser, normalise
+from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importer import AnswersSource, PublishedSource
 from saleval.crowd.source import crowd_source
 from saleval.schema import to_schema
+from saleval.vocab import IDK_ALIASES
 from tests.conftest import compose_config
 
 GROUPS = {"study": "tasks", "simulation": "simulate", "crowd": "import"}

@@ -14,7 +14,6 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from saleval.config.crowd import StudyConfig
-from saleval.crowd.answers import IDK
 from saleval.crowd.design import (
     DesignError,
     assign_bundles,
@@ -30,6 +29,7 @@ from saleval.crowd.sampling import SamplingError, select_samples
 from saleval.pipeline import tables
 from saleval.pipeline.provenance import ProvenanceError
 from saleval.schema import to_schema
+from saleval.vocab import IDK
 from tests.conftest import compose_config
 
 AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]

@@ -22,7 +22,7 @@ from saleval.crowd.long_format import read_answers
 from saleval.crowd.lu2024 import read_lu2024
 from saleval.crowd.reading import sha256_file
 from saleval.pipeline import tables
-from saleval.pipeline.stage import InputError
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.tracking import method_rows
 from saleval.stages import import_, score
 from tests.conftest import DATA_ROOT, compose_config

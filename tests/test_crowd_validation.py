@@ -16,13 +16,13 @@ from omegaconf import DictConfig
 
 import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
 from saleval.analysis import scoring
-from saleval.crowd.errors import SimulationError
+from saleval.analysis.validation import compare_crowds
+from saleval.config.crowd import SimulationError
 from saleval.crowd.lu2024 import read_lu2024
 from saleval.crowd.published import exclude_texts, join_word_pieces, read_study, text_key
 from saleval.crowd.readers import BowReader, build_reader, n_hidden
-from saleval.crowd.validation import compare_crowds
 from saleval.modeling.data import load_dataset
-from saleval.pipeline.stage import InputError
+from saleval.pipeline.input_paths import InputError
 from saleval.stages import simulate
 from tests.conftest import DATA_ROOT, compose_config
 

@@ -20,10 +20,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval.pipeline import tracking
+from saleval.pipeline import dead_runs
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
-from saleval.testing.annotate_load import free_port, start_cli_server, stop, wait_healthy
+from saleval.testing.load_servers import free_port, start_cli_server, stop, wait_healthy
 from tests.annotate_support import TOKEN
 
 
@@ -39,7 +39,7 @@ def test_only_this_hosts_runs_with_a_gone_process_are_ended(
 ) -> None:
     client = MlflowClient()
     exp = mlflow.set_experiment("dead-runs").experiment_id
-    me = tracking.process_tags()
+    me = dead_runs.process_tags()
     assert me["host"] == socket.gethostname() and me["pid"] == str(os.getpid())
     assert me["pid_start"].isdigit()  # /proc is there on the machines the tests run on
     dead_pid = str(_dead_pid())
@@ -56,8 +56,8 @@ def test_only_this_hosts_runs_with_a_gone_process_are_ended(
     elsewhere = running("elsewhere", **{**me, "host": "another-host", "pid": dead_pid})
     untagged = running("untagged", host=me["host"])  # an older run: no pid, left alone
 
-    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.tracking"):
-        ended = tracking.end_dead_runs()
+    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.dead_runs"):
+        ended = dead_runs.end_dead_runs()
     assert sorted(ended) == sorted([dead, reused])
     status = {r: client.get_run(r).info for r in (dead, reused, alive, elsewhere, untagged)}
     assert {r: i.status for r, i in status.items()} == {
@@ -72,7 +72,7 @@ def test_only_this_hosts_runs_with_a_gone_process_are_ended(
     lines = [r.getMessage() for r in caplog.records if "marked KILLED" in r.getMessage()]
     assert len(lines) == 1 and dead in lines[0] and reused in lines[0]
     assert f"pid {dead_pid}" in lines[0]
-    assert tracking.end_dead_runs() == []  # idempotent
+    assert dead_runs.end_dead_runs() == []  # idempotent
     for r in (alive, elsewhere, untagged):
         client.set_terminated(r)
 
@@ -103,7 +103,7 @@ def test_a_stage_killed_with_sigkill_is_marked_killed_by_the_next_stage(
     assert client.get_run(killed).info.status == "RUNNING"  # what the issue found
 
     export = [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={db}"]
-    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.tracking"):
+    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.dead_runs"):
         out = annotate_stage.run(make_cfg("annotate", export))  # any stage on the same store
     info = client.get_run(killed).info
     assert info.status == "KILLED" and info.end_time is not None

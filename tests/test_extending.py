@@ -19,23 +19,22 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval import paths
-from saleval.attribution import Attributor, explain_frame
-from saleval.config import register_configs
+from saleval.attribution import Attributor, Texts, explain_frame
 from saleval.config.crowd import Policy, StudyConfig
 from saleval.crowd.design import build_study
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.exports import ExportInput, register_export, unregister_export
 from saleval.crowd.reading import CrowdImport, Rejects, empty_annotations, enforce_policy
-from saleval.crowd.source import CrowdSource, Given, ImportContext, SourceFile
+from saleval.crowd.source import Capability, CrowdSource, Given, ImportContext, SourceFile
 from saleval.modeling.data import load_dataset
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
+from saleval.pipeline.compose import register_configs
+from saleval.pipeline.input_paths import InputError
 from saleval.schema import to_schema
 from saleval.testing import explain_frames
-from saleval.words import Segmentation
 from tests.conftest import compose_config
 
 TINY = {
@@ -55,14 +54,8 @@ class WordLength(Attributor):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.power = float(power)
 
-    def word_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        segs: Sequence[Segmentation],
-        targets: Sequence[int],
-    ) -> list[np.ndarray]:
-        return [np.array([len(w) ** self.power for w in s.words], dtype=float) for s in segs]
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
+        return [np.array([len(w) ** self.power for w in s.words], dtype=float) for s in texts.segs]
 
 
 def _compose(config_name: str, user_dir: Path, overrides: Sequence[str]) -> DictConfig:
@@ -197,6 +190,68 @@ def test_a_plugin_metrics_own_setting_reaches_the_metrics_stage(
     )
 
 
+def test_a_plugin_named_only_in_yaml_registers_before_compose(
+    plugin_module, tmp_path: Path
+) -> None:
+    """A metrics group file of the user's own names the plugin and sets its settings: the
+    module registers before the config is composed, so its settings are checked there,
+    like every other key, a misspelt one failing with its name."""
+    from hydra.errors import ConfigCompositionException
+
+    user = tmp_path / "conf"
+    (user / "metrics").mkdir(parents=True)
+    mine = "defaults:\n  - default\n  - _self_\nname: mine\nplugins: [{m}]\n{settings}"
+    good = "settings:\n  top_word_drop:\n    words: 2\n"
+    (user / "metrics" / "mine.yaml").write_text(mine.format(m=plugin_module, settings=good))
+    (user / "metrics" / "typo.yaml").write_text(
+        mine.format(m=plugin_module, settings=good.replace("words", "word"))
+    )
+    given = [f"hydra.searchpath=[file://{user}]", "inputs.model=x", "inputs.explain=y"]
+    cfg = compose_config("metrics", [*given, "metrics=mine"])
+    assert cfg.metrics.settings.top_word_drop.words == 2
+    assert plugin_module in sys.modules  # imported to compose, not when the stage runs
+    with pytest.raises(ConfigCompositionException, match="top_word_drop.word"):
+        compose_config("metrics", [*given, "metrics=typo"])
+    # a command-line setting of a YAML-named plugin is checked the same way
+    cfg = compose_config(
+        "metrics", [*given, "metrics=mine", "metrics.settings.top_word_drop.words=3"]
+    )
+    assert cfg.metrics.settings.top_word_drop.words == 3
+    with pytest.raises(ConfigCompositionException, match="top_word_drop.wrods"):
+        compose_config(
+            "metrics", [*given, "metrics=mine", "metrics.settings.top_word_drop.wrods=3"]
+        )
+
+
+def test_the_console_script_registers_a_yaml_named_plugin_first(
+    plugin_module, tmp_path: Path
+) -> None:
+    """``saleval-metrics --config-dir <dir> metrics=mine``: the same, in a fresh process."""
+    import os
+    import subprocess
+
+    user = tmp_path / "conf"
+    (user / "metrics").mkdir(parents=True)
+    body = "defaults:\n  - default\n  - _self_\nplugins: [{m}]\nsettings:\n  top_word_drop:\n"
+    (user / "metrics" / "mine.yaml").write_text(body.format(m=plugin_module) + "    words: 2\n")
+    (user / "metrics" / "typo.yaml").write_text(body.format(m=plugin_module) + "    word: 2\n")
+
+    def job(group: str) -> subprocess.CompletedProcess[str]:
+        args = ["--config-dir", str(user), f"metrics={group}", "inputs.model=x"]
+        return subprocess.run(
+            [sys.executable, "-c", "import sys\nfrom saleval.cli import metrics\nsys.exit(metrics())",
+             *args, "inputs.explain=y", "--cfg", "job"],
+            capture_output=True, text=True, timeout=300, cwd=paths.project_root(),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+
+    ok = job("mine")
+    assert ok.returncode == 0, ok.stderr
+    assert "top_word_drop:\n      words: 2" in ok.stdout
+    typo = job("typo")
+    assert typo.returncode != 0 and "top_word_drop.word" in typo.stderr, typo.stderr
+
+
 @dataclass
 class VerdictSource(CrowdSource):
     """A toy platform whose export gives each task's majority answer, ``task_id,majority``
@@ -265,6 +320,72 @@ def test_a_crowd_source_in_a_users_config_dir(tmp_path: Path, mlflow_uri: str) -
     assert not (run / "filtered.csv").exists()  # the toy source has no filters
     rejects = tables.REJECTS.read(run)
     assert rejects[["row", "field"]].values.tolist() == [[17, "majority"]]
+
+
+@dataclass
+class VerdictFileSource(CrowdSource):
+    """A toy platform whose export is already one verdict per sample × method × k
+    (``sample_id,method,k,label,correct``): it provides verdicts, so ``saleval-score``
+    scores it with no import run and without knowing its class."""
+
+    format: ClassVar[str] = "verdict-file"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.verdicts})
+    _target_: str = f"{__name__}.VerdictFileSource"
+    name: str = "verdict_file"
+    policy: Policy = Policy.report
+    path: str = ""
+
+    def locate(self, given: Given) -> SourceFile:
+        provides = {"target": "gold", "population": "correct"}
+        return SourceFile.at(Path(self.path).resolve(), provides=provides, tag="verdicts")
+
+    def import_(self, ctx: ImportContext) -> CrowdImport:
+        aggregated = tables.AGGREGATED.read(ctx.file.path)
+        report = {"format": self.format, "n_rows": len(aggregated)}
+        return CrowdImport(
+            empty_annotations(), aggregated, Rejects(str(ctx.file.path)).frame(), report
+        )
+
+
+def test_a_source_that_provides_verdicts_is_scored_without_an_import(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    from saleval.stages import score
+
+    rows = [
+        {"sample_id": f"s{i}", "method": m, "k": k, "label": i % 2, "correct": int(m == "good" or i % 3 == 0)}
+        for i in range(12) for m in ("good", "random") for k in (1, 5)
+    ]  # fmt: skip
+    verdicts = tmp_path / "verdicts.csv"
+    pd.DataFrame(rows).to_csv(verdicts, index=False)
+    (tmp_path / "crowd").mkdir()
+    (tmp_path / "crowd" / "verdict_file.yaml").write_text(
+        f"_target_: {__name__}.VerdictFileSource\npath: ''\n"
+    )
+    overrides = [
+        "crowd=verdict_file",
+        f"crowd.path={verdicts}",
+        "dataset=imdb",
+        "scoring.bootstrap.n=20",
+        "scoring.test_resamples=99",
+    ]
+    cfg = _compose("score", tmp_path, overrides)
+    with open_dict(cfg):
+        cfg.run_dir = str(tmp_path / "score")
+        cfg.tracking.artifact_root = str(tmp_path / "mlartifacts")
+    run = Path(score.run(cfg)["run_dir"])
+    scores = tables.SCORES.read(run).set_index("method")["score"]
+    assert scores["good"] == pytest.approx(100.0) and scores["random"] < 50.0
+    info = json.loads((run / "run.json").read_text())
+    assert info["provenance"]["target"] == "gold" and info["provenance"]["population"] == "correct"
+    client = MlflowClient()
+    tags = client.get_run(info["run_id"]).data.tags
+    assert tags["verdicts_path"] == str(verdicts.resolve())
+    # a source without the capability is refused, naming it
+    (tmp_path / "crowd" / "plain.yaml").write_text(f"_target_: {__name__}.VerdictSource\n")
+    cfg = _compose("score", tmp_path, ["crowd=plain", "dataset=imdb"])
+    with pytest.raises(InputError, match="crowd=verdicts answers must go through saleval-import"):
+        score.run(cfg)
 
 
 def test_an_export_format_is_written_into_every_task_run(

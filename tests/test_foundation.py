@@ -11,9 +11,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from saleval import paths
-from saleval.modeling.data import DataError, clean_ag_news, clean_imdb, load_dataset
+from saleval.modeling.data import clean_ag_news, clean_imdb, load_dataset
+from saleval.modeling.data_checks import DataError
 from saleval.modeling.models import ModelError, build_model, load_tokenizer, load_trained
-from saleval.pipeline.stage import InputError, resolve_input
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import resolve_input
 from tests.conftest import DATA_ROOT, compose_config
 
 needs_data = pytest.mark.skipif(not DATA_ROOT.is_dir(), reason="../shared/data not present")

@@ -1,4 +1,6 @@
-"""The modules of ``src/saleval`` import one another without a cycle.
+"""The modules of ``src/saleval`` import one another without a cycle, only down the layers
+that docs/architecture.md declares, and the stages ask a crowd source what it provides
+rather than which class it is.
 
 A cycle makes import order matter and is usually dodged with an import inside a
 function, which hides it from readers and from tools; so every import counts here,
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,102 @@ def test_a_reintroduced_cycle_is_found(tmp_path: Path, b_source: str, has_cycle:
     assert (cycle is not None) == has_cycle, cycle
     if has_cycle:
         assert set(cycle) == {"pkg.a", "pkg.b"}
+
+
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def declared_layers(text: str) -> dict[str, int]:
+    """Package -> layer, from the table under ``## Layers`` of docs/architecture.md:
+    rows ``| <layer> | `pkg`, `pkg` | ... |`` (``__init__`` is the root package)."""
+    section = text.split("\n## Layers", 1)[1].split("\n## ", 1)[0]
+    layers: dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for name in re.findall(r"`([\w.]+)`", cells[1]):
+                assert name not in layers, f"{name} is placed twice"
+                layers[name] = int(cells[0])
+    return layers
+
+
+def unit_of(module: str) -> str:
+    """The package (or root module) a module belongs to: ``saleval.crowd.design.x`` ->
+    ``crowd``, ``saleval.words`` -> ``words``, ``saleval`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports_against_layers(
+    graph: dict[str, set[str]], layers: dict[str, int]
+) -> list[tuple[str, str]]:
+    """Every import from one package to another that is not in a lower layer, and every
+    module whose package has no layer (paired with itself)."""
+    bad: list[tuple[str, str]] = []
+    for module, deps in sorted(graph.items()):
+        if unit_of(module) not in layers:
+            bad.append((module, module))
+            continue
+        for dep in sorted(deps):
+            a, b = unit_of(module), unit_of(dep)
+            if a != b and layers.get(b, 10**6) >= layers[a]:
+                bad.append((module, dep))
+    return bad
+
+
+def test_every_import_points_down_the_declared_layers() -> None:
+    layers = declared_layers(ARCHITECTURE.read_text())
+    assert len(set(layers.values())) >= 10, layers  # the table was read
+    bad = imports_against_layers(import_graph(SRC), layers)
+    assert not bad, "imports that point up or sideways (docs/architecture.md, Layers):\n" + (
+        "\n".join(f"  {m} -> {d} ({layers.get(unit_of(m))} -> {layers.get(unit_of(d))})"
+                  for m, d in bad)
+    )  # fmt: skip
+
+
+def test_the_layer_check_finds_an_import_that_points_up() -> None:
+    layers = declared_layers(ARCHITECTURE.read_text())
+    graph = import_graph(SRC)
+    # swap two layers that import each other one way: every such import now points up
+    swapped = {**layers, "crowd": layers["analysis"], "analysis": layers["crowd"]}
+    bad = imports_against_layers(graph, swapped)
+    assert ("saleval.analysis.planning", "saleval.crowd.aggregation") in bad
+    # a package beside another in the same layer may not import it either
+    sideways = {**layers, "analysis": layers["crowd"]}
+    assert ("saleval.analysis.planning", "saleval.crowd.aggregation") in (
+        imports_against_layers(graph, sideways)
+    )
+    # a package the table leaves out is named
+    assert ("saleval.words", "saleval.words") in imports_against_layers(
+        graph, {k: v for k, v in layers.items() if k != "words"}
+    )
+
+
+def _names_in(path: Path) -> set[str]:
+    """Every identifier a module uses: names, attributes and the names it imports."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.alias):
+            out.add((node.asname or node.name).rpartition(".")[2])
+    return out
+
+
+def test_no_stage_or_analysis_module_names_a_crowd_source_class() -> None:
+    """The stages ask a source what it provides (``CrowdSource.provides``), never which
+    class it is (docs/architecture.md, section 6)."""
+    from saleval.crowd import importer
+    from saleval.crowd.source import CrowdSource
+
+    sources = {n for n, v in vars(importer).items() if isinstance(v, type) and issubclass(v, CrowdSource) and v is not CrowdSource}  # fmt: skip
+    assert {"AnswersSource", "PublishedSource"} <= sources
+    named = {
+        str(p.relative_to(SRC)): sorted(hits)
+        for folder in ("stages", "analysis")
+        for p in sorted((SRC / folder).rglob("*.py"))
+        if (hits := _names_in(p) & sources)
+    }
+    assert not named, named

@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from saleval.config.crowd import SimulationConfig
-from saleval.crowd.errors import SimulationError
+from saleval.config.crowd import SimulationConfig, SimulationError
 from saleval.crowd.lexicon import AutoReader, Lexicon, LexiconReader, read_phrases
 from saleval.crowd.readers import BowReader, build_reader
 from saleval.crowd.simulate import Reading, draw_workers, read_tasks, simulate_answers

@@ -7,7 +7,6 @@ named, not dropped silently; an unknown key of the ``metrics`` config fails nami
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from saleval.analysis import comparison as C
+from saleval.analysis import comparison_report, metric_columns
 from saleval.config.keys import UnknownKeyError
 from saleval.metrics import faithfulness as F
 from saleval.metrics import registry as R
@@ -61,7 +61,7 @@ def test_builtins_declare_direction_citation_and_outputs() -> None:
     ]
     assert [m.info.name for m in R.registered("plausibility")] == ["auprc", "token_f1", "iou_f1"]
     assert all(m.info.citation for m in R.registered())
-    directions = C.metric_directions()
+    directions = metric_columns.metric_directions()
     assert directions["comprehensiveness_kgrid"] is True
     assert directions["sufficiency_kgrid"] is False and directions["aopc_least"] is False
     assert "no_switch" not in directions and R.direction("no_switch") is None
@@ -101,7 +101,7 @@ def test_a_registered_metric_reaches_evaluate_and_the_comparison(tok, toy_metric
     }
     corr = out.correlations.set_index(["metric", "statistic"])
     assert bool(corr.loc[(toy_metric, "spearman"), "higher_is_better"]) is True
-    md = C.markdown_report(out.comparison, out.correlations, out.columns, "T")
+    md = comparison_report.markdown_report(out.comparison, out.correlations, out.columns, "T")
     assert f"{toy_metric} ↑" in md
 
 
@@ -121,8 +121,10 @@ def test_an_unregistered_metric_is_named_not_dropped(caplog) -> None:
     assert res.columns == ["comprehensiveness"]
     assert any("mystery_metric" in n and "register" in n for n in res.notes)
     assert "mystery_metric" in caplog.text
-    with pytest.raises(C.ComparisonError, match="mystery_metric.*no registered direction"):
-        C.higher_is_better("mystery_metric")
+    with pytest.raises(
+        metric_columns.ComparisonError, match="mystery_metric.*no registered direction"
+    ):
+        metric_columns.higher_is_better("mystery_metric")
 
 
 def test_unknown_metrics_keys_fail_naming_the_key() -> None:
@@ -244,23 +246,3 @@ def test_a_metrics_settings_are_checked_where_the_config_is() -> None:
     # once unregistered, its node is gone from the schema: the key fails at compose again
     with pytest.raises(ConfigCompositionException, match="settings.windowed"):
         compose_config("metrics", ["metrics.settings.windowed.width=5"])
-
-
-@pytest.mark.parametrize(
-    "old,new",
-    [
-        ("saleval.metrics_registry", "saleval.metrics.registry"),
-        ("saleval.metrics_config", "saleval.metrics.config"),
-        ("saleval.faithfulness", "saleval.metrics.faithfulness"),
-        ("saleval.faithfulness.engine", "saleval.metrics.faithfulness.engine"),
-        ("saleval.faithfulness.formulas", "saleval.metrics.faithfulness.formulas"),
-        ("saleval.faithfulness.builtin", "saleval.metrics.faithfulness.builtin"),
-        ("saleval.plausibility", "saleval.metrics.plausibility"),
-        ("saleval.shortcut.metrics", "saleval.metrics.shortcut"),
-    ],
-)
-def test_the_paths_before_the_metrics_package_still_import(old: str, new: str) -> None:
-    """Code written before ``saleval.metrics`` existed gets the very same objects."""
-    before, now = importlib.import_module(old), importlib.import_module(new)
-    assert before.__all__ == now.__all__
-    assert all(getattr(before, name) is getattr(now, name) for name in now.__all__)

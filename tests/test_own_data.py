@@ -18,7 +18,8 @@ import torch
 from sklearn.model_selection import train_test_split
 
 from saleval.crowd.exports import instructions
-from saleval.modeling.data import DataError, load_dataset
+from saleval.modeling.data import load_dataset
+from saleval.modeling.data_checks import DataError
 from saleval.modeling.models import build_model, load_trained
 from saleval.pipeline import tables
 from saleval.pipeline.jsonfiles import write_json

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance, ProvenanceError, inherit, resolve
-from saleval.pipeline.run_inputs import InputError
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 

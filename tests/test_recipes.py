@@ -15,8 +15,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
-from saleval.config import register_configs
 from saleval.pipeline import tables
+from saleval.pipeline.compose import register_configs
 from saleval.stages.run import check_profile, stage_overrides
 
 #: recipe → the console script it runs under (saleval-<stage>); every file in

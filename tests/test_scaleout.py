@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from saleval import paths
-from saleval.config import register_configs
+from saleval.pipeline.compose import register_configs
 from saleval.pipeline.tracking import method_rows
 from tests.conftest import DATA_ROOT, TINY_TRAIN
 

@@ -21,9 +21,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.errors import Stopped
-from saleval.pipeline import tracking
+from saleval.pipeline import dead_runs, slurm_state
 from saleval.pipeline.stage import Stage
-from saleval.scaleout import resume, slurm_state
+from saleval.scaleout import resume
 from saleval.scaleout.ray import RayLauncher
 from saleval.scaleout.slurm import LauncherError, Partition, SlurmLauncher, check_resources
 from tests.test_scaleout import _hydra_cfg
@@ -53,21 +53,21 @@ def test_a_pipeline_run_stopped_from_outside_ends_killed(mlflow_uri: str) -> Non
     with (
         pytest.raises(KeyboardInterrupt),
         mlflow.start_run() as run,
-        tracking.killed_when_stopped(),
+        dead_runs.killed_when_stopped(),
     ):
         raise KeyboardInterrupt
     assert MlflowClient().get_run(run.info.run_id).info.status == "KILLED"
-    with pytest.raises(RuntimeError), mlflow.start_run() as run, tracking.killed_when_stopped():
+    with pytest.raises(RuntimeError), mlflow.start_run() as run, dead_runs.killed_when_stopped():
         raise RuntimeError("a bug")
     assert MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
 
 
 def test_slurm_job_tags_only_inside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert "slurm_job_id" not in tracking.process_tags()
+    assert "slurm_job_id" not in dead_runs.process_tags()
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_CLUSTER_NAME", "lab")
-    tags = tracking.process_tags()
+    tags = dead_runs.process_tags()
     assert (tags["slurm_job_id"], tags["slurm_cluster"]) == ("42", "lab")
     monkeypatch.setenv("PATH", "/nonexistent")  # no squeue: nothing can be told
     assert slurm_state.job_states(["42"]) == {}

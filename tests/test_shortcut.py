@@ -25,14 +25,11 @@ from saleval.shortcut.generate import (
     ROLE_DISTRACTOR,
     ROLE_ORIGINAL,
     ROLE_SYNTHETIC,
-    ShortcutError,
-    ShortcutRule,
     build_mixed,
     build_shortcut_data,
-    extend_vocabulary,
-    prepare_source,
 )
 from saleval.shortcut.report import published_table, to_markdown
+from saleval.shortcut.rules import ShortcutError, ShortcutRule, extend_vocabulary, prepare_source
 from saleval.shortcut.verify import VerificationError, chance_accuracy, require, verify
 from saleval.words import rank_words, segment, token_to_word_scores
 

@@ -23,8 +23,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from saleval.pipeline import tables, tracking
-from saleval.scaleout import slurm_state
+from saleval.pipeline import dead_runs, slurm_state, tables
 from saleval.scaleout.slurm_local import LocalCluster, missing
 from tests.scaleout_support import BIN, TINY_JOB, launch, require, runs_of, subprocess_env
 
@@ -199,7 +198,7 @@ def test_the_next_stage_ends_a_run_whose_slurm_job_is_over(
             json.dumps({"run_id": run_ids[name], "status": "RUNNING"})
         )
     try:
-        assert tracking.end_dead_runs(client) == [run_ids["dead"]]
+        assert dead_runs.end_dead_runs(client) == [run_ids["dead"]]
     finally:
         subprocess.run(["scancel", alive], check=False)
     assert client.get_run(run_ids["dead"]).info.status == "KILLED"

@@ -20,11 +20,12 @@ import pytest
 import yaml
 
 from saleval import cli, paths
-from saleval.config.stages import ROOTS
-from saleval.pipeline import stage, stage_table
+from saleval.pipeline import run_inputs, stage_table
+from saleval.pipeline.compose import root_schemas
 from saleval.pipeline.stage_table import TABLE, StageSpec
 
 ROOT = paths.project_root()
+ROOTS = root_schemas()
 NAMES = [row.name for row in TABLE]
 
 
@@ -81,7 +82,7 @@ def test_inputs_come_from_stages_that_run_before() -> None:
             assert producer in NAMES, (row.name, name, producer)
             if row.in_pipeline:  # saleval-run has the producer's run dir by then
                 assert producer in order[: order.index(row.name)], (row.name, name)
-    assert stage_table.producers() == stage.PRODUCERS
+    assert stage_table.producers() == run_inputs.PRODUCERS
 
 
 def test_next_hints_name_known_scripts() -> None:

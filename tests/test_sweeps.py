@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 from omegaconf import DictConfig
 
-from saleval.analysis import comparison
+from saleval.analysis import comparison, gathering
 from saleval.pipeline import tables
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.merge import MergeError
 from saleval.pipeline.provenance import ProvenanceError
-from saleval.pipeline.stage import InputError, resolve_inputs
+from saleval.pipeline.run_inputs import resolve_inputs
 from saleval.stages import report
 from saleval.stages import tasks as tasks_stage
 from saleval.testing import explain_frames, make_explain_run, make_result_run
@@ -161,7 +162,7 @@ def test_report_refuses_one_cell_from_two_runs(
     a = make_result_run(tmp_path / "s1", "score", scores_frame())
     b = make_result_run(tmp_path / "s2", "score", scores_frame())
     cfg = make_cfg("report", [f"inputs.runs=[{a},{b}]"], name="report")
-    with pytest.raises(report.ReportError, match=f"human_score of method .* both {a}.* and {b}"):
+    with pytest.raises(gathering.ReportError, match=f"human_score of method .* both {a}.* and {b}"):
         report.run(cfg)
 
 
@@ -171,12 +172,12 @@ def test_report_needs_runs(make_cfg: Callable[..., DictConfig]) -> None:
 
 
 def test_variant_is_what_sets_a_sweep_job_apart() -> None:
-    def src(overrides: list[str], name: str) -> report.Source:
-        return report.Source(
+    def src(overrides: list[str], name: str) -> gathering.Source:
+        return gathering.Source(
             Path(name), "compare", "", "ag_news", "tiny", False, tuple(overrides), ()
         )
 
-    labels = report.variants(
+    labels = gathering.variants(
         [
             src(["profile=smoke", "profile.dataset=ag_news", "method.lime.num_samples=64"], "a"),
             src(["profile=smoke", "profile.dataset=sst2", "method.lime.num_samples=300"], "b"),
@@ -189,8 +190,8 @@ def test_variant_is_what_sets_a_sweep_job_apart() -> None:
 
 
 def test_a_named_profile_labels_its_variant_unless_two_would_share_it() -> None:
-    def src(overrides: list[str], name: str) -> report.Source:
-        return report.Source(
+    def src(overrides: list[str], name: str) -> gathering.Source:
+        return gathering.Source(
             Path(name), "compare", "", "ag_news", "tiny", False, tuple(overrides), ()
         )
 
@@ -200,7 +201,7 @@ def test_a_named_profile_labels_its_variant_unless_two_would_share_it() -> None:
         src(["+experiment=preset_lu2024"], "preset"),
         src(["+experiment=preset_lu2024", "profile.name=preset_zero", zero], "zero"),
     ]
-    assert report.variants(runs) == {
+    assert gathering.variants(runs) == {
         Path("plain"): "",
         Path("preset"): "+experiment=preset_lu2024",
         Path("zero"): "+experiment=preset_lu2024 profile.name=preset_zero",
@@ -209,7 +210,7 @@ def test_a_named_profile_labels_its_variant_unless_two_would_share_it() -> None:
     other = src(
         ["+experiment=preset_lu2024", "profile.name=preset_zero", "profile.stages.explain=[]"], "x"
     )
-    labels = report.variants([*runs, other])
+    labels = gathering.variants([*runs, other])
     assert labels[Path("zero")] != labels[Path("x")]
     assert zero in labels[Path("zero")]
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from saleval.pipeline import tables
 from saleval.testing import make_task_run
-from saleval.testing.annotate_load import LoadResult, WorkerLog
+from saleval.testing.load_workers import LoadResult, WorkerLog
 from saleval.testing.runs import TRICKY, study_grid
 
 

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from saleval.modeling.models import build_model, load_tokenizer, load_trained
-from saleval.pipeline import tracking
+from saleval.pipeline import run_naming, tracking, views
 from saleval.testing.runs import explain_frames, make_explain_run
 from tests.conftest import compose_config
 
@@ -73,7 +73,7 @@ def test_stage_records_the_store_it_used_and_names_the_experiment_kind(
     assert run.info.run_name == "explain · ag_news"
     exp = MlflowClient().get_experiment(run.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    url = tracking.ui_url(mlflow_uri, exp.experiment_id)
+    url = views.ui_url(mlflow_uri, exp.experiment_id)
     assert url.endswith(f"#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning")
 
 
@@ -122,7 +122,7 @@ def test_shortcut_params_are_what_runs_are_compared_by() -> None:
     cfg = compose_config("shortcut", ["shortcut=tic"])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
-    params = tracking.stage_params("shortcut", resolved, "sqlite:///x.db")
+    params = run_naming.stage_params("shortcut", resolved, "sqlite:///x.db")
     assert not [k for k in params if k.startswith("method")]
     assert {k for k in params if k.startswith("dataset")} == DATASET_PARAMS
     assert not [k for k in params if k.endswith("_target_") or k.startswith("model.name")]
@@ -132,7 +132,7 @@ def test_shortcut_params_are_what_runs_are_compared_by() -> None:
     assert "original_cache" not in params  # where the original model is cached
     assert len(params) < 70  # it was 286
     # each configuration's settings belong to its child run, with keys shared across them
-    settings = tracking.method_settings(resolved["method"])
+    settings = run_naming.method_settings(resolved["method"])
     assert len(settings) == len(resolved["method"]) > 30
     assert settings["ig_zero_100_logits"] == {
         "method.baseline": "zero",
@@ -152,7 +152,7 @@ def test_method_settings_are_params_of_the_method_child_runs(
     group = {"lime_20": {"_target_": "x.Lime", "num_samples": 20}, "occlusion": "occlusion"}
     with mlflow.start_run():
         ids = tracking.log_method_rows(
-            rows, "explain", params={"dataset": "x"}, settings=tracking.method_settings(group)
+            rows, "explain", params={"dataset": "x"}, settings=run_naming.method_settings(group)
         )
     client = MlflowClient()
     assert client.get_run(ids["lime_20"]).data.params == {
@@ -165,7 +165,7 @@ def test_method_settings_are_params_of_the_method_child_runs(
 
 def test_metric_keys_follow_one_style() -> None:
     for name in ("seconds.lime", "aopc_most/lime/k10", "filter/min seconds/workers"):
-        assert "/" not in tracking.metric_key(name) and "." not in tracking.metric_key(name)
-    assert tracking.metric_at_k("comprehensiveness@0.2") == tracking.metric_at_k(
+        assert "/" not in run_naming.metric_key(name) and "." not in run_naming.metric_key(name)
+    assert run_naming.metric_at_k("comprehensiveness@0.2") == run_naming.metric_at_k(
         "comprehensiveness", "0.2"
     )

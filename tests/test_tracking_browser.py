@@ -31,9 +31,10 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from saleval.pipeline import tables
-from saleval.pipeline.stage import read_run_info
-from saleval.pipeline.tracking import VIEW_PARAM, method_rows
-from saleval.testing.annotate_load import free_port, stop, wait_healthy
+from saleval.pipeline.run_inputs import read_run_info
+from saleval.pipeline.tracking import method_rows
+from saleval.pipeline.views import VIEW_PARAM
+from saleval.testing.load_servers import free_port, stop, wait_healthy
 from tests.annotate_support import launch_chromium, needs_chromium
 from tests.conftest import FinishedPipeline
 
@@ -41,7 +42,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-#: the link every stage prints for a local store (saleval.pipeline.tracking.ui_url)
+#: the link every stage prints for a local store (saleval.pipeline.views.ui_url)
 PRINTED = re.compile(r"http://127\.0\.0\.1:5000(/#/experiments/\d+/runs\?workflowType=\S+)")
 NAME = 'col-id="attributes.`Run Name`"'
 HUMAN = 'col-id="metrics.`human_score`"'

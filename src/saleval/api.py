@@ -115,7 +115,7 @@ def load_model(
         load_trained,
     )
     from saleval.pipeline.provenance import Provenance
-    from saleval.pipeline.stage import read_run_info, resolve_input, run_or_checkpoint
+    from saleval.pipeline.run_inputs import read_run_info, resolve_input, run_or_checkpoint
 
     conf = None if isinstance(source, tuple) else _conf_model(str(source))
     if isinstance(source, Classifier):
@@ -318,7 +318,7 @@ def explain(
 def read_explanations(run: str | os.PathLike[str]) -> pd.DataFrame:
     """An explain run (dir, ``runs:/<id>`` or ``latest``) as the frame :func:`explain` returns."""
     from saleval.pipeline.provenance import Provenance
-    from saleval.pipeline.stage import read_run_info, resolve_input
+    from saleval.pipeline.run_inputs import read_run_info, resolve_input
 
     run_dir = resolve_input("explain", str(run))
     prov = Provenance.of_run(run_dir, read_run_info(run_dir))
@@ -375,7 +375,7 @@ def evaluate(
     ``per_example``: the long per-(sample, method, metric, k) table instead
     (``metrics_per_example.parquet``'s layout). Definitions: ``docs/metrics.md``.
     """
-    from saleval.analysis.comparison import select_columns, wide_metrics
+    from saleval.analysis.metric_columns import select_columns, wide_metrics
     from saleval.metrics import faithfulness
 
     length = max_length or explanations.attrs.get("max_length")

@@ -48,11 +48,9 @@ HELP_RESOLVER = "saleval.help"
 
 
 def register_resolvers() -> None:
-    """The ``${saleval.*:}`` resolvers the configs use; idempotent."""
-    if not OmegaConf.has_resolver("saleval.root"):
-        OmegaConf.register_new_resolver("saleval.root", lambda: str(paths.project_root()))
-    if not OmegaConf.has_resolver("saleval.data_root"):
-        OmegaConf.register_new_resolver("saleval.data_root", lambda: str(paths.default_data_root()))
+    """The ``${saleval.*:}`` resolvers the configs use: the places (:mod:`saleval.paths`)
+    and the help text of a stage; idempotent."""
+    paths.register_resolvers()
     if not OmegaConf.has_resolver(HELP_RESOLVER):
         # Hydra fills the help template with string.Template: a literal $ must be doubled
         OmegaConf.register_new_resolver(HELP_RESOLVER, lambda s: stage_help(s).replace("$", "$$"))
@@ -194,12 +192,13 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
     def main() -> Any:
         import hydra
 
-        from saleval.config import register_configs
+        from saleval.pipeline.compose import register_configs, search_path_override
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         args = sys.argv[1:]
-        try:  # a module named by metrics.plugins=[...] registers first: its settings compose
-            register_configs(args)
+        overrides = [a for a in args if not a.startswith("-") and "=" in a]
+        try:  # a module metrics.plugins names registers first: its settings compose
+            register_configs([*search_path_override(args), *overrides], config_name)
         except ValueError as err:  # that module cannot be imported
             if full_error():
                 raise

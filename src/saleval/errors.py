@@ -8,7 +8,7 @@ scripts (:mod:`saleval.cli`) print such an error as one line and exit with statu
 traceback. Each module keeps its own class (``InputError``, ``DataError``, ``ProvenanceError``,
 ``CrowdImportError``...) and its builtin base, so ``except ValueError`` callers are unchanged.
 
->>> from saleval.pipeline.stage import InputError
+>>> from saleval.pipeline.input_paths import InputError
 >>> issubclass(InputError, UserError) and issubclass(InputError, ValueError)
 True
 """

@@ -37,3 +37,16 @@ def default_data_root() -> Path:
     if env:
         return Path(env).resolve()
     return (project_root().parent / "shared" / "data").resolve()
+
+
+def register_resolvers() -> None:
+    """``${saleval.root:}`` and ``${saleval.data_root:}``, the places above as the configs
+    name them (``conf/paths/default.yaml``); idempotent. Whatever composes a config
+    registers them first (:func:`saleval.pipeline.compose.register_configs`, the console
+    scripts)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("saleval.root"):
+        OmegaConf.register_new_resolver("saleval.root", lambda: str(project_root()))
+    if not OmegaConf.has_resolver("saleval.data_root"):
+        OmegaConf.register_new_resolver("saleval.data_root", lambda: str(default_data_root()))

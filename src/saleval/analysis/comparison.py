@@ -1,146 +1,50 @@
-"""Human scores next to automated metrics (docs/metrics.md#comparison).
+"""Human scores next to automated metrics, method by method (docs/metrics.md#comparison).
 
-Method level: one row per method with the human score s_j and every automated
-metric, each with its rank (1 = best, ties share the best rank, as in docs/scores.md#ranks),
-and the Spearman and Kendall correlation of every metric's method ranking with the
-human ranking, with bootstrap CIs over samples. Instance level: per explanation
-(sample × method), the crowd accuracy (mean over k of A_ijk) against each metric —
-a Spearman correlation and an OLS model of crowd accuracy on the metric, the
-classifier's confidence and whether its prediction was right (Nguyen 2018,
-"Comparing Automatic and Human Evaluation of Local Explanations for Text
-Classification", NAACL, https://aclanthology.org/N18-1097).
+One row per method with the human score s_j and every automated metric, each with its
+rank (1 = best, ties share the best rank, as in docs/scores.md#ranks), and the Spearman
+and Kendall correlation of every metric's method ranking with the human ranking, with
+bootstrap CIs over samples; :func:`compare` does all of it for one dataset, the
+instance-level analysis (:mod:`saleval.analysis.instance_level`) included.
 
 Metric direction matters: for sufficiency, switching point and AOPC over the least
-important words *lower* is better. Every direction comes from the metric's registration
-(:mod:`saleval.metrics.registry`); a metric of the table that nobody registered is named
-in the report's notes and a warning, not dropped silently. Method-level correlations compare *rankings*
-(rank 1 = best on both sides), so a positive correlation always means agreement.
-Instance-level statistics use the raw metric values; ``higher_is_better`` says how
-to read their sign.
+important words *lower* is better. The columns and their directions are
+:mod:`saleval.analysis.metric_columns`'s; a metric of the table that nobody registered is
+named in the report's notes and a warning, not dropped silently. The Markdown report and
+the plot are :mod:`saleval.analysis.comparison_report`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-import saleval.metrics.faithfulness
-import saleval.metrics.plausibility  # noqa: F401  (registers the plausibility metrics)
-from saleval.errors import UserError
+from saleval.analysis.instance_level import instance_level
+from saleval.analysis.metric_columns import (
+    ComparisonError,
+    higher_is_better,
+    rank_methods,
+    select_columns,
+    unplaced_metrics,
+    wide_metrics,
+)
 from saleval.metrics import registry as metrics_registry
 
 log = logging.getLogger(__name__)
 
 
-def metric_directions() -> dict[str, bool]:
-    """Direction (higher is better?) of every ranked metric name the registry knows.
-
-    Read from :mod:`saleval.metrics.registry` at call time, so a metric registered with
-    :func:`saleval.metrics.registry.register_metric` is compared like a built-in one;
-    diagnostics registered without a direction (``no_switch``) are not ranked.
-    """
-    return {m: d for m, d in metrics_registry.outputs().items() if d is not None}
-
-
 HumanScoreFn = Callable[[pd.DataFrame], pd.Series]
-
-
-class ComparisonError(UserError, ValueError):
-    """Human and automated results cannot be compared (no common methods, ...)."""
-
-
-# ---------------------------------------------------------------------------------
-# Columns: one (metric, k) of metrics.csv each
-# ---------------------------------------------------------------------------------
-
-
-def column_name(metric: str, k: str) -> str:
-    """``comprehensiveness`` for a grid average, ``log_odds_drop@0.2`` for one k."""
-    return metric if k in ("", None) or pd.isna(k) else f"{metric}@{k}"
-
-
-def split_column(column: str) -> tuple[str, str]:
-    metric, _, k = column.partition("@")
-    return metric, k
-
-
-def higher_is_better(column: str) -> bool:
-    """The registered direction of a column's metric; unknown metrics fail naming it."""
-    metric = split_column(column)[0]
-    directions = metric_directions()
-    if metric not in directions:
-        raise ComparisonError(
-            f"metric {metric!r} has no registered direction (saleval.metrics.registry); "
-            f"known: {sorted(directions)}"
-        )
-    return directions[metric]
-
-
-def unplaced_metrics(metrics: pd.DataFrame) -> list[str]:
-    """Metrics of a table the comparison cannot rank: not registered, or without a direction."""
-    directions = metric_directions()
-    return [m for m in dict.fromkeys(metrics["metric"].astype(str)) if m not in directions]
-
-
-def select_columns(metrics: pd.DataFrame, which: str | Sequence[str] = "summary") -> list[str]:
-    """Which (metric, k) of a metrics table to compare.
-
-    ``summary``: every known metric's grid average (k empty), or its only k
-    (``log_odds_drop@0.2``); ``all``: every known (metric, k); or a list of names.
-    """
-    k = metrics["k"].fillna("").astype(str)
-    pairs = list(dict.fromkeys(zip(metrics["metric"].astype(str), k)))
-    directions = metric_directions()
-    known = [(m, kk) for m, kk in pairs if m in directions]
-    available = [column_name(m, kk) for m, kk in known]
-    if isinstance(which, str) and which == "all":
-        return available
-    if isinstance(which, str) and which == "summary":
-        out = []
-        for m in dict.fromkeys(m for m, _ in known):
-            ks = [kk for mm, kk in known if mm == m]
-            if "" in ks:
-                out.append(m)
-            elif len(ks) == 1:
-                out.append(column_name(m, ks[0]))
-        return out
-    if isinstance(which, str):
-        raise ComparisonError(f"compare.columns must be 'summary', 'all' or a list; got {which!r}")
-    missing = [c for c in which if c not in available]
-    if missing:
-        raise ComparisonError(
-            f"compare.columns {missing} not in the metrics table; has {available}"
-        )
-    return list(which)
-
-
-def wide_metrics(long: pd.DataFrame, columns: Sequence[str], index: Sequence[str]) -> pd.DataFrame:
-    """Long ``metric, k, value`` rows → one column per (metric, k) name."""
-    df = long.assign(
-        column=[column_name(m, k) for m, k in zip(long["metric"], long["k"].fillna(""))]
-    )
-    df = df[df["column"].isin(list(columns))]
-    out = df.pivot_table(index=list(index), columns="column", values="value", aggfunc="first")
-    return out.reindex(columns=list(columns))
 
 
 # ---------------------------------------------------------------------------------
 # Method level
 # ---------------------------------------------------------------------------------
-
-
-def rank_methods(values: pd.Series, higher_better: bool = True) -> pd.Series:
-    """Rank 1 = best; ties (at 9 decimals, as in saleval-score) share the best rank; NaN unranked."""
-    r = values.astype(float).round(9).rank(ascending=not higher_better, method="min")
-    return r.astype("Int64")
 
 
 def comparison_table(
@@ -260,269 +164,6 @@ def bootstrap_rank_agreement(
 
 
 # ---------------------------------------------------------------------------------
-# Instance level
-# ---------------------------------------------------------------------------------
-
-
-def crowd_accuracy_per_explanation(aggregated: pd.DataFrame) -> pd.Series:
-    r"""Per explanation (i, j): the share of k at which the crowd was right, :math:`\frac{1}{K}\sum_k A_{ijk}`."""
-    return aggregated.groupby(["sample_id", "method"])["correct"].mean().rename("crowd_accuracy")
-
-
-def instance_table(
-    aggregated: pd.DataFrame,
-    per_example: pd.DataFrame,
-    predictions: pd.DataFrame,
-    columns: Sequence[str],
-) -> pd.DataFrame:
-    """One row per explanation both sides have: crowd accuracy, metrics, confidence, outcome.
-
-    ``predictions`` holds ``sample_id, confidence, correct`` (the classifier's
-    probability of its prediction and whether the prediction was right).
-    """
-    crowd = crowd_accuracy_per_explanation(aggregated)
-    metric = wide_metrics(per_example, columns, ["sample_id", "method"])
-    df = crowd.to_frame().join(metric, how="inner").reset_index()
-    df = df.merge(predictions[["sample_id", "confidence", "correct"]], on="sample_id", how="left")
-    if df["confidence"].isna().any():
-        missing = df.loc[df["confidence"].isna(), "sample_id"].unique()[:5]
-        raise ComparisonError(f"no prediction for sample(s) {list(missing)} in predictions.parquet")
-    return df
-
-
-def instance_spearman(
-    table: pd.DataFrame, column: str, n_boot: int = 1000, level: float = 0.95, seed: int = 0
-) -> dict[str, float]:
-    """Spearman ρ of crowd accuracy with one metric over explanations, cluster-bootstrap CI.
-
-    Explanations of one sample share the text, so the CI resamples *samples*
-    (all their explanations together). The p-value is scipy's, which treats
-    explanations as independent and is therefore optimistic.
-    """
-    d = table[["sample_id", "crowd_accuracy", column]].dropna()
-    nan = float("nan")
-    if len(d) < 3 or d["crowd_accuracy"].nunique() < 2 or d[column].nunique() < 2:
-        return {"value": nan, "p_value": nan, "ci_low": nan, "ci_high": nan, "n": len(d)}
-    res = stats.spearmanr(d["crowd_accuracy"], d[column])
-    rng = np.random.default_rng(seed)
-    groups = list(d.groupby("sample_id").indices.values())
-    x, y = d["crowd_accuracy"].to_numpy(), d[column].to_numpy()
-    boots = []
-    for _ in range(n_boot):
-        pick = rng.integers(0, len(groups), len(groups))
-        idx = np.concatenate([groups[i] for i in pick])
-        if np.ptp(x[idx]) > 0 and np.ptp(y[idx]) > 0:
-            boots.append(stats.spearmanr(x[idx], y[idx]).statistic)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha]) if boots else (nan, nan)
-    return {
-        "value": float(res.statistic),
-        "p_value": float(res.pvalue),
-        "ci_low": float(lo),
-        "ci_high": float(hi),
-        "n": len(d),
-    }
-
-
-def instance_ols(
-    table: pd.DataFrame, column: str, level: float = 0.95
-) -> tuple[list[dict[str, Any]], str]:
-    r"""OLS of crowd accuracy on the metric, classifier confidence and prediction outcome.
-
-    .. math:: \mathrm{acc}_{ij} = \beta_0 + \beta_1 z(m_{ij}) + \beta_2\,\mathrm{conf}_i
-              + \beta_3\,\mathbb{1}[\hat y_i = y_i] + \varepsilon_{ij}
-
-    The metric is standardized (z-score) so coefficients compare across metrics
-    (change in crowd accuracy per standard deviation of the metric). Standard errors
-    are clustered by sample (explanations of one text are not independent).
-    Regressors that are constant in the data (the outcome when only correctly
-    classified samples were studied) are dropped and say so. Nguyen (2018), NAACL,
-    §5 (regression of human accuracy on explanation quality and model confidence);
-    statsmodels OLS.
-
-    Returns rows for the correlations table and the model's text summary.
-    """
-    import statsmodels.api as sm
-
-    d = table[["sample_id", "crowd_accuracy", column, "confidence", "correct"]].dropna()
-    rows: list[dict[str, Any]] = []
-    nan = float("nan")
-    if len(d) < 5 or d[column].std() == 0:
-        return rows, f"{column}: too few explanations or a constant metric; no OLS\n"
-    X = pd.DataFrame({"metric_z": (d[column] - d[column].mean()) / d[column].std()})
-    dropped = []
-    for reg in ("confidence", "correct"):
-        if d[reg].nunique() > 1:
-            X[reg] = d[reg].astype(float).to_numpy()
-        else:
-            dropped.append(reg)
-    X = sm.add_constant(X, has_constant="add")
-    groups = pd.factorize(d["sample_id"])[0]
-    model = sm.OLS(d["crowd_accuracy"].astype(float), X)
-    if len(np.unique(groups)) > 1:
-        fit = model.fit(cov_type="cluster", cov_kwds={"groups": groups})
-    else:
-        fit = model.fit()
-    ci = fit.conf_int(alpha=1 - level)
-    for name, stat in (
-        ("metric_z", "ols_coef"),
-        ("confidence", "ols_coef_confidence"),
-        ("correct", "ols_coef_correct"),
-    ):
-        if name in fit.params.index:
-            rows.append(
-                {
-                    "statistic": stat,
-                    "value": float(fit.params[name]),
-                    "ci_low": float(ci.loc[name, 0]),
-                    "ci_high": float(ci.loc[name, 1]),
-                    "p_value": float(fit.pvalues[name]),
-                    "n": int(fit.nobs),
-                }
-            )
-    rows.append(
-        {
-            "statistic": "ols_r2",
-            "value": float(fit.rsquared),
-            "ci_low": nan,
-            "ci_high": nan,
-            "p_value": nan,
-            "n": int(fit.nobs),
-        }
-    )
-    note = f" (dropped constant regressors: {', '.join(dropped)})" if dropped else ""
-    text = f"== crowd_accuracy ~ z({column}) + confidence + correct{note}\n{fit.summary()}\n"
-    return rows, text
-
-
-# ---------------------------------------------------------------------------------
-# Presentation
-# ---------------------------------------------------------------------------------
-
-
-def _fmt(v: float) -> str:
-    if pd.isna(v):
-        return "–"
-    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"
-
-
-def markdown_report(
-    comparison: pd.DataFrame,
-    correlations: pd.DataFrame,
-    columns: Sequence[str],
-    title: str,
-    notes: Sequence[str] = (),
-) -> str:
-    """The side-by-side table (value with rank in brackets) and the correlations, as Markdown."""
-    table = pd.DataFrame({"method": comparison["method"]})
-    table["human s_j"] = [
-        f"{_fmt(v)} ({int(r)})" for v, r in zip(comparison["human_score"], comparison["human_rank"])
-    ]
-    for col in columns:
-        arrow = "↑" if higher_is_better(col) else "↓"
-        table[f"{col} {arrow}"] = [
-            f"{_fmt(v)} ({'–' if pd.isna(r) else int(r)})"
-            for v, r in zip(comparison[col], comparison[f"{col}_rank"])
-        ]
-    parts = [f"# {title}", "", table.to_markdown(index=False), ""]
-    parts.append("Ranks in brackets (1 = best; ↑ higher is better, ↓ lower is better).")
-    parts.append("")
-
-    def ci(row: Mapping[str, Any]) -> str:
-        if pd.isna(row.get("ci_low")):
-            return _fmt(row["value"])
-        return f"{_fmt(row['value'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
-
-    meth = correlations[correlations["level"] == "method"]
-    if len(meth):
-        t = meth.pivot_table(index="metric", columns="statistic", values="value", aggfunc="first")
-        out = pd.DataFrame({"metric": list(dict.fromkeys(meth["metric"]))})
-        for stat in ("spearman", "kendall"):
-            if stat in t.columns:
-                out[stat] = [
-                    ci(meth[(meth["metric"] == m) & (meth["statistic"] == stat)].iloc[0])
-                    for m in out["metric"]
-                ]
-        parts += [
-            "## Method level: metric ranking vs human ranking",
-            "",
-            out.to_markdown(index=False),
-            "",
-        ]
-    inst = correlations[correlations["level"] == "instance"]
-    if len(inst):
-        out = pd.DataFrame({"metric": list(dict.fromkeys(inst["metric"]))})
-        for stat, label in (
-            ("spearman", "Spearman ρ"),
-            ("ols_coef", "OLS β (per SD)"),
-            ("ols_r2", "OLS R²"),
-        ):
-            vals = []
-            for m in out["metric"]:
-                r = inst[(inst["metric"] == m) & (inst["statistic"] == stat)]
-                vals.append(ci(r.iloc[0]) if len(r) else "–")
-            out[label] = vals
-        n = int(inst["n"].max()) if "n" in inst and inst["n"].notna().any() else 0
-        parts += [
-            f"## Instance level: crowd accuracy per explanation vs metric (n = {n})",
-            "",
-            out.to_markdown(index=False),
-            "",
-        ]
-    parts += [f"* {n}" for n in notes]
-    return "\n".join(parts).rstrip() + "\n"
-
-
-def plot_rank_vs_rank(
-    comparison: pd.DataFrame,
-    columns: Sequence[str],
-    correlations: pd.DataFrame,
-    path: str | Path,
-    title: str,
-) -> Path:
-    """Small multiples: human rank (x) against each metric's rank (y), one dot per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = max(1, len(columns))
-    ncols = min(4, n)
-    nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.4 * nrows), squeeze=False)
-    m = len(comparison)
-    for ax, col in zip(axes.flat, columns):
-        x = comparison["human_rank"].astype(float)
-        y = comparison[f"{col}_rank"].astype(float)
-        ax.plot([1, m], [1, m], color="0.8", lw=1, zorder=0)
-        ax.scatter(x, y, s=25)
-        for xi, yi, name in zip(x, y, comparison["method"]):
-            ax.annotate(name, (xi, yi), fontsize=6, xytext=(3, 2), textcoords="offset points")
-        rho = correlations[
-            (correlations["level"] == "method")
-            & (correlations["metric"] == col)
-            & (correlations["statistic"] == "spearman")
-        ]
-        sub = (
-            f"ρ = {rho['value'].iloc[0]:.2f}" if len(rho) and pd.notna(rho["value"].iloc[0]) else ""
-        )
-        ax.set_title(f"{col}\n{sub}", fontsize=8)
-        ax.set_xlim(0.5, m + 0.5)
-        ax.set_ylim(m + 0.5, 0.5)
-        ax.set_xlabel("human rank", fontsize=7)
-        ax.set_ylabel("metric rank", fontsize=7)
-        ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(columns) :]:
-        ax.axis("off")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
-
-
-# ---------------------------------------------------------------------------------
 # Everything for one dataset
 # ---------------------------------------------------------------------------------
 
@@ -556,52 +197,6 @@ def method_correlations(table: pd.DataFrame, cols: Sequence[str]) -> pd.DataFram
                 }
             )
     return pd.DataFrame(rows)
-
-
-def instance_level(
-    aggregated: pd.DataFrame,
-    per_example: pd.DataFrame,
-    predictions: pd.DataFrame,
-    cols: Sequence[str],
-    n_boot: int,
-    level: float,
-    seed: int,
-) -> tuple[pd.DataFrame | None, pd.DataFrame | None, str, str]:
-    """The instance-level analysis where the crowd and the metrics share samples: the
-    instance table, its correlation rows (Spearman with cluster-bootstrap CIs, OLS), the
-    OLS text, and the note that says what was done or why it was skipped."""
-    shared = set(aggregated["sample_id"].astype(str)) & set(per_example["sample_id"].astype(str))
-    if not shared:
-        return (
-            None,
-            None,
-            "",
-            (
-                "Instance level skipped: the crowd and the metrics share no sample "
-                "(e.g. published crowd results on other samples)."
-            ),
-        )
-    instance = instance_table(aggregated, per_example, predictions, cols)
-    inst_rows, ols_text = [], ""
-    for col in cols:
-        r = instance_spearman(instance, col, n_boot=n_boot, level=level, seed=seed)
-        inst_rows.append({"metric": col, "level": "instance", "statistic": "spearman", **r})
-        ols_rows, text = instance_ols(instance, col, level=level)
-        inst_rows += [{"metric": col, "level": "instance", **o} for o in ols_rows]
-        ols_text += text + "\n"
-    inst = pd.DataFrame(inst_rows)
-    inst["higher_is_better"] = [higher_is_better(c) for c in inst["metric"]]
-    return (
-        instance,
-        inst,
-        ols_text,
-        (
-            "Instance level: crowd accuracy per explanation = mean over k of A_ijk; Spearman "
-            "CIs resample samples (cluster bootstrap); OLS on the z-scored metric with "
-            "sample-clustered standard errors (see ols.txt). Signs are of the raw metric: "
-            "read them with ↑/↓."
-        ),
-    )
 
 
 def compare(

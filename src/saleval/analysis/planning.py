@@ -128,7 +128,7 @@ class Discrepancy:
 
         >>> d = Discrepancy({"a": (2.0,), "b": (0.0, 0.0)}, "")
         >>> d.draw(["a", "b", "c"], 2, np.random.default_rng(0)).tolist()
-        [[0.02, 0.0, 0.0], [0.02, 0.0, 0.0]]
+        [[0.02, 0.0, 0.0], [0.02, 0.0, 0.02]]
         """
         cols = []
         for m in methods:

@@ -2,9 +2,11 @@
 
 * :mod:`saleval.annotate.study` reads a ``saleval-tasks`` run dir (tasks, bundles,
   instructions, label names) into a :class:`Study`.
-* :mod:`saleval.annotate.store` is the durable store: SQLite in WAL mode, every answer
-  committed on its own with timestamps, one bundle per worker per dataset enforced by a
-  unique constraint in the database.
+* :class:`saleval.annotate.store_answers.AnnotationStore` is the durable store, in three
+  layers (:mod:`~saleval.annotate.store_db`, :mod:`~saleval.annotate.store_leases`,
+  :mod:`~saleval.annotate.store_answers`): SQLite in WAL mode, every answer committed on
+  its own with timestamps, one bundle per worker per dataset enforced by a unique
+  constraint in the database.
 * :mod:`saleval.annotate.app` builds the FastAPI app (server-rendered Jinja2 pages) from
   :mod:`~saleval.annotate.routes_worker` (the worker's pages),
   :mod:`~saleval.annotate.routes_admin` (the admin view) and

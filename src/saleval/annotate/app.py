@@ -45,19 +45,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
 
 from saleval.annotate import routes_admin, routes_worker
-from saleval.annotate.routes_worker import PLATFORM_PARAMS as PLATFORM_PARAMS
-from saleval.annotate.routes_worker import POSITION_RE as POSITION_RE
-from saleval.annotate.routes_worker import completion_link as completion_link
-from saleval.annotate.security import SECURITY_HEADERS as SECURITY_HEADERS
-from saleval.annotate.security import WORKER_ID_RE as WORKER_ID_RE
-from saleval.annotate.security import WORKER_ID_RULE as WORKER_ID_RULE
 from saleval.annotate.security import Throttle, security_headers
-from saleval.annotate.security import same_secret as same_secret
-from saleval.annotate.security import valid_worker_id as valid_worker_id
-from saleval.annotate.state import NOT_SAVED as NOT_SAVED
-from saleval.annotate.state import AppSettings as AppSettings
-from saleval.annotate.state import AppState, state_of
-from saleval.annotate.store import AnnotationStore
+from saleval.annotate.state import AppSettings, AppState, state_of
+from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import IDK, Study, load_study
 
 _HERE = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from saleval.annotate.store import AnnotationStore
+from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import Study
 from saleval.errors import UserError
 from saleval.pipeline import tables

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, Response
 from saleval.annotate.export import answers_frame, to_csv_bytes
 from saleval.annotate.security import WORKER_ID_RULE, client_key, same_secret, valid_worker_id
 from saleval.annotate.state import redirect, state_of
-from saleval.annotate.store import BundleRefused
+from saleval.annotate.store_leases import BundleRefused
 
 router = APIRouter()
 

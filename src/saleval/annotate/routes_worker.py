@@ -18,7 +18,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from saleval.annotate.security import WORKER_ID_RULE, client_key, valid_worker_id
 from saleval.annotate.state import redirect, state_of
-from saleval.annotate.store import AnswerRejected, Assignment, BundleRefused, ResumeRequired
+from saleval.annotate.store_answers import AnswerRejected
+from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
 
 PLATFORM_PARAMS = {"PROLIFIC_PID": "worker_id", "STUDY_ID": "study_id", "SESSION_ID": "session_id"}
 """Prolific's URL parameters and the start form's fields they fill (docs/annotate.md)."""

@@ -19,7 +19,9 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from saleval.annotate.security import SECURITY_HEADERS, Throttle
-from saleval.annotate.store import AnnotationStore, Assignment, LeasePolicy
+from saleval.annotate.store_answers import AnnotationStore
+from saleval.annotate.store_db import LeasePolicy
+from saleval.annotate.store_leases import Assignment
 from saleval.annotate.study import Study
 
 NOT_SAVED = "Your answer was NOT saved."

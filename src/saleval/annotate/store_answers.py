@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from saleval.annotate.store_db import _new_code
-from saleval.annotate.store_leases import Assignment, LeaseStore, _assignment, _released_message
+from saleval.annotate.store_leases import Assignment, BundleStore, _assignment, _released_message
 
 
 class AnswerRejected(Exception):
@@ -42,7 +42,7 @@ class NextTask:
     started_at: str
 
 
-class AnnotationStore(LeaseStore):
+class AnnotationStore(BundleStore):
     """Thread-safe access to the annotation database; one connection per thread.
 
     ``readonly=True`` opens an existing database without writing to it (an archived copy,

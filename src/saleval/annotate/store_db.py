@@ -1,11 +1,35 @@
-"""The database under the annotation store: schema and its upgrade, connections,
-transactions, read-only opening, backups.
+"""The database under the annotation store: SQLite in WAL mode, one commit per answer.
 
-:class:`StoreDatabase` knows nothing of bundles, leases or answers; the rules of the
-study are in its schema (the unique indexes :mod:`saleval.annotate.store` describes) and
-in the classes built on it (:mod:`saleval.annotate.store_leases`,
-:mod:`saleval.annotate.store_answers`). Kept apart so opening, upgrading and copying the
-file can be read without the study's logic.
+Why SQLite: a study runs on one machine for days; a crash, a kill or a reboot must not
+lose an answer a worker already saw acknowledged. Every answer is its own
+``BEGIN IMMEDIATE … COMMIT`` transaction with ``synchronous=FULL`` by default, so once
+the server has redirected the worker to the next task, the answer is on disk.
+
+The rules of the study live in the schema, not only in Python, so that no code path (two
+server processes on one database, a double-clicked button, a replayed request) can
+break them:
+
+* ``one_bundle_per_worker_per_dataset``: a unique index on the *active* assignments'
+  ``(worker_id, dataset)``, across every task set stored in the same database;
+* ``one_worker_per_bundle``: a unique index on the active assignments' ``(run_key,
+  bundle_id)``: a bundle is never with two workers at once;
+* ``PRIMARY KEY (assignment_id, position)`` and ``UNIQUE (assignment_id, task_id)`` on
+  answers: an answer is never stored twice; the first one wins.
+
+An assignment is active until it is released: its lease ran out (``lease_minutes`` after
+the worker's last action; see :class:`LeasePolicy`), or the admin released or
+reassigned it. A released assignment keeps its answers (they were acknowledged) and its
+bundle goes back to the pool. Every lease change is a ``BEGIN IMMEDIATE`` transaction
+like an answer, so a late answer and the claim that releases its bundle are ordered:
+exactly one of them wins. docs/annotate.md describes the rules for operators.
+
+Times are ISO 8601 in UTC with milliseconds (``2025-01-31T12:00:00.123+00:00``).
+
+The store is three layers, one module each: this one (schema and its upgrade,
+connections, transactions, read-only opening, backups), which knows nothing of bundles,
+leases or answers; task sets, assignments and leases
+(:mod:`saleval.annotate.store_leases`); and tasks, answers and the tables read back
+(:mod:`saleval.annotate.store_answers`, whose :class:`AnnotationStore` is the store).
 """
 
 from __future__ import annotations
@@ -22,6 +46,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from saleval.config.crowd import WorkerIdCase
 from saleval.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -124,12 +149,15 @@ class LeasePolicy:
     A lease runs ``lease_minutes`` from the worker's last action (start, instructions,
     a task shown, an answer); when it has run out, the next claim by anyone returns the
     bundle to the pool. ``max_claims`` new bundles per client address per
-    ``claim_window_minutes`` (0: no bound).
+    ``claim_window_minutes`` (0: no bound). ``worker_id_case``: which IDs name one worker,
+    the import's rule (``crowd.worker_id_case``), so a worker is one in the app and in
+    the scores.
     """
 
     lease_minutes: float = 60.0
     max_claims: int = 5
     claim_window_minutes: float = 60.0
+    worker_id_case: WorkerIdCase = WorkerIdCase.insensitive
 
 
 class StoreDatabase:
@@ -173,7 +201,7 @@ class StoreDatabase:
         mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        self._migrate_v1()
+        upgrade_from_v1(self)
         with self._write() as c:
             c.executescript_safe(_SCHEMA)
             row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -311,55 +339,6 @@ class StoreDatabase:
                     con.execute("ROLLBACK")
                 raise
 
-    def _migrate_v1(self) -> None:
-        """Rebuild a version-1 ``assignments`` table (table constraints) as version 2.
-
-        SQLite cannot drop a table constraint, so the table is copied; foreign keys are
-        off during the copy (``shown`` and ``answers`` point at it) and checked after.
-        """
-        con = self._conn()
-        row = con.execute(
-            "SELECT 1 FROM sqlite_master WHERE name='meta' AND type='table'"
-        ).fetchone()
-        version = (
-            row and con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        )
-        if not version or int(version[0]) != 1:
-            return
-        con.execute("PRAGMA foreign_keys=OFF")
-        try:
-            with self._write() as c:
-                ddl = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS assignments") :]
-                ddl = ddl[: ddl.index(");") + 1].replace(
-                    "IF NOT EXISTS assignments", "assignments_v2"
-                )
-                c.execute(ddl)
-                c.execute(
-                    f"INSERT INTO assignments_v2 ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} "
-                    "FROM assignments"
-                )
-                c.execute("DROP TABLE assignments")
-                c.execute("ALTER TABLE assignments_v2 RENAME TO assignments")
-                c.executescript_safe(_SCHEMA)  # the indexes
-                # v1 bundles were never released: each keeps a lease from now, and a
-                # resume code of its own
-                for (aid,) in c.execute(
-                    "SELECT assignment_id FROM assignments WHERE resume_code=''"
-                ).fetchall():
-                    c.execute(
-                        "UPDATE assignments SET resume_code=?, lease_expires_at=? "
-                        "WHERE assignment_id=?",
-                        (_new_code(), self._lease_end(), aid),
-                    )
-                bad = c.execute("PRAGMA foreign_key_check").fetchall()
-                if bad:
-                    raise StoreError(f"{self.path}: upgrade broke foreign keys: {bad[:3]}")
-                c.execute(
-                    "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
-                )
-        finally:
-            con.execute("PRAGMA foreign_keys=ON")
-
     def close(self) -> None:
         with self._lock:
             for con in self._all:
@@ -403,6 +382,47 @@ class StoreDatabase:
 
     def _lease_end(self) -> str:
         return _iso(self.clock() + timedelta(minutes=self.lease.lease_minutes))
+
+
+def upgrade_from_v1(db: StoreDatabase) -> None:
+    """Rebuild a version-1 ``assignments`` table (table constraints) as version 2.
+
+    SQLite cannot drop a table constraint, so the table is copied; foreign keys are
+    off during the copy (``shown`` and ``answers`` point at it) and checked after.
+    """
+    con = db._conn()
+    row = con.execute("SELECT 1 FROM sqlite_master WHERE name='meta' AND type='table'").fetchone()
+    version = row and con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if not version or int(version[0]) != 1:
+        return
+    con.execute("PRAGMA foreign_keys=OFF")
+    try:
+        with db._write() as c:
+            ddl = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS assignments") :]
+            ddl = ddl[: ddl.index(");") + 1].replace("IF NOT EXISTS assignments", "assignments_v2")
+            c.execute(ddl)
+            c.execute(
+                f"INSERT INTO assignments_v2 ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM assignments"
+            )
+            c.execute("DROP TABLE assignments")
+            c.execute("ALTER TABLE assignments_v2 RENAME TO assignments")
+            c.executescript_safe(_SCHEMA)  # the indexes
+            # v1 bundles were never released: each keeps a lease from now, and a
+            # resume code of its own
+            for (aid,) in c.execute(
+                "SELECT assignment_id FROM assignments WHERE resume_code=''"
+            ).fetchall():
+                c.execute(
+                    "UPDATE assignments SET resume_code=?, lease_expires_at=? "
+                    "WHERE assignment_id=?",
+                    (_new_code(), db._lease_end(), aid),
+                )
+            bad = c.execute("PRAGMA foreign_key_check").fetchall()
+            if bad:
+                raise StoreError(f"{db.path}: upgrade broke foreign keys: {bad[:3]}")
+            c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+    finally:
+        con.execute("PRAGMA foreign_keys=ON")
 
 
 class _Connection(sqlite3.Connection):

@@ -2,7 +2,8 @@
 
 A bundle in progress is handed back only to a request that proves it belongs to its
 worker (:func:`_proves`); a lease runs from the worker's last action and, once run out,
-the bundle goes back to the pool at the next claim (:class:`LeaseStore`). Every change
+the bundle goes back to the pool at the next claim (:class:`LeaseStore`); task sets and
+claims are :class:`BundleStore`'s. Every change
 is one ``BEGIN IMMEDIATE`` transaction, ordered against answers.
 """
 
@@ -64,147 +65,9 @@ class Assignment:
 
 
 class LeaseStore(StoreDatabase):
-    """The database with task sets registered and bundles assigned, leased and released."""
-
-    def register_run(
-        self, run_key: str, dataset: str, tasks_dir: str, bundles: pd.DataFrame
-    ) -> None:
-        """Store a task set's bundles once; refuse if the same run key now holds other bundles."""
-        order = {b: i for i, b in enumerate(dict.fromkeys(bundles["bundle_id"].tolist()))}
-        rows = sorted(
-            (
-                str(r.bundle_id),
-                order[r.bundle_id],
-                int(r.position),
-                str(r.task_id),
-                int(bool(r.is_gold)),
-            )
-            for r in bundles.itertuples(index=False)
-        )
-        with self._write() as c:
-            known = c.execute("SELECT dataset FROM runs WHERE run_key=?", (run_key,)).fetchone()
-            if known is None:
-                c.execute(
-                    "INSERT INTO runs (run_key, dataset, tasks_dir, n_bundles, registered_at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (run_key, dataset, tasks_dir, len(order), self._now()),
-                )
-                c.executemany(
-                    "INSERT INTO bundle_items (run_key, bundle_id, bundle_order, position, "
-                    "task_id, is_gold) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(run_key, *r) for r in rows],
-                )
-                return
-            stored = sorted(
-                (r[0], r[1], r[2], r[3], r[4])
-                for r in c.execute(
-                    "SELECT bundle_id, bundle_order, position, task_id, is_gold "
-                    "FROM bundle_items WHERE run_key=?",
-                    (run_key,),
-                )
-            )
-            if known[0] != dataset or stored != rows:
-                raise StoreError(
-                    f"{self.path}: task set {run_key} is stored with other bundles or another "
-                    f"dataset ({known[0]!r}); serve the original tasks run dir or use a new database"
-                )
-
-    # -- assignments --------------------------------------------------------------
-    def assign(
-        self,
-        run_key: str,
-        worker_id: str,
-        *,
-        session_token: str | None = None,
-        resume_code: str | None = None,
-        platform_session: str | None = None,
-        client: str | None = None,
-    ) -> Assignment:
-        """The worker's bundle of this task set: their unfinished one, or the next free one.
-
-        A bundle in progress is handed back only to a request that proves it belongs to
-        its worker: the session token, the resume code shown at the start, or the same
-        platform session id (Prolific's ``SESSION_ID``); the worker ID alone raises
-        :class:`ResumeRequired`. Raises :class:`BundleRefused` when the worker already
-        finished a bundle of this dataset, holds one in another task set of the same
-        dataset, the client has claimed too many bundles lately, or no bundle is free.
-        Expired leases are released first, in the same transaction.
-        """
-        with self._write() as c:
-            run = c.execute("SELECT dataset FROM runs WHERE run_key=?", (run_key,)).fetchone()
-            if run is None:
-                raise StoreError(f"{self.path}: task set {run_key} is not registered")
-            dataset = run[0]
-            self._expire(c, run_key)
-            held = c.execute(
-                "SELECT * FROM assignments WHERE worker_id=? AND dataset=? AND released_at IS NULL",
-                (worker_id, dataset),
-            ).fetchone()
-            if held is not None:
-                a = _assignment(held)
-                if a.run_key != run_key:
-                    raise BundleRefused(
-                        f"Worker {worker_id} already holds a bundle of the {dataset} dataset in "
-                        "another task set. Each worker may take only one bundle per dataset."
-                    )
-                if a.done:
-                    raise BundleRefused(
-                        f"Worker {worker_id} has already completed a bundle of the {dataset} "
-                        "dataset. Each worker may take only one bundle per dataset."
-                    )
-                if not _proves(a, session_token, resume_code, platform_session):
-                    raise ResumeRequired(
-                        f"Worker {worker_id} already has a bundle in progress. Continue in the "
-                        "browser where you started, or enter the resume code you were shown "
-                        "when you started."
-                    )
-                self._renew(c, a.assignment_id)
-                return self._get(c, a.assignment_id)
-            # A worker whose lease ran out takes their own bundle back while it is free.
-            mine = c.execute(
-                "SELECT * FROM assignments a WHERE worker_id=? AND run_key=? "
-                "AND released_reason='expired' AND NOT EXISTS (SELECT 1 FROM assignments o "
-                "WHERE o.run_key=a.run_key AND o.bundle_id=a.bundle_id AND o.released_at IS NULL) "
-                "ORDER BY assignment_id DESC LIMIT 1",
-                (worker_id, run_key),
-            ).fetchone()
-            if mine is not None and _proves(
-                _assignment(mine), session_token, resume_code, platform_session
-            ):
-                return self._reactivate(c, int(mine["assignment_id"]))
-            if client and self.lease.max_claims > 0:
-                since = _iso(self.clock() - timedelta(minutes=self.lease.claim_window_minutes))
-                n = c.execute(
-                    "SELECT COUNT(*) FROM assignments WHERE client=? AND assigned_at>=?",
-                    (client, since),
-                ).fetchone()[0]
-                if n >= self.lease.max_claims:
-                    raise BundleRefused(
-                        "Too many bundles were started from your network recently. "
-                        "Please try again later.",
-                        status=429,
-                    )
-            # The next free bundle in file order with no task this worker already answered
-            # (a worker whose lease ran out never answers one task twice).
-            free = c.execute(
-                "SELECT bundle_id, COUNT(*) FROM bundle_items b WHERE run_key=? AND NOT EXISTS "
-                "(SELECT 1 FROM assignments a WHERE a.run_key=b.run_key "
-                "AND a.bundle_id=b.bundle_id AND a.released_at IS NULL) "
-                "AND bundle_id NOT IN (SELECT i.bundle_id FROM bundle_items i "
-                "JOIN answers n ON n.task_id=i.task_id "
-                "JOIN assignments w ON w.assignment_id=n.assignment_id "
-                "WHERE i.run_key=b.run_key AND w.run_key=b.run_key AND w.worker_id=?) "
-                "GROUP BY bundle_id ORDER BY MIN(bundle_order) LIMIT 1",
-                (run_key, worker_id),
-            ).fetchone()
-            if free is None:
-                raise BundleRefused(
-                    "Every bundle of this study has been taken. Thank you for your interest.",
-                    status=410,
-                )
-            return self._insert(
-                c, run_key, dataset, free[0], free[1], worker_id, client, platform_session
-            )
+    """Assignments as leases: an assignment is made with a lease, renewed by the worker's
+    actions, released when it runs out (at the next claim, or :meth:`expire_leases`) or by
+    the admin, and taken back by its own worker while nobody else holds the bundle."""
 
     def _insert(
         self,
@@ -310,12 +173,172 @@ class LeaseStore(StoreDatabase):
             )
             return self._get(c, a.assignment_id)
 
+
+class BundleStore(LeaseStore):
+    """Task sets and who holds which bundle: a task set registered once, a bundle claimed
+    by a worker (:meth:`assign`) or given by the admin (:meth:`reassign`), an assignment
+    found by its session; every worker ID read by the one worker-ID rule (:meth:`worker`)."""
+
+    def register_run(
+        self, run_key: str, dataset: str, tasks_dir: str, bundles: pd.DataFrame
+    ) -> None:
+        """Store a task set's bundles once; refuse if the same run key now holds other bundles."""
+        order = {b: i for i, b in enumerate(dict.fromkeys(bundles["bundle_id"].tolist()))}
+        rows = sorted(
+            (
+                str(r.bundle_id),
+                order[r.bundle_id],
+                int(r.position),
+                str(r.task_id),
+                int(bool(r.is_gold)),
+            )
+            for r in bundles.itertuples(index=False)
+        )
+        with self._write() as c:
+            known = c.execute("SELECT dataset FROM runs WHERE run_key=?", (run_key,)).fetchone()
+            if known is None:
+                c.execute(
+                    "INSERT INTO runs (run_key, dataset, tasks_dir, n_bundles, registered_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (run_key, dataset, tasks_dir, len(order), self._now()),
+                )
+                c.executemany(
+                    "INSERT INTO bundle_items (run_key, bundle_id, bundle_order, position, "
+                    "task_id, is_gold) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(run_key, *r) for r in rows],
+                )
+                return
+            stored = sorted(
+                (r[0], r[1], r[2], r[3], r[4])
+                for r in c.execute(
+                    "SELECT bundle_id, bundle_order, position, task_id, is_gold "
+                    "FROM bundle_items WHERE run_key=?",
+                    (run_key,),
+                )
+            )
+            if known[0] != dataset or stored != rows:
+                raise StoreError(
+                    f"{self.path}: task set {run_key} is stored with other bundles or another "
+                    f"dataset ({known[0]!r}); serve the original tasks run dir or use a new database"
+                )
+
+    def worker(self, c: _Connection, worker_id: str) -> str:
+        """The worker ``worker_id`` names here, by the one worker-ID rule
+        (:meth:`~saleval.config.crowd.WorkerIdCase.key`, ``lease.worker_id_case``): the
+        spelling this store first recorded for that worker, else the ID without its
+        surrounding spaces. Every way to a bundle (start, resume, the admin's assign)
+        asks it, so "Ann " and "ann" hold one bundle under the default rule."""
+        case = self.lease.worker_id_case
+        key = case.key(worker_id)
+        known = c.execute(
+            "SELECT worker_id FROM assignments GROUP BY worker_id ORDER BY MIN(assignment_id)"
+        )
+        return next((str(w) for (w,) in known if case.key(str(w)) == key), worker_id.strip())
+
+    def assign(
+        self,
+        run_key: str,
+        worker_id: str,
+        *,
+        session_token: str | None = None,
+        resume_code: str | None = None,
+        platform_session: str | None = None,
+        client: str | None = None,
+    ) -> Assignment:
+        """The worker's bundle of this task set: their unfinished one, or the next free one.
+
+        A bundle in progress is handed back only to a request that proves it belongs to
+        its worker: the session token, the resume code shown at the start, or the same
+        platform session id (Prolific's ``SESSION_ID``); the worker ID alone raises
+        :class:`ResumeRequired`. Raises :class:`BundleRefused` when the worker already
+        finished a bundle of this dataset, holds one in another task set of the same
+        dataset, the client has claimed too many bundles lately, or no bundle is free.
+        Expired leases are released first, in the same transaction.
+        """
+        with self._write() as c:
+            run = c.execute("SELECT dataset FROM runs WHERE run_key=?", (run_key,)).fetchone()
+            if run is None:
+                raise StoreError(f"{self.path}: task set {run_key} is not registered")
+            dataset = run[0]
+            worker_id = self.worker(c, worker_id)
+            self._expire(c, run_key)
+            held = c.execute(
+                "SELECT * FROM assignments WHERE worker_id=? AND dataset=? AND released_at IS NULL",
+                (worker_id, dataset),
+            ).fetchone()
+            if held is not None:
+                a = _assignment(held)
+                if a.run_key != run_key:
+                    raise BundleRefused(
+                        f"Worker {worker_id} already holds a bundle of the {dataset} dataset in "
+                        "another task set. Each worker may take only one bundle per dataset."
+                    )
+                if a.done:
+                    raise BundleRefused(
+                        f"Worker {worker_id} has already completed a bundle of the {dataset} "
+                        "dataset. Each worker may take only one bundle per dataset."
+                    )
+                if not _proves(a, session_token, resume_code, platform_session):
+                    raise ResumeRequired(
+                        f"Worker {worker_id} already has a bundle in progress. Continue in the "
+                        "browser where you started, or enter the resume code you were shown "
+                        "when you started."
+                    )
+                self._renew(c, a.assignment_id)
+                return self._get(c, a.assignment_id)
+            # A worker whose lease ran out takes their own bundle back while it is free.
+            mine = c.execute(
+                "SELECT * FROM assignments a WHERE worker_id=? AND run_key=? "
+                "AND released_reason='expired' AND NOT EXISTS (SELECT 1 FROM assignments o "
+                "WHERE o.run_key=a.run_key AND o.bundle_id=a.bundle_id AND o.released_at IS NULL) "
+                "ORDER BY assignment_id DESC LIMIT 1",
+                (worker_id, run_key),
+            ).fetchone()
+            if mine is not None and _proves(
+                _assignment(mine), session_token, resume_code, platform_session
+            ):
+                return self._reactivate(c, int(mine["assignment_id"]))
+            if client and self.lease.max_claims > 0:
+                since = _iso(self.clock() - timedelta(minutes=self.lease.claim_window_minutes))
+                n = c.execute(
+                    "SELECT COUNT(*) FROM assignments WHERE client=? AND assigned_at>=?",
+                    (client, since),
+                ).fetchone()[0]
+                if n >= self.lease.max_claims:
+                    raise BundleRefused(
+                        "Too many bundles were started from your network recently. "
+                        "Please try again later.",
+                        status=429,
+                    )
+            # The next free bundle in file order with no task this worker already answered
+            # (a worker whose lease ran out never answers one task twice).
+            free = c.execute(
+                "SELECT bundle_id, COUNT(*) FROM bundle_items b WHERE run_key=? AND NOT EXISTS "
+                "(SELECT 1 FROM assignments a WHERE a.run_key=b.run_key "
+                "AND a.bundle_id=b.bundle_id AND a.released_at IS NULL) "
+                "AND bundle_id NOT IN (SELECT i.bundle_id FROM bundle_items i "
+                "JOIN answers n ON n.task_id=i.task_id "
+                "JOIN assignments w ON w.assignment_id=n.assignment_id "
+                "WHERE i.run_key=b.run_key AND w.run_key=b.run_key AND w.worker_id=?) "
+                "GROUP BY bundle_id ORDER BY MIN(bundle_order) LIMIT 1",
+                (run_key, worker_id),
+            ).fetchone()
+            if free is None:
+                raise BundleRefused(
+                    "Every bundle of this study has been taken. Thank you for your interest.",
+                    status=410,
+                )
+            return self._insert(
+                c, run_key, dataset, free[0], free[1], worker_id, client, platform_session
+            )
+
     def reassign(self, run_key: str, bundle_id: str, worker_id: str) -> Assignment:
         """Release ``bundle_id`` if held and give it to ``worker_id``, in one transaction.
 
         The new worker resumes with the returned assignment's resume code.
         """
         with self._write() as c:
+            worker_id = self.worker(c, worker_id)
             run = c.execute("SELECT dataset FROM runs WHERE run_key=?", (run_key,)).fetchone()
             n = c.execute(
                 "SELECT COUNT(*) FROM bundle_items WHERE run_key=? AND bundle_id=?",

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from saleval.crowd.answers import IDK
 from saleval.errors import UserError
 from saleval.pipeline import tables
+from saleval.vocab import IDK
 
 INSTRUCTIONS = "instructions.md"
 

@@ -17,9 +17,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedModel
 
-from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
+from saleval.attribution.base import (
+    AttributionError,
+    Batch,
+    Texts,
+    TokenAttributor,
+    one_of,
+    register,
+)
 from saleval.modeling.inference import BF16, autocast, parse_bf16, use_bf16
 
 QUERIES = ("all", "cls")
@@ -50,8 +57,7 @@ def layer_scores(
 ) -> torch.Tensor:
     """Attention received per layer ``(B, L, K)`` from weights ``(B, L, H, Q, K)``: summed
     over heads and over the real query positions (only position 0 with ``query: cls``)."""
-    if query not in QUERIES:
-        raise AttributionError(f"query must be one of {QUERIES}, got {query!r}")
+    one_of("query", query, QUERIES)
     att = attentions.float()
     if query == "cls":
         return att[:, :, :, 0, :].sum(2)
@@ -68,8 +74,7 @@ def combine_layers(
 ) -> torch.Tensor:
     """Token scores ``(B, K)`` from :func:`layer_scores` of the chosen layers: summed, or
     averaged over layers, heads and queries (``aggregate: mean``)."""
-    if aggregate not in AGGREGATES:
-        raise AttributionError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+    one_of("aggregate", aggregate, AGGREGATES)
     summed = per_layer.sum(1)  # (B, K)
     if aggregate == "sum":
         return summed
@@ -91,8 +96,7 @@ def attention_token_scores(
     Heads and (real) query positions, then layers, are averaged (``aggregate: mean``)
     or summed (``sum``); ``query: cls`` keeps only query position 0.
     """
-    if aggregate not in AGGREGATES:
-        raise AttributionError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+    one_of("aggregate", aggregate, AGGREGATES)
     per_layer = layer_scores(attentions, attention_mask, query)
     return combine_layers(per_layer, attention_mask, attentions.shape[2], query, aggregate)
 
@@ -113,12 +117,8 @@ class _Attention(TokenAttributor):
         self, *, query: str = "all", aggregate: str = "mean", bf16: BF16 = False, **kw: object
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if query not in QUERIES:
-            raise AttributionError(f"query must be one of {QUERIES}, got {query!r}")
-        if aggregate not in AGGREGATES:
-            raise AttributionError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
-        self.query = query
-        self.aggregate = aggregate
+        self.query = one_of("query", query, QUERIES)
+        self.aggregate = one_of("aggregate", aggregate, AGGREGATES)
         self.bf16 = parse_bf16(bf16)
 
     def per_layer(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
@@ -150,17 +150,12 @@ class _Attention(TokenAttributor):
             memo.popitem(last=False)
         return memo[key]
 
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        per_layer = self.per_layer(model, batch)
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        per_layer = self.per_layer(texts.model, texts.padded)
         chosen = per_layer if self.layers == "all" else per_layer[:, -1:]
-        n_heads = int(model.config.num_attention_heads)
-        return combine_layers(chosen, batch.attention_mask, n_heads, self.query, self.aggregate)
+        n_heads = int(texts.model.config.num_attention_heads)
+        mask = texts.padded.attention_mask
+        return combine_layers(chosen, mask, n_heads, self.query, self.aggregate)
 
 
 @register("all_attention")

@@ -3,10 +3,13 @@
 Shape of the protocol (Captum's; docs/methods.md): an :class:`Attributor` is built from a
 method config — its *structural* settings (baseline, n_steps, removal, word
 reducer, batch size) go to the constructor — and is then called per batch with the
-model, tokenizer, segmented texts and target classes. Token-level methods
-(:class:`TokenAttributor`) return a ``(batch, tokens)`` tensor over a right-padded
-batch and share one token→word step (:func:`saleval.words.token_to_word_scores`);
-word-level methods (LIME, occlusion, random) score words directly.
+model, tokenizer, segmented texts and target classes, which reach it together as one
+:class:`Texts`. Token-level methods (:class:`TokenAttributor`) return a
+``(batch, tokens)`` tensor over the right-padded batch (``texts.padded``) and share one
+token→word step (:func:`saleval.words.token_to_word_scores`); word-level methods (LIME,
+occlusion, random) score words directly. Sorting, batching, the attention kernels and the
+checks of every score are :meth:`Attributor.attribute`'s, once for every method, so a
+method writes only its own computation (docs/extending.md, *A saliency method*).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from functools import cached_property
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -89,6 +93,49 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+@dataclass(frozen=True)
+class Texts:
+    """One batch of texts a method scores: the model and tokenizer, the texts (sorted by
+    length, segmented) and the class each is explained for; the right-padded ids and the
+    targets as a tensor are made on first use, on the model's device."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerFast
+    segs: Sequence[Segmentation]
+    targets: Sequence[int]
+
+    @cached_property
+    def padded(self) -> Batch:
+        """The texts' token ids, right-padded (:class:`Batch`)."""
+        pad = int(self.tokenizer.pad_token_id or 0)
+        return Batch.from_segs(self.segs, pad, model_device(self.model))
+
+    @cached_property
+    def target_ids(self) -> torch.Tensor:
+        """``targets`` as a ``(B,)`` long tensor beside the padded ids."""
+        return torch.as_tensor(
+            list(self.targets), dtype=torch.long, device=self.padded.input_ids.device
+        )
+
+
+T = TypeVar("T")
+
+
+def one_of(setting: str, value: T, options: Sequence[T]) -> T:
+    """``value`` when it is one of ``options``; else one line naming the setting and them.
+
+    >>> one_of("query", "cls", ("all", "cls"))
+    'cls'
+    >>> one_of("query", "CLS", ("all", "cls"))
+    Traceback (most recent call last):
+    ...
+    saleval.attribution.base.AttributionError: query must be one of ('all', 'cls'), got 'CLS'
+    """
+    if value not in options:
+        raise AttributionError(f"{setting} must be one of {options}, got {value!r}")
+    return value
+
+
 def sample_rng(seed: int, text: str) -> np.random.Generator:
     """A generator seeded by (seed, sample): the same text gets the same draws in any batch."""
     digest = hashlib.sha256(text.encode("utf-8")).digest()
@@ -120,8 +167,7 @@ class Attributor(abc.ABC):
         word_reduce: str = "sum",
         max_padding: float | None = None,
     ) -> None:
-        if word_reduce not in REDUCERS:
-            raise AttributionError(f"word_reduce must be one of {REDUCERS}, got {word_reduce!r}")
+        one_of("word_reduce", word_reduce, REDUCERS)
         if int(batch_size) < 1:
             raise AttributionError(f"batch_size must be >= 1, got {batch_size}")
         pad = self.default_max_padding if max_padding is None else float(max_padding)
@@ -167,9 +213,10 @@ class Attributor(abc.ABC):
             impl.enter_context(cls_only_last_layer(model))
         with impl:
             for idx in groups:
-                scores = self.word_scores(
+                texts = Texts(
                     model, tokenizer, [segs[i] for i in idx], [int(targets[i]) for i in idx]
                 )
+                scores = self.word_scores(texts)
                 for i, got in zip(idx, scores):
                     out[i] = np.asarray(got, dtype=np.float64)
         for i, (seg, s) in enumerate(zip(segs, out)):
@@ -185,14 +232,8 @@ class Attributor(abc.ABC):
     __call__ = attribute
 
     @abc.abstractmethod
-    def word_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        segs: Sequence[Segmentation],
-        targets: Sequence[int],
-    ) -> list[np.ndarray]:
-        """One score per kept word for each example of one batch."""
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
+        """One score per kept word for each text of one batch."""
 
     def _note(self, key: str, values: Sequence[float]) -> None:
         self.diagnostics.setdefault(key, []).extend(float(v) for v in values)
@@ -206,32 +247,18 @@ class TokenAttributor(Attributor):
     # and 1.6x faster than one text at a time (small batches waste the GEMMs)
     default_max_padding = 0.25
 
-    def word_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        segs: Sequence[Segmentation],
-        targets: Sequence[int],
-    ) -> list[np.ndarray]:
-        batch = Batch.from_segs(segs, int(tokenizer.pad_token_id or 0), model_device(model))
-        target = torch.as_tensor(list(targets), dtype=torch.long, device=batch.input_ids.device)
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
         with torch.enable_grad():
-            tok = self.token_scores(model, tokenizer, batch, target)
+            tok = self.token_scores(texts)
         tok_np = tok.detach().float().cpu().numpy()
         return [
             token_to_word_scores(tok_np[i, : s.n_tokens], s, self.word_reduce)
-            for i, s in enumerate(segs)
+            for i, s in enumerate(texts.segs)
         ]
 
     @abc.abstractmethod
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        """``(B, T)`` scores; entries at padding positions are ignored."""
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        """``(B, T)`` scores over ``texts.padded``; entries at padding positions are ignored."""
 
 
 def _plain(cfg: Any) -> dict[str, Any]:

@@ -25,13 +25,22 @@ a time), so batched and single-text runs agree.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from captum.attr import DeepLift, InputXGradient, IntegratedGradients, Saliency
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.attribution.base import AttributionError, Batch, TokenAttributor, register
+from saleval.attribution.base import (
+    AttributionError,
+    Batch,
+    Texts,
+    TokenAttributor,
+    one_of,
+    register,
+)
 
 LAYERS = ("embeddings", "word_embeddings")
 OUTPUTS = ("logits", "probs")
@@ -77,8 +86,7 @@ class EmbeddingForward(nn.Module):
 
     def __init__(self, model: PreTrainedModel, layer: str = "embeddings", output: str = "logits"):
         super().__init__()
-        if output not in OUTPUTS:
-            raise AttributionError(f"output must be one of {OUTPUTS}, got {output!r}")
+        one_of("output", output, OUTPUTS)
         self.model = model
         self.layer = embedding_layer(model, layer)
         self.output = output
@@ -132,9 +140,7 @@ def make_baseline(
         "pad": tokenizer.pad_token_id,
         "mask": tokenizer.mask_token_id,
         "unk": tokenizer.unk_token_id,
-    }.get(kind)
-    if kind not in BASELINES:
-        raise AttributionError(f"baseline must be one of {BASELINES}, got {kind!r}")
+    }.get(one_of("baseline", kind, BASELINES))
     if token is None:
         raise AttributionError(f"baseline {kind}: the tokenizer has no {kind} token")
     ids = torch.where(batch.keep_own, batch.input_ids, torch.full_like(batch.input_ids, token))
@@ -142,42 +148,86 @@ def make_baseline(
     return torch.where(keep, embeds, base)
 
 
+def captum_attribute(
+    algorithm: Any, inputs: torch.Tensor, batch: Batch, targets: torch.Tensor, **kw: Any
+) -> Any:
+    """``algorithm.attribute`` (a Captum algorithm over an :class:`EmbeddingForward`) on
+    ``inputs``, embeddings of ``batch``, for ``targets``; the batch's ids, mask and token
+    types pass through to the forward."""
+    args = (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    return algorithm.attribute(inputs, target=targets, additional_forward_args=args, **kw)
+
+
+@dataclass(frozen=True)
+class BaselinePath:
+    """The straight line from a baseline's embeddings to the input's that IG integrates
+    along and DeepLIFT compares across, for one padded batch and its targets."""
+
+    fwd: EmbeddingForward
+    embeds: torch.Tensor  # the input's, requiring grad
+    base: torch.Tensor
+    batch: Batch
+    targets: torch.Tensor
+
+    def rows(self, idx: torch.Tensor) -> BaselinePath:
+        """The path of the examples ``idx`` only."""
+        keep = idx.tolist()
+        b = self.batch
+        sub = Batch(
+            input_ids=b.input_ids[idx],
+            attention_mask=b.attention_mask[idx],
+            token_type_ids=b.token_type_ids[idx],
+            keep_own=b.keep_own[idx],
+            lengths=[b.lengths[i] for i in keep],
+            texts=[b.texts[i] for i in keep],
+        )
+        return BaselinePath(self.fwd, self.embeds[idx], self.base[idx], sub, self.targets[idx])
+
+    def attribute(self, algorithm: Any, inputs: torch.Tensor | None = None, **kw: Any) -> Any:
+        """:func:`captum_attribute` on this path's batch (on ``inputs``, else the input's
+        embeddings)."""
+        at = self.embeds if inputs is None else inputs
+        return captum_attribute(algorithm, at, self.batch, self.targets, **kw)
+
+    def output_gap(self) -> torch.Tensor:
+        """f(x) − f(baseline) at each example's target: what completeness compares with."""
+        b = self.batch
+        args = (b.input_ids, b.attention_mask, b.token_type_ids)
+        with torch.no_grad():
+            rows = torch.arange(len(self.targets), device=self.targets.device)
+            at = self.targets
+            return self.fwd(self.embeds, *args)[rows, at] - self.fwd(self.base, *args)[rows, at]
+
+
 class _EmbeddingMethod(TokenAttributor):
+    """A method over the embedding layer's output: one set-up of the forward over
+    embeddings and of the batch's embeddings."""
+
     def __init__(self, *, layer: str = "embeddings", output: str = "logits", **kw: object):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if layer not in LAYERS:
-            raise AttributionError(f"layer must be one of {LAYERS}, got {layer!r}")
-        if output not in OUTPUTS:
-            raise AttributionError(f"output must be one of {OUTPUTS}, got {output!r}")
-        self.layer = layer
-        self.output = output
+        self.layer = one_of("layer", layer, LAYERS)
+        self.output = one_of("output", output, OUTPUTS)
 
-    def _setup(self, model: PreTrainedModel, batch: Batch) -> tuple[EmbeddingForward, torch.Tensor]:
-        fwd = EmbeddingForward(model, self.layer, self.output)
+    def _setup(self, texts: Texts) -> tuple[EmbeddingForward, torch.Tensor]:
+        """The forward over embeddings and the batch's embeddings, requiring grad."""
+        fwd = EmbeddingForward(texts.model, self.layer, self.output)
+        batch = texts.padded
         return fwd, fwd.embed(batch.input_ids, batch.token_type_ids).requires_grad_()
-
-    @staticmethod
-    def _args(batch: Batch) -> tuple[torch.Tensor, ...]:
-        return (batch.input_ids, batch.attention_mask, batch.token_type_ids)
 
 
 class _BaselineMethod(_EmbeddingMethod):
     """An embedding method that compares the input with a baseline (IG, DeepLIFT): one
-    check of ``baseline`` and one set-up of the embeddings and the baseline's."""
+    check of ``baseline`` and one set-up of the path from it to the input."""
 
     def __init__(self, *, baseline: str = "zero", **kw: object):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if baseline not in BASELINES:
-            raise AttributionError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-        self.baseline = baseline
+        self.baseline = one_of("baseline", baseline, BASELINES)
 
-    def _setup_baseline(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, batch: Batch
-    ) -> tuple[EmbeddingForward, torch.Tensor, torch.Tensor]:
-        """The forward over embeddings, the input's embeddings (requiring grad) and the
-        baseline's (:func:`make_baseline`)."""
-        fwd, embeds = self._setup(model, batch)
-        return fwd, embeds, make_baseline(fwd, tokenizer, batch, embeds, self.baseline)
+    def _path(self, texts: Texts) -> BaselinePath:
+        """The path from the baseline's embeddings (:func:`make_baseline`) to the input's."""
+        fwd, embeds = self._setup(texts)
+        base = make_baseline(fwd, texts.tokenizer, texts.padded, embeds, self.baseline)
+        return BaselinePath(fwd, embeds, base, texts.padded, texts.target_ids)
 
 
 def reduce_hidden(grad: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -189,9 +239,8 @@ def reduce_hidden(grad: torch.Tensor, reduction: str) -> torch.Tensor:
         return grad.norm(dim=-1)
     if reduction == "mean":
         return grad.mean(-1)
-    if reduction == "sum":
-        return grad.sum(-1)
-    raise AttributionError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    one_of("reduction", reduction, REDUCTIONS)
+    return grad.sum(-1)
 
 
 @register("vanilla_gradient")
@@ -201,24 +250,12 @@ class VanillaGradient(_EmbeddingMethod):
 
     def __init__(self, *, reduction: str = "l1", **kw: object):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if reduction not in REDUCTIONS:
-            raise AttributionError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self.reduction = reduction
+        self.reduction = one_of("reduction", reduction, REDUCTIONS)
 
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        fwd, embeds = self._setup(model, batch)
-        grad = Saliency(fwd).attribute(
-            embeds,
-            target=targets,
-            abs=self.reduction in ("l1", "l2"),
-            additional_forward_args=self._args(batch),
-        )
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        fwd, embeds = self._setup(texts)
+        abs_ = self.reduction in ("l1", "l2")
+        grad = captum_attribute(Saliency(fwd), embeds, texts.padded, texts.target_ids, abs=abs_)
         return reduce_hidden(grad, self.reduction)
 
 
@@ -226,17 +263,9 @@ class VanillaGradient(_EmbeddingMethod):
 class InputXGradientMethod(_EmbeddingMethod):
     """Gradient · embedding per token (Captum ``InputXGradient`` summed over the hidden dim)."""
 
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        fwd, embeds = self._setup(model, batch)
-        attr = InputXGradient(fwd).attribute(
-            embeds, target=targets, additional_forward_args=self._args(batch)
-        )
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        fwd, embeds = self._setup(texts)
+        attr = captum_attribute(InputXGradient(fwd), embeds, texts.padded, texts.target_ids)
         return attr.sum(-1)
 
 
@@ -291,12 +320,10 @@ class IntegratedGradientsMethod(_BaselineMethod):
     ):
         kw.setdefault("batch_size", 4)  # few examples: their n_steps rows are the batch
         super().__init__(baseline=baseline, **kw)
-        if method not in IG_METHODS:
-            raise AttributionError(f"method must be one of {IG_METHODS}, got {method!r}")
+        self.method = one_of("method", method, IG_METHODS)
         if int(n_steps) < 1:
             raise AttributionError(f"n_steps must be >= 1, got {n_steps}")
         self.n_steps = int(n_steps)
-        self.method = method
         self.internal_batch_size = int(internal_batch_size) if internal_batch_size else None
         self.internal_max_tokens = int(internal_max_tokens) if internal_max_tokens else None
         if convergence_tolerance is not None and not float(convergence_tolerance) > 0:
@@ -321,76 +348,47 @@ class IntegratedGradientsMethod(_BaselineMethod):
             rows = by_tokens if rows is None else min(rows, by_tokens)
         return rows
 
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        fwd, embeds, base = self._setup_baseline(model, tokenizer, batch)
-        if self.n_steps == 1:
-            attr, delta = self._one_step(fwd, embeds, base, targets, batch)
-            self._note("convergence_delta", delta.detach().cpu().tolist())
-            self._note("n_steps", [1.0] * len(targets))
-            return attr.sum(-1)
-        if self.convergence_tolerance is not None:
-            return self._adaptive(fwd, embeds, base, targets, batch)
-        attr, delta = self._integrate(fwd, embeds, base, targets, batch, self.n_steps)
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        path = self._path(texts)
+        n = len(path.targets)
+        if self.convergence_tolerance is not None and self.n_steps > 1:
+            return self._adaptive(path)
+        one = self.n_steps == 1
+        attr, delta = self._one_step(path) if one else self._integrate(path, self.n_steps)
         self._note("convergence_delta", delta.detach().cpu().tolist())
-        self._note("n_steps", [float(self.n_steps)] * len(targets))
+        self._note("n_steps", [float(self.n_steps)] * n)
         return attr.sum(-1)
 
-    def _integrate(
-        self,
-        fwd: EmbeddingForward,
-        embeds: torch.Tensor,
-        base: torch.Tensor,
-        targets: torch.Tensor,
-        batch: Batch,
-        n_steps: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _integrate(self, path: BaselinePath, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Captum IG with ``n_steps`` points: attributions ``(B, T, H)`` and completeness gaps."""
-        attr, delta = IntegratedGradients(fwd, multiply_by_inputs=True).attribute(
-            embeds,
-            baselines=base,
-            target=targets,
-            additional_forward_args=self._args(batch),
+        attr, delta = path.attribute(
+            IntegratedGradients(path.fwd, multiply_by_inputs=True),
+            baselines=path.base,
             n_steps=n_steps,
             method=self.method,
-            internal_batch_size=self.chunk_rows(batch),
+            internal_batch_size=self.chunk_rows(path.batch),
             return_convergence_delta=True,
         )
         return attr, delta
 
-    def _adaptive(
-        self,
-        fwd: EmbeddingForward,
-        embeds: torch.Tensor,
-        base: torch.Tensor,
-        targets: torch.Tensor,
-        batch: Batch,
-    ) -> torch.Tensor:
+    def _adaptive(self, path: BaselinePath) -> torch.Tensor:
         """Opt-in (``convergence_tolerance``): per example, the fewest steps of ``min_steps``,
         doubled up to ``n_steps``, whose completeness gap |Σ attributions − (f(x) − f(b))|
         is within the tolerance of |f(x) − f(b)| (the check Sundararajan et al. 2017, §3,
         recommend). Examples that never meet it get ``n_steps``, as the fixed setting does.
         Records ``n_steps`` (used) and ``ig_steps_run`` (every step tried) per example."""
         tol = float(self.convergence_tolerance or 0.0)
-        with torch.no_grad():
-            rows = torch.arange(len(targets), device=targets.device)
-            gap = (fwd(embeds, *self._args(batch))[rows, targets]
-                   - fwd(base, *self._args(batch))[rows, targets]).abs()  # fmt: skip
+        gap = path.output_gap().abs()
+        embeds, n = path.embeds, len(path.targets)
         out = torch.zeros(embeds.shape[:2], device=embeds.device)
-        deltas = torch.zeros(len(targets), device=embeds.device)
-        used = [0.0] * len(targets)
-        tried = [0.0] * len(targets)
-        todo = list(range(len(targets)))
+        deltas = torch.zeros(n, device=embeds.device)
+        used = [0.0] * n
+        tried = [0.0] * n
+        todo = list(range(n))
         steps = min(self.min_steps, self.n_steps)
         while todo:
             idx = torch.as_tensor(todo, device=embeds.device)
-            sub = _select(batch, idx)
-            attr, delta = self._integrate(fwd, embeds[idx], base[idx], targets[idx], sub, steps)
+            attr, delta = self._integrate(path.rows(idx), steps)
             ok = delta.abs() <= tol * gap[idx].clamp_min(1e-6)
             left = []
             for j, i in enumerate(todo):
@@ -405,14 +403,7 @@ class IntegratedGradientsMethod(_BaselineMethod):
         self._note("ig_steps_run", tried)
         return out
 
-    def _one_step(
-        self,
-        fwd: EmbeddingForward,
-        embeds: torch.Tensor,
-        base: torch.Tensor,
-        targets: torch.Tensor,
-        batch: Batch,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _one_step(self, path: BaselinePath) -> tuple[torch.Tensor, torch.Tensor]:
         """One-node quadrature, which Captum's rules refuse (they assert n_steps > 1):
         (x − b) · ∇f(b + α(x − b)) with α = 1 (riemann_right), 0 (left), ½ (middle, and the
         one-point Gauss–Legendre rule). Riemann-right from the zero baseline is input×gradient.
@@ -420,31 +411,11 @@ class IntegratedGradientsMethod(_BaselineMethod):
         alpha = ONE_STEP_ALPHA.get(self.method)
         if alpha is None:
             raise AttributionError(f"n_steps=1 is not defined for method {self.method}")
+        embeds, base = path.embeds, path.base
         point = (base + alpha * (embeds - base)).detach().requires_grad_()
-        grad = Saliency(fwd).attribute(
-            point, target=targets, abs=False, additional_forward_args=self._args(batch)
-        )
+        grad = path.attribute(Saliency(path.fwd), point, abs=False)
         attr = (embeds - base).detach() * grad
-        with torch.no_grad():
-            rows = torch.arange(len(targets), device=targets.device)
-            gap = (
-                fwd(embeds, *self._args(batch))[rows, targets]
-                - fwd(base, *self._args(batch))[rows, targets]
-            )
-        return attr, attr.sum(dim=(1, 2)) - gap
-
-
-def _select(batch: Batch, idx: torch.Tensor) -> Batch:
-    """The rows ``idx`` of ``batch`` (same width)."""
-    keep = idx.tolist()
-    return Batch(
-        input_ids=batch.input_ids[idx],
-        attention_mask=batch.attention_mask[idx],
-        token_type_ids=batch.token_type_ids[idx],
-        keep_own=batch.keep_own[idx],
-        lengths=[batch.lengths[i] for i in keep],
-        texts=[batch.texts[i] for i in keep],
-    )
+        return attr, attr.sum(dim=(1, 2)) - path.output_gap()
 
 
 @register("deeplift")
@@ -462,21 +433,13 @@ class DeepLiftMethod(_BaselineMethod):
     approximately (the deltas land in ``diagnostics["convergence_delta"]``).
     """
 
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        fwd, embeds, base = self._setup_baseline(model, tokenizer, batch)
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        path = self._path(texts)
         with warnings.catch_warnings():  # Captum warns about its hooks on every call
             warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
-            attr, delta = DeepLift(fwd, multiply_by_inputs=True).attribute(
-                embeds,
-                baselines=base,
-                target=targets,
-                additional_forward_args=self._args(batch),
+            attr, delta = path.attribute(
+                DeepLift(path.fwd, multiply_by_inputs=True),
+                baselines=path.base,
                 return_convergence_delta=True,
             )
         self._note("convergence_delta", delta.detach().cpu().tolist())

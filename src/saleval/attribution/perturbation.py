@@ -22,13 +22,13 @@ from captum.attr import Lime as CaptumLimeImpl
 from captum.attr._core.lime import get_exp_kernel_similarity_function
 from lime.lime_base import LimeBase
 from sklearn.metrics.pairwise import pairwise_distances
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import (
     AttributionError,
     Attributor,
-    Batch,
+    Texts,
     TokenAttributor,
+    one_of,
     register,
     sample_rng,
 )
@@ -41,7 +41,7 @@ from saleval.modeling.inference import (
     use_bf16,
 )
 from saleval.vocab import Removal
-from saleval.words import Segmentation, perturb_ids, rank_words
+from saleval.words import perturb_ids, rank_words
 
 DISTANCES = ("cosine", "euclidean")
 
@@ -73,19 +73,28 @@ class _Perturbation(Attributor):
         self.max_batch = int(max_batch)
         self.bf16 = parse_bf16(bf16)
 
-    def _logits(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seqs: list[list[int]]
-    ) -> np.ndarray:
+    def _forward_each(
+        self, texts: Texts, seqs: Sequence[Sequence[list[int]]], probs: bool = True
+    ) -> list[np.ndarray]:
+        """The perturbed inputs of several texts (``seqs[i]`` of the i-th) through the model
+        in one call, sorted and packed (:func:`saleval.modeling.inference.forward_logits`);
+        back as one ``(len(seqs[i]), classes)`` array per text: probabilities, or the
+        logits with ``probs=False``."""
+        model = texts.model
         # what `auto` became on this device (1 = bf16), kept with the method's diagnostics
         self._note("bf16", [float(use_bf16(next(model.parameters()).device, self.bf16))])
-        return forward_logits(
+        values = forward_logits(
             model,
-            seqs,
-            pad_token_id=int(tokenizer.pad_token_id or 0),
+            [seq for each in seqs for seq in each],
+            pad_token_id=int(texts.tokenizer.pad_token_id or 0),
             max_tokens=self.max_tokens,
             max_batch=self.max_batch,
             bf16=self.bf16,
         )
+        if probs:
+            values = _probs(values)
+        ends = np.cumsum([len(each) for each in seqs])
+        return np.split(values, ends[:-1]) if len(seqs) else []
 
 
 def lime_neighbourhood(n_words: int, num_samples: int, rng: np.random.Generator) -> np.ndarray:
@@ -143,21 +152,14 @@ class Lime(_Perturbation):
         self.stable_top_k = None if stable_top_k is None else int(stable_top_k)
         self.sample_step = int(sample_step)
         self.stable_rounds = int(stable_rounds)
-        if distance not in DISTANCES:
-            raise AttributionError(f"distance must be one of {DISTANCES}, got {distance!r}")
+        one_of("distance", distance, DISTANCES)
         self.num_samples = int(num_samples)
         self.kernel_width = float(kernel_width)
         self.distance = distance
         self.feature_selection = feature_selection
         self.seed = int(seed)
 
-    def word_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        segs: Sequence[Segmentation],
-        targets: Sequence[int],
-    ) -> list[np.ndarray]:
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
         """Per example: the neighbourhood, its probabilities, the surrogate's coefficients.
 
         With ``stable_top_k`` (opt-in) the rows are evaluated ``sample_step`` at a time and
@@ -167,6 +169,7 @@ class Lime(_Perturbation):
         first rows of the fixed-size neighbourhood, so an example that never settles gets
         exactly the fixed setting's explanation.
         """
+        segs, targets = texts.segs, texts.targets
         data = [
             lime_neighbourhood(seg.n_words, self.num_samples, sample_rng(self.seed, seg.text))
             if seg.n_words
@@ -182,19 +185,15 @@ class Lime(_Perturbation):
         top: list[frozenset[int] | None] = [None] * len(segs)
         active = [i for i, seg in enumerate(segs) if seg.n_words]
         while active:
-            seqs: list[list[int]] = []
-            for i in active:
-                rows = data[i][used[i] : used[i] + step]
-                seqs.extend(
-                    perturb_ids(segs[i], r.astype(bool), self.removal, tokenizer) for r in rows
-                )
-            probs = _probs(self._logits(model, tokenizer, seqs))
-            at, left = 0, []
-            for i in active:
-                n = min(step, self.num_samples - used[i])
-                labels[i].append(probs[at : at + n])
-                at += n
-                used[i] += n
+            rows = [data[i][used[i] : used[i] + step] for i in active]
+            seqs = [
+                [perturb_ids(segs[i], r.astype(bool), self.removal, texts.tokenizer) for r in each]
+                for i, each in zip(active, rows)
+            ]
+            left = []
+            for i, probs in zip(active, self._forward_each(texts, seqs)):
+                labels[i].append(probs)
+                used[i] += len(probs)
                 out[i], r2[i] = self._fit(data[i][: used[i]], np.vstack(labels[i]), int(targets[i]))
                 if self.stable_top_k is not None:
                     now = frozenset(rank_words(out[i])[: self.stable_top_k].tolist())
@@ -236,34 +235,18 @@ class Occlusion(_Perturbation):
 
     def __init__(self, *, output: str = "probs", **kw: object):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if output not in OUTPUTS:
-            raise AttributionError(f"output must be one of {OUTPUTS}, got {output!r}")
-        self.output = output
+        self.output = one_of("output", output, OUTPUTS)
 
-    def word_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        segs: Sequence[Segmentation],
-        targets: Sequence[int],
-    ) -> list[np.ndarray]:
-        mode = self.removal
-        seqs: list[list[int]] = []
-        for seg in segs:
-            seqs.append(list(seg.input_ids))
-            for w in range(seg.n_words):
-                keep = np.ones(seg.n_words, dtype=bool)
-                keep[w] = False
-                seqs.append(perturb_ids(seg, keep, mode, tokenizer))
-        values = self._logits(model, tokenizer, seqs)
-        if self.output == "probs":
-            values = _probs(values)
-        out, start = [], 0
-        for seg, target in zip(segs, targets):
-            block = values[start : start + 1 + seg.n_words, int(target)]
-            start += 1 + seg.n_words
-            out.append(block[0] - block[1:])
-        return out
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
+        seqs = [
+            [list(seg.input_ids)] + [
+                perturb_ids(seg, np.arange(seg.n_words) != w, self.removal, texts.tokenizer)
+                for w in range(seg.n_words)
+            ]
+            for seg in texts.segs
+        ]  # fmt: skip
+        values = self._forward_each(texts, seqs, probs=self.output == "probs")
+        return [v[:, int(t)][0] - v[1:, int(t)] for v, t in zip(values, texts.targets)]
 
 
 @contextlib.contextmanager
@@ -301,8 +284,7 @@ class CaptumLime(TokenAttributor):
         **kw: object,
     ):
         super().__init__(**kw)  # type: ignore[arg-type]
-        if distance not in DISTANCES:
-            raise AttributionError(f"distance must be one of {DISTANCES}, got {distance!r}")
+        one_of("distance", distance, DISTANCES)
         self.n_samples = int(n_samples)
         self.kernel_width = float(kernel_width)
         self.distance = distance
@@ -311,14 +293,9 @@ class CaptumLime(TokenAttributor):
         self.output = output
         self.seed = int(seed)
 
-    def token_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        batch: Batch,
-        targets: torch.Tensor,
-    ) -> torch.Tensor:
-        fwd = EmbeddingForward(model, self.layer, self.output)
+    def token_scores(self, texts: Texts) -> torch.Tensor:
+        batch, targets = texts.padded, texts.target_ids
+        fwd = EmbeddingForward(texts.model, self.layer, self.output)
         lime = CaptumLimeImpl(
             fwd,
             interpretable_model=SkLearnLinearRegression(),

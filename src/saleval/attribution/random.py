@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.attribution.base import Attributor, register, sample_rng
-from saleval.words import Segmentation
+from saleval.attribution.base import Attributor, Texts, register, sample_rng
 
 
 @register("random")
@@ -23,11 +19,5 @@ class RandomScores(Attributor):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.seed = int(seed)
 
-    def word_scores(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerFast,
-        segs: Sequence[Segmentation],
-        targets: Sequence[int],
-    ) -> list[np.ndarray]:
-        return [sample_rng(self.seed, s.text).uniform(size=s.n_words) for s in segs]
+    def word_scores(self, texts: Texts) -> list[np.ndarray]:
+        return [sample_rng(self.seed, s.text).uniform(size=s.n_words) for s in texts.segs]

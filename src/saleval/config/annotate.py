@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from saleval.config.crowd import WorkerIdCase
+
 
 class AnnotateAction(StrEnum):
     """``serve``: the bundles to people; ``export``: the answers as ``answers.csv``;
@@ -18,6 +20,14 @@ class AnnotateAction(StrEnum):
 @dataclass
 class AnnotateExportConfig:
     complete_only: bool = False  # true: leave out answers of unfinished bundles
+
+
+@dataclass
+class AnnotateCrowdConfig:
+    """The crowd setting the app shares with ``saleval-import``, under the same key."""
+
+    # which worker IDs name one worker, at login, resume and the admin's assign
+    worker_id_case: WorkerIdCase = WorkerIdCase.insensitive
 
 
 @dataclass

@@ -290,10 +290,22 @@ class Policy(StrEnum):
 
 
 class WorkerIdCase(StrEnum):
-    """Whether worker IDs that differ only in case are one worker (``crowd.worker_id_case``)."""
+    """Whether worker IDs that differ only in case are one worker (``crowd.worker_id_case``):
+    the one worker-ID rule, read by the import and by the annotation app (at login, when
+    a bundle is assigned or resumed, and when the admin assigns one)."""
 
     insensitive = "insensitive"  # 'A1B2' and 'a1b2' are one worker (platform IDs, typed IDs)
     sensitive = "sensitive"  # case tells workers apart (a platform whose IDs need it)
+
+    def key(self, raw: str) -> str:
+        """Who a worker ID names: surrounding spaces never count, case only under
+        ``sensitive`` (docs/aggregation.md#worker-ids).
+
+        >>> WorkerIdCase.insensitive.key(" A1b2 "), WorkerIdCase.sensitive.key(" A1b2 ")
+        ('a1b2', 'A1b2')
+        """
+        value = raw.strip()
+        return value if self is WorkerIdCase.sensitive else value.casefold()
 
 
 LU2024_METHODS: dict[str, str] = {

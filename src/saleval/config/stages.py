@@ -7,14 +7,13 @@ nodes are typed, so an unknown key in any group file (the project's or one found
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from omegaconf import MISSING
 
-from saleval.config.annotate import AnnotateAction, AnnotateConfig
+from saleval.config.annotate import AnnotateAction, AnnotateConfig, AnnotateCrowdConfig
 from saleval.config.common import KGridConfig, PathsConfig, TrackingConfig
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.dataset import DatasetConfig
@@ -23,8 +22,6 @@ from saleval.config.plan import PlanConfig
 from saleval.config.profile import ProfileConfig
 from saleval.config.shortcut import ShortcutConfig, ShortcutExplainConfig
 from saleval.config.trainer import TrainerConfig
-from saleval.metrics.config import MetricsConfig
-from saleval.pipeline.stage_table import TABLE, StageSpec
 from saleval.vocab import Population, Target
 
 
@@ -165,6 +162,8 @@ class AnnotateStageConfig(StageConfig):
     inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
     dataset: DatasetConfig | None = None  # null: the task run's (saleval.pipeline.provenance)
+    # crowd.worker_id_case: the import's worker-ID rule, which the app follows too
+    crowd: AnnotateCrowdConfig = field(default_factory=AnnotateCrowdConfig)
 
 
 @dataclass
@@ -224,7 +223,10 @@ class MetricsInputs:
 @dataclass
 class MetricsStageConfig(StageConfig):
     kgrid: KGridConfig = MISSING
-    metrics: MetricsConfig = MISSING
+    # typed by its group's own schema, metrics/schema (saleval.metrics.config), which
+    # conf/metrics/*.yaml extend: that schema holds each registered metric's settings, so
+    # it lives with the registry, above this package (docs/architecture.md, "Layers")
+    metrics: Any = MISSING
     dataset: DatasetConfig | None = None  # null: the explain run's dataset
     model: ModelConfig | None = None  # null: the train run's model
     progress: bool = True
@@ -338,21 +340,3 @@ class RunStageConfig(RootConfig):
     reuse: bool = True  # reuse a finished stage run with the same config and inputs
     inputs: dict[str, str] = field(default_factory=dict)  # <stage>: an existing run
     profile: ProfileConfig = MISSING
-
-
-def _root(row: StageSpec) -> type:
-    """The root schema a stage-table row names: a dataclass of this module, or one named
-    by its dotted path (``mypkg.mystage.MyStageConfig``), so a stage's schema may live in
-    its own module (docs/extending.md, "A stage")."""
-    if "." in row.schema:
-        module, _, name = row.schema.rpartition(".")
-        schema = getattr(importlib.import_module(module), name, None)
-    else:
-        schema = globals().get(row.schema)
-    if not isinstance(schema, type):
-        raise TypeError(f"stage {row.name}: no schema class {row.schema} in {__name__}")
-    return schema
-
-
-#: ConfigStore name → root schema; ``conf/<stage>.yaml`` lists ``<name>`` first.
-ROOTS: dict[str, type] = {row.schema_name: _root(row) for row in TABLE}

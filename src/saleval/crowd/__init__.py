@@ -1,7 +1,9 @@
 """The crowd side of the study: design, simulated crowd, import, quality filters, aggregation.
 
 Modules in layers; each imports only modules of lower layers (``tests/test_import_graph.py``
-checks that no cycle exists):
+checks that no cycle exists). The package as a whole sits below :mod:`saleval.analysis`,
+which scores what it produces; how a simulated crowd compares with real people is
+scored there (:mod:`saleval.analysis.validation`).
 
 0. below the package: the schemas of ``study``, ``simulation`` and ``crowd``, with the
    words their fields take, live with every other schema in :mod:`saleval.config.crowd`,
@@ -20,10 +22,7 @@ checks that no cycle exists):
    registry of export formats and the built-in ones),
    :mod:`~saleval.crowd.readers` (the simulated workers' reading models),
    :mod:`~saleval.crowd.simulate` (the simulated crowd), :mod:`~saleval.crowd.published`
-   (the published study's tasks and samples as tasks and datasets),
-   :mod:`~saleval.crowd.validation` (simulated vs real crowd);
+   (the published study's tasks and samples as tasks and datasets);
 4. :mod:`~saleval.crowd.importer` (the built-in crowd sources: long answer files and the
    published format).
-
-:mod:`saleval.crowd.config` is the schemas' old address, kept for user code.
 """

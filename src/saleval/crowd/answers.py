@@ -19,8 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from saleval.crowd.errors import CrowdImportError
-from saleval.vocab import IDK as IDK  # spelt in saleval.vocab, which the crowd schema shares
-from saleval.vocab import IDK_ALIASES as IDK_ALIASES
+from saleval.vocab import IDK, IDK_ALIASES  # spelt in saleval.vocab, which the schemas share
 
 IDK_CODE = 0
 """Answer code of "I don't know" (docs/aggregation.md: L = 0); label c (0-based) is coded c + 1."""

@@ -1,12 +1,10 @@
 """The crowd package's exceptions, at the bottom of its layers so every module can raise
 them without importing the code that uses them. ``DesignError`` and ``SimulationError``
-are declared with the schemas whose checks raise them first (:mod:`saleval.config.crowd`)
-and named here too, so every crowd module takes its errors from one place."""
+live with the schemas whose checks raise them first (:mod:`saleval.config.crowd`), and
+are imported from there."""
 
 from __future__ import annotations
 
-from saleval.config.crowd import DesignError as DesignError
-from saleval.config.crowd import SimulationError as SimulationError
 from saleval.errors import UserError
 
 

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from saleval.crowd.answers import IDK, answer_options
+from saleval.crowd.answers import answer_options
 from saleval.crowd.design.rendering import render
-from saleval.vocab import Target
+from saleval.vocab import IDK, Target
 from saleval.words import word_spans
 
 WIDE_FILE = "bundles_wide.csv"

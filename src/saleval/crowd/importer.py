@@ -34,8 +34,16 @@ from saleval.crowd.answers import AnswerParser
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.long_format import ANSWER_FILE, read_answers
 from saleval.crowd.lu2024 import read_lu2024
+from saleval.crowd.published import read_study
 from saleval.crowd.reading import CrowdImport, empty_annotations, enforce_policy, sha256_file
-from saleval.crowd.source import CrowdSource, Given, ImportContext, SourceFile
+from saleval.crowd.source import (
+    Capability,
+    CrowdSource,
+    CrowdTasks,
+    Given,
+    ImportContext,
+    SourceFile,
+)
 from saleval.pipeline import tables
 from saleval.vocab import Population, Target
 
@@ -154,9 +162,11 @@ class AnswersSource(AnswersCrowdConfig, CrowdSource):
 
 @dataclass
 class PublishedSource(PublishedCrowdConfig, CrowdSource):
-    """``crowd=lu2024``: A[i, j, k] as published, no worker-level data."""
+    """``crowd=lu2024``: A[i, j, k] as published, no worker-level data; its file holds the
+    final verdicts and the tasks they answer, so it provides both."""
 
     format: ClassVar[str] = "lu2024"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(Capability)
 
     def file(self, dataset: str | None) -> Path:
         """The published file, checked: it needs ``crowd.path`` and a dataset (for the label
@@ -184,6 +194,12 @@ class PublishedSource(PublishedCrowdConfig, CrowdSource):
         """The published file as the import's tables."""
         return self.read(ctx.file.path, ctx.label_names, ctx.dataset)
 
+    def tasks(self, ctx: ImportContext) -> CrowdTasks:
+        """The published tasks, samples and verdicts, checked under ``crowd.policy``."""
+        study = read_study(ctx.file.path, ctx.label_names, ctx.dataset, self.methods)
+        enforce_policy(study.rejects, self.policy, ctx.file.path)
+        return study
+
     def read(self, path: str | Path, label_names: Sequence[str], dataset: str) -> CrowdImport:
         """Read and check the published file (``path`` overrides ``crowd.path``)."""
         aggregated, rejects, info = read_lu2024(
@@ -203,3 +219,12 @@ class PublishedSource(PublishedCrowdConfig, CrowdSource):
             "label_names": list(label_names),
         }
         return CrowdImport(empty_annotations(), aggregated, rejects, report)
+
+
+def aggregate_answers(
+    path: str | Path, tasks: pd.DataFrame, bundles: pd.DataFrame | None, label_names: Sequence[str]
+) -> CrowdImport:
+    """Answers in the import format read, filtered and aggregated as ``crowd=answers``
+    does with its defaults: what ``saleval-import`` would make of them (a simulated
+    crowd's answers to a published study, in ``saleval-simulate``)."""
+    return AnswersSource().read(path, tasks, bundles, label_names)

@@ -44,8 +44,7 @@ import pandas as pd
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from saleval.config.crowd import BOW_READER, ReaderConfig
-from saleval.crowd.errors import SimulationError
+from saleval.config.crowd import BOW_READER, ReaderConfig, SimulationError
 
 log = logging.getLogger(__name__)
 

@@ -19,25 +19,15 @@ import numpy as np
 import pandas as pd
 
 from saleval.config.crowd import WorkerIdCase
-from saleval.crowd.answers import IDK_ALIASES, AnswerParser
+from saleval.crowd.answers import AnswerParser
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import MAX_LISTED_REJECTS, Rejects, read_rows
+from saleval.vocab import IDK_ALIASES
 
 log = logging.getLogger(__name__)
 
 ANSWER_FILE = "answers.csv"
 """The file name of a long answer file inside a run dir (``saleval-simulate``, export)."""
-
-
-def worker_key(raw: str, case: WorkerIdCase | str = WorkerIdCase.insensitive) -> str:
-    """Who a worker ID names: surrounding spaces never count, case only under ``sensitive``
-    (docs/aggregation.md#worker-ids).
-
-    >>> worker_key(" A1b2 "), worker_key(" A1b2 ", "sensitive")
-    ('a1b2', 'A1b2')
-    """
-    value = raw.strip()
-    return value if WorkerIdCase(case) == WorkerIdCase.sensitive else value.casefold()
 
 
 _TIME_FIELDS = ("started_at", "submitted_at")
@@ -66,7 +56,7 @@ def read_answers(
     answer of one worker to one task, a worker answering the same sample twice, and a
     worker taking more than one bundle (docs/study-design.md: one bundle per worker and dataset).
 
-    Worker IDs are compared by :func:`worker_key` (``worker_id_case``); IDs that name one
+    Worker IDs are compared by :meth:`WorkerIdCase.key` (``worker_id_case``); IDs that name one
     worker are logged in one line and take the spelling of their first row
     (``info["worker_ids_merged"]``). A bundle answered by more than one worker is a
     warning naming file, row and field (``info["bundles_with_several_workers"]``):
@@ -191,7 +181,7 @@ class _TaskIndex:
 
 
 class _WorkerIds:
-    """Worker IDs as :func:`worker_key` reads them: the first spelling of a worker names it
+    """Worker IDs as :meth:`WorkerIdCase.key` reads them: the first spelling of a worker names it
     in every later row; every raw spelling is kept for the merge warning."""
 
     def __init__(self, case: WorkerIdCase | str) -> None:
@@ -203,7 +193,7 @@ class _WorkerIds:
         """The worker a raw ID names, as first spelt; "" for an empty ID."""
         worker = raw.strip()
         if worker:
-            key = worker_key(worker, self.case)
+            key = WorkerIdCase(self.case).key(worker)
             worker = self.spelling.setdefault(key, worker)
             self.spellings.setdefault(key, {})[raw] = None
         return worker

@@ -28,9 +28,8 @@ import html
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -38,17 +37,13 @@ from saleval.config.dataset import DatasetConfig, DatasetFiles
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.tasks import task_id
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.lu2024 import LU2024_METHODS, _read_blocks
+from saleval.crowd.lu2024 import LU2024_METHODS, _read_blocks, read_lu2024
 from saleval.crowd.sampling import interleave
 from saleval.crowd.seeding import seeded_rng
-from saleval.modeling.data import (
-    DataError,
-    DatasetSplits,
-    _file,
-    read_ag_news,
-    read_imdb,
-    stratified_split,
-)
+from saleval.crowd.source import CrowdTasks
+from saleval.modeling.data import DatasetSplits, _file, read_ag_news, read_imdb
+from saleval.modeling.data_checks import DataError
+from saleval.modeling.splits import stratified_split
 from saleval.pipeline import tables
 
 _PIECE = re.compile(r" ##")
@@ -110,28 +105,12 @@ def reader_training_data(
     return exclude_texts(pool, study_texts)
 
 
-@dataclass
-class PublishedStudy:
-    """The published study as saleval tables.
-
-    ``tasks``: ``tables.TASKS`` (display text exactly as published); ``samples``:
-    ``sample_id, text, label`` (full texts, word pieces joined); ``aggregated``: the
-    published A[i, j, k] (``tables.AGGREGATED``); ``rejects``: rows the reader refused.
-    """
-
-    tasks: pd.DataFrame
-    samples: pd.DataFrame
-    aggregated: pd.DataFrame
-    rejects: pd.DataFrame
-    info: dict[str, Any]
-
-
 def read_study(
     path: str | Path,
     label_names: Sequence[str],
     dataset: str,
     methods: Mapping[str, str] = LU2024_METHODS,
-) -> PublishedStudy:
+) -> CrowdTasks:
     """Tasks, samples and published A of one published file, checked row by row as
     :func:`saleval.crowd.lu2024.read_lu2024` checks them."""
     rows, rejects, info = _read_blocks(path, label_names, dataset, methods)
@@ -167,7 +146,7 @@ def read_study(
         rows[["sample_id", "method", "k", "correct", "label"]].reset_index(drop=True),
         where=str(path),
     )
-    return PublishedStudy(tasks, samples, aggregated, rejects, info)
+    return CrowdTasks(tasks, samples, aggregated, rejects, info)
 
 
 # ---------------------------------------------------------------------------------
@@ -216,7 +195,7 @@ def read_lu2024_ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     return _published_split(dc, "ag_news", base)
 
 
-def study_bundles(study: PublishedStudy, repeats: int, bundle_size: int, seed: int) -> pd.DataFrame:
+def study_bundles(study: CrowdTasks, repeats: int, bundle_size: int, seed: int) -> pd.DataFrame:
     """Bundles for a simulated crowd to answer the published tasks the way a new study's
     crowd would (:func:`saleval.crowd.design.assign_bundles`): every task ``repeats``
     times, no bundle with two tasks of one sample, methods and k mixed evenly."""
@@ -235,32 +214,8 @@ LU2024_READERS = {
 """The dataset readers whose test split is a published study (``conf/dataset/lu2024_*``)."""
 
 
-def published_ranking_agreement(score_dir: str | Path) -> dict[str, Any] | None:
-    """Spearman's rho between a score run's method scores and the published crowd's on
-    the same samples, over the methods both have; None when the run's dataset is not one
-    of the published studies (``conf/dataset/lu2024_*.yaml``)."""
-    from omegaconf import OmegaConf
-    from scipy import stats
-
-    from saleval.analysis import scoring
-    from saleval.crowd.lu2024 import read_lu2024
-    from saleval.modeling.data import dataset_config
-
-    score_dir = Path(score_dir)
-    node = OmegaConf.select(OmegaConf.load(score_dir / "config.yaml"), "dataset")
-    if node is None or str(node.get("_target_")) not in LU2024_READERS:
-        return None
-    dc = dataset_config(node)
+def published_verdicts(dc: DatasetConfig) -> pd.DataFrame:
+    """The published crowd's verdicts A[i, j, k] (``tables.AGGREGATED``) on the test split
+    of a dataset whose reader is one of :data:`LU2024_READERS`."""
     published, _, _ = read_lu2024(_file(dc, "test"), _label_names(dc), dc.name)
-    theirs = scoring.score(published, n_bootstrap=10, n_resamples=9).scores.set_index("method")
-    ours = tables.SCORES.read(score_dir).set_index("method")
-    common = [m for m in theirs.index if m in ours.index]
-    if len(common) < 3:
-        return {"methods": common, "spearman": None}
-    rho = stats.spearmanr(ours.loc[common, "score"], theirs.loc[common, "score"]).statistic
-    return {
-        "methods": common,
-        "spearman": float(rho),
-        "simulated": {m: float(ours.loc[m, "score"]) for m in common},
-        "published": {m: float(theirs.loc[m, "score"]) for m in common},
-    }
+    return published

@@ -40,8 +40,7 @@ from omegaconf import OmegaConf
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from saleval.config.crowd import ReaderConfig
-from saleval.crowd.errors import SimulationError
+from saleval.config.crowd import ReaderConfig, SimulationError
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,12 @@ from saleval.config.crowd import (
     NoiseConfig,
     NoiseDistribution,
     SimulationConfig,
+    SimulationError,
 )
-from saleval.crowd.answers import IDK
-from saleval.crowd.errors import SimulationError
 from saleval.crowd.lexicon import reader_name
 from saleval.crowd.readers import build_reader
 from saleval.crowd.seeding import seeded_rng
+from saleval.vocab import IDK
 
 log = logging.getLogger(__name__)
 

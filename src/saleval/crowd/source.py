@@ -14,6 +14,15 @@ same way, in two steps, so it never asks which source it holds:
 A source is a dataclass whose fields are its config: ``conf/crowd/<name>.yaml`` names it
 in ``_target_`` and :func:`crowd_source` builds it. The built-in ones are in
 :mod:`saleval.crowd.importer`.
+
+Some sources can do more than be imported, and say so in :attr:`CrowdSource.capabilities`;
+the other stages ask a source what it provides, never which class it is:
+
+* :attr:`Capability.verdicts`: what :meth:`~CrowdSource.import_` returns are already the
+  crowd's final verdicts (nothing to filter or aggregate), so ``saleval-score`` and
+  ``saleval-plan`` read them without an import run;
+* :attr:`Capability.tasks`: :meth:`~CrowdSource.tasks` gives the tasks and samples the
+  crowd answered, which ``saleval-simulate`` and ``saleval-plan`` give a simulated crowd.
 """
 
 from __future__ import annotations
@@ -21,15 +30,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, is_dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pandas as pd
 from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import CrowdImport, sha256_file
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import file_input, given_input
 
 FileFinder = Callable[[str, str], tuple[Path, str | None]]
 """``(input name, file name)`` → the file ``inputs.<name>`` names (a plain file, or that
@@ -37,13 +50,35 @@ file in the run dir it names; ``runs:/<id>`` and ``latest`` resolved) and the ru
 record as its parent (None for a file outside any run)."""
 
 
+class Capability(StrEnum):
+    """What a source provides besides an import (module docstring)."""
+
+    verdicts = "verdicts"  # import_ gives the final verdicts A[i, j, k]: score them as they are
+    tasks = "tasks"  # tasks(): the tasks and samples the crowd answered
+
+
 @dataclass(frozen=True)
 class Given:
-    """What ``saleval-import`` was given, before anything is read."""
+    """What a stage was given, before anything is read."""
 
     inputs: Mapping[str, str]  # inputs.<name> as given; names left at ??? or null are absent
     dataset: str | None  # dataset.name when a dataset is given (else a parent run brings it)
     find: FileFinder
+
+    @classmethod
+    def of(cls, cfg: DictConfig, stage: str) -> Given:
+        """What ``cfg`` gives ``saleval-<stage>``: its ``inputs.*``, the dataset, and how a
+        file input is found (:func:`saleval.pipeline.run_inputs.file_input`)."""
+        names = OmegaConf.select(cfg, "inputs", default=None) or {}
+        inputs = {str(k): v for k in names if (v := given_input(cfg, str(k))) is not None}
+        output_root = OmegaConf.select(cfg, "paths.output_root", default=None)
+
+        def find(name: str, filename: str) -> tuple[Path, str | None]:
+            if name not in inputs:
+                raise InputError(f"saleval-{stage} needs inputs.{name}=<file or run dir>")
+            return file_input(name, filename, inputs[name], output_root)
+
+        return cls(inputs, OmegaConf.select(cfg, "dataset.name", default=None), find)
 
 
 @dataclass(frozen=True)
@@ -84,14 +119,42 @@ class ImportContext:
     dataset: str
 
 
+@dataclass
+class CrowdTasks:
+    """The tasks a crowd answered (:attr:`Capability.tasks`), to answer again.
+
+    ``tasks``: ``tables.TASKS`` (display text exactly as the crowd saw it); ``samples``:
+    ``sample_id, text, label`` (full texts); ``aggregated``: that crowd's A[i, j, k]
+    (``tables.AGGREGATED``); ``rejects``: rows the reader refused; ``info``: what the
+    reader counted.
+    """
+
+    tasks: pd.DataFrame
+    samples: pd.DataFrame
+    aggregated: pd.DataFrame
+    rejects: pd.DataFrame
+    info: dict[str, Any]
+
+
 class CrowdSource(abc.ABC):
     """Base of every crowd source; a subclass is also a dataclass of its config fields,
     ``name`` and ``policy`` among them (:class:`saleval.config.crowd.AnswersCrowdConfig`)."""
 
     #: written as ``format`` in ``import_report.json``
     format: ClassVar[str]
+    #: what it provides besides an import (module docstring); none by default
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
     name: str
     policy: Policy
+
+    def provides(self, capability: Capability) -> bool:
+        """Whether a stage may ask this source for ``capability``."""
+        return capability in self.capabilities
+
+    def tasks(self, ctx: ImportContext) -> CrowdTasks:
+        """:attr:`Capability.tasks`: the tasks and samples the crowd answered, read from
+        ``ctx.file`` and checked under the source's policy."""
+        raise CrowdImportError(f"crowd={self.name} does not provide the tasks its crowd answered")
 
     @abc.abstractmethod
     def locate(self, given: Given) -> SourceFile:

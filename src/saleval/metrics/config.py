@@ -244,11 +244,14 @@ def plugins_named(overrides: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def store_schema(overrides: Sequence[str] = ()) -> None:
+def store_schema(plugins: Sequence[str] = (), open_settings: bool = False) -> None:
     """Store :func:`schema` as ``metrics/schema`` in Hydra's ConfigStore, after importing
-    the plugin modules ``overrides`` name: their metrics' settings are then keys the
-    command line can set. Call it again whenever a metric was registered since."""
+    the ``plugins`` modules: their metrics' settings are then keys a config can set. Call
+    it again whenever a metric was registered since. ``open_settings``: store
+    :class:`MetricsConfig` itself, whose ``settings`` take any keys (composing once to
+    find the plugins a YAML file names: :mod:`saleval.pipeline.compose`)."""
     from hydra.core.config_store import ConfigStore
 
-    import_plugins(plugins_named(overrides))
-    ConfigStore.instance().store(group="metrics", name="schema", node=schema())
+    import_plugins(plugins)
+    node = MetricsConfig if open_settings else schema()
+    ConfigStore.instance().store(group="metrics", name="schema", node=node)

@@ -12,6 +12,10 @@ offline with one message naming the ``files`` alternative. Nothing falls back
 silently from one to the other. ``read_local`` reads a user's own CSV/TSV/JSONL/Parquet
 files (``docs/own-data.md``); every problem with them fails in one :class:`DataError`
 line naming the file, the rows and the fix.
+
+What the readers share is one module each: :mod:`~saleval.modeling.data_checks` (the
+error and the checks), :mod:`~saleval.modeling.splits` (seeded, stratified splits and
+subsamples), :mod:`~saleval.modeling.local_files` (a user's own files).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import html
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,17 +40,20 @@ from omegaconf.errors import (
 )
 from sklearn.model_selection import train_test_split
 
-from saleval.config import to_schema
 from saleval.config.dataset import DatasetConfig, DataSource
-from saleval.errors import UserError
+from saleval.modeling.data_checks import (
+    DataError,
+    count_rows,
+    is_blank,
+    labels_from_names,
+    require_file,
+    row_numbers,
+)
+from saleval.modeling.local_files import check_columns, files_of, label_names_in_data, read_table
+from saleval.modeling.splits import SPLITS, split_off, stratified_split, subsample
+from saleval.schema import to_schema
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "validation", "test")
-
-
-class DataError(UserError, RuntimeError):
-    """A dataset cannot be loaded; the message names the file, row or package."""
 
 
 @dataclass
@@ -95,131 +102,6 @@ def clean_imdb(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------
-# Split helpers
-# ---------------------------------------------------------------------------------
-
-
-def _count(n: int, has: str = "", verb_n: int | None = None) -> str:
-    """``1 row``, ``3 rows``; with ``has``: ``1 row has <has>``, ``3 rows have <has>``
-    (the verb agreeing with ``verb_n``, default ``n``: ``1 of 40 rows has ...``)."""
-    words = f"{n} row{'' if n == 1 else 's'}"
-    if has:
-        words += f" {'has' if (n if verb_n is None else verb_n) == 1 else 'have'} {has}"
-    return words
-
-
-def _class_counts(df: pd.DataFrame, label_names: Sequence[str]) -> str:
-    """``negative: 1, positive: 199``: rows per class, for split errors."""
-    counts = df["label"].value_counts().sort_index()
-    name = {i: n for i, n in enumerate(label_names)}
-    return ", ".join(f"{name.get(int(i), i)}: {int(c)}" for i, c in counts.items())
-
-
-def _split_off(
-    df: pd.DataFrame,
-    fraction: float,
-    seed: int,
-    where: str,
-    label_names: Sequence[str],
-    what: str,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Seeded, label-stratified ``(rest, held-out fraction)`` of ``df``. scikit-learn's
-    refusal (a class too small to appear on both sides) becomes one line naming ``where``,
-    the rows per class and the fix."""
-    try:
-        rest, held = train_test_split(
-            df, test_size=fraction, random_state=seed, stratify=df["label"]
-        )
-    except ValueError as err:
-        raise DataError(
-            f"{where}: cannot {what} ({fraction:.0%}) stratified by label: "
-            f"{str(err).split('. ')[0]}; rows per class: "
-            f"{_class_counts(df, label_names)}. Add rows to the small classes, or give "
-            "dataset.files.train/validation/test"
-        ) from err
-    return rest.reset_index(drop=True), held.reset_index(drop=True)
-
-
-def stratified_split(
-    df: pd.DataFrame,
-    fractions: Mapping[str, float],
-    seed: int,
-    where: str = "dataset",
-    label_names: Sequence[str] = (),
-) -> dict[str, pd.DataFrame]:
-    """Seeded, label-stratified train/validation/test split of one table (``where``
-    names it in errors)."""
-    val_frac = float(fractions.get("validation", 0.1))
-    test_frac = float(fractions.get("test", 0.2))
-    if not (val_frac > 0 and test_frac > 0 and val_frac + test_frac < 1):
-        raise DataError(
-            f"dataset.split_fractions={dict(fractions)}: validation and test must be "
-            "above 0 and sum below 1"
-        )
-    rest, test = _split_off(df, test_frac, seed, where, label_names, "split off the test set")
-    train, val = _split_off(
-        rest, val_frac / (1 - test_frac), seed, where, label_names, "split off validation"
-    )
-    return {"train": train, "validation": val, "test": test}
-
-
-def subsample(
-    df: pd.DataFrame, n: int | None, seed: int, where: str = "dataset.max_*"
-) -> pd.DataFrame:
-    """Seeded, label-stratified subsample (keeps class balance) when ``n`` is set."""
-    if n is None or n >= len(df):
-        return df
-    try:
-        kept, _ = train_test_split(df, train_size=n, random_state=seed, stratify=df["label"])
-    except ValueError as err:
-        counts = df["label"].value_counts().sort_index().to_dict()
-        raise DataError(
-            f"{where}={n}: cannot draw {n} of {len(df)} rows stratified by label — "
-            f"{str(err).split('. ')[0]}; rows per class index: {counts}. Raise it "
-            "or set it to null"
-        ) from err
-    return kept.reset_index(drop=True)
-
-
-def _require(path: Path, dataset: str) -> Path:
-    if not path.exists():
-        raise DataError(
-            f"dataset {dataset}: file {path} not found (data root from dataset.data_root / "
-            "SALEVAL_DATA_ROOT; see ../shared/data/README.md)"
-        )
-    return path
-
-
-def _labels_from_names(
-    values: pd.Series, label_names: Sequence[str], where: str, column: str = "label"
-) -> pd.Series:
-    """Label names (any case) or class indices as class indices; every row that is neither
-    is counted in one error naming the first and the values seen."""
-    lookup = {n.lower(): i for i, n in enumerate(label_names)}
-    out: list[int] = []
-    bad: list[bool] = []
-    for v in values.tolist():
-        key = "" if v is None or (isinstance(v, float) and v != v) else str(v).strip().lower()
-        if key in lookup:
-            out.append(lookup[key])
-        elif key.lstrip("-").isdigit() and 0 <= int(key) < len(label_names):
-            out.append(int(key))
-        else:
-            out.append(-1)
-        bad.append(out[-1] < 0)
-    if any(bad):
-        first = bad.index(True)
-        seen = pd.Series(values.tolist())[bad].astype(str).value_counts()
-        shown = ", ".join(f"{v!r} ×{c}" for v, c in seen.head(5).items())
-        raise DataError(
-            f"{where}: row {first + 1}, field {column}: {values.tolist()[first]!r} is not one "
-            f"of {list(label_names)} ({_count(sum(bad))} in all: {shown}); fix those rows or "
-            "list every label in dataset.label_names"
-        )
-    return pd.Series(out, index=values.index, dtype="int64")
-
-
-# ---------------------------------------------------------------------------------
 # Readers (the _target_ of conf/dataset/*.yaml) and the loader
 # ---------------------------------------------------------------------------------
 
@@ -233,7 +115,7 @@ def dataset_config(cfg: DatasetConfig | Mapping[str, Any] | Any) -> DatasetConfi
     >>> dataset_config({"name": "d", "label_names": ["a"], "text_colum": "t"})
     Traceback (most recent call last):
     ...
-    saleval.modeling.data.DataError: dataset config: Key 'text_colum' not in 'DatasetConfig' (full key: text_colum); see conf/dataset/local.yaml for the keys
+    saleval.modeling.data_checks.DataError: dataset config: Key 'text_colum' not in 'DatasetConfig' (full key: text_colum); see conf/dataset/local.yaml for the keys
     """
     try:
         return to_schema(DatasetConfig, cfg)
@@ -294,7 +176,7 @@ def _file(dc: DatasetConfig, split: str) -> Path:
     rel = getattr(dc.files, split)
     if rel is None:
         raise DataError(f"dataset {dc.name}: set dataset.files.{split}")
-    return _require(Path(rel) if Path(rel).is_absolute() else Path(dc.data_root, rel), dc.name)
+    return require_file(Path(rel) if Path(rel).is_absolute() else Path(dc.data_root, rel), dc.name)
 
 
 def read_ag_news(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
@@ -328,7 +210,7 @@ def read_imdb(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
         {
             "sample_id": [f"imdb-{i}" for i in raw.index],
             "text": [clean_imdb(t) for t in raw["text"].astype(str)],
-            "label": _labels_from_names(raw["label"], names_of(dc), str(path)).to_numpy(),
+            "label": labels_from_names(raw["label"], names_of(dc), str(path)).to_numpy(),
         }
     )
     return stratified_split(df, dc.split_fractions, dc.seed, str(path), names_of(dc))
@@ -368,7 +250,7 @@ def read_sst2(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
 def read_eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     """The ERASER directory of ``files.all``: {train,val,test}.jsonl and docs/."""
     root = _file(dc, "all")
-    _require(root / "docs", dc.name)
+    require_file(root / "docs", dc.name)
     label_of = {"NEG": 0, "POS": 1}
     out = {}
     for split, fname in (
@@ -376,14 +258,14 @@ def read_eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
         ("validation", "val.jsonl"),
         ("test", "test.jsonl"),
     ):
-        path = _require(root / fname, dc.name)
+        path = require_file(root / fname, dc.name)
         rows = []
         for lineno, line in enumerate(path.read_text().splitlines(), start=1):
             if not line.strip():
                 continue
             ann = json.loads(line)
             docid = ann.get("docids") or [ann["annotation_id"]]
-            doc_path = _require(root / "docs" / docid[0], dc.name)
+            doc_path = require_file(root / "docs" / docid[0], dc.name)
             text, token_spans = _join_pretokenised(doc_path.read_text())
             if ann["classification"] not in label_of:
                 raise DataError(
@@ -432,134 +314,6 @@ def _join_pretokenised(doc: str) -> tuple[str, list[tuple[int, int]]]:
 
 # -- read_local: a user's own files --------------------------------------------------
 
-#: compression suffixes pandas undoes by itself (``reviews.csv.gz``)
-_COMPRESSION = (".gz", ".bz2", ".xz", ".zip", ".zst")
-#: what ``read_local`` reads, by file suffix
-_FORMATS = {
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".tab": "tsv",
-    ".jsonl": "jsonl",
-    ".json": "json",
-    ".parquet": "parquet",
-}
-
-
-def _rows(mask: Sequence[bool] | pd.Series, first: int = 5) -> str:
-    """``rows 3, 8, 11, ...``: the first few 1-based row numbers where ``mask`` holds
-    (rows count data records; a CSV's header is not a row)."""
-    hits = [i + 1 for i, m in enumerate(list(mask)) if m]
-    shown = ", ".join(str(i) for i in hits[:first])
-    return f"row{'s' if len(hits) > 1 else ''} {shown}{', ...' if len(hits) > first else ''}"
-
-
-def _blank(values: pd.Series) -> pd.Series:
-    """True where a cell is null or only whitespace."""
-    return values.isna() | (values.astype(str).str.strip() == "")
-
-
-def read_table(path: Path) -> pd.DataFrame:
-    """A CSV, TSV, JSON Lines, JSON or Parquet file as a table with at least one row.
-
-    CSV and TSV cells are read as strings (an empty cell is ``""``, never NaN), so labels
-    and ids keep their spelling. A file that is missing, empty, unparsable or holds no
-    rows fails naming the file.
-    """
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in _COMPRESSION:
-        suffixes.pop()
-    fmt = _FORMATS.get(suffixes[-1] if suffixes else "")
-    if fmt is None:
-        raise DataError(
-            f"{path}: unknown file type {path.suffix!r}; read_local reads "
-            f"{', '.join(_FORMATS)} files (optionally compressed: {', '.join(_COMPRESSION)})"
-        )
-    if not path.is_file():
-        raise DataError(f"{path}: file not found; check dataset.data_root and dataset.files")
-    if path.stat().st_size == 0:
-        raise DataError(f"{path}: the file is empty (0 bytes); point dataset.files at your data")
-    try:
-        if fmt in ("csv", "tsv"):
-            raw = pd.read_csv(
-                path, sep="\t" if fmt == "tsv" else ",", dtype=str, keep_default_na=False
-            )
-        elif fmt == "parquet":
-            raw = pd.read_parquet(path)
-        else:
-            raw = pd.read_json(path, lines=fmt == "jsonl", dtype=False)
-    except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        reason = " ".join(str(err).split())[:300]
-        raise DataError(f"{path}: cannot be read as {fmt}: {reason}") from err
-    if raw.empty:
-        what = f"only a header ({', '.join(map(str, raw.columns))})" if len(raw.columns) else ""
-        raise DataError(f"{path}: no data rows{' — ' + what if what else ''}; add rows to it")
-    return raw
-
-
-def _columns(raw: pd.DataFrame, dc: DatasetConfig, path: Path) -> None:
-    """The configured text, label and id columns exist, or the error lists what does."""
-    wanted = {
-        "text_column": dc.text_column,
-        "label_column": dc.label_column,
-        "id_column": dc.id_column,
-    }
-    found = [str(c) for c in raw.columns]
-    for key, col in wanted.items():
-        if col is not None and col not in raw.columns:
-            raise DataError(
-                f"{path}: no column {col!r} (dataset.{key}); the file has columns {found}: "
-                f"set dataset.{key}=<one of them>"
-            )
-
-
-def _local_files(dc: DatasetConfig) -> dict[str, Path]:
-    """``dataset.files`` of a local dataset: ``all``, or the splits, paths resolved."""
-    given = {s: getattr(dc.files, s) for s in (*SPLITS, "all") if getattr(dc.files, s)}
-    if not given:
-        raise DataError(
-            f"dataset {dc.name}: no files given; set dataset.files.all=<file> (split here) "
-            "or dataset.files.train/validation/test"
-        )
-    if "all" in given and len(given) > 1:
-        raise DataError(
-            f"dataset {dc.name}: dataset.files gives 'all' and {sorted(set(given) - {'all'})}; "
-            "give either one file to split (all) or one file per split"
-        )
-    if "all" not in given and not {"train", "test"} <= set(given):
-        raise DataError(
-            f"dataset {dc.name}: dataset.files gives {sorted(given)}; give train and test "
-            "(validation is optional: without it, part of train is held out) or all"
-        )
-    return {
-        key: Path(rel) if Path(rel).is_absolute() else Path(dc.data_root, rel)
-        for key, rel in given.items()
-    }
-
-
-def label_names_in_data(dc: DatasetConfig) -> list[str]:
-    """The label values of a local dataset's files, sorted (numerically when every value
-    is an integer): its label names when ``dataset.label_names`` is not given."""
-    if dc._target_ != "saleval.modeling.data.read_local":
-        raise DataError(
-            f"dataset {dc.name}: set dataset.label_names (only saleval.modeling.data.read_local "
-            "reads them from the data)"
-        )
-    values: set[str] = set()
-    for path in _local_files(dc).values():
-        raw = read_table(path)
-        _columns(raw, dc, path)
-        labels = raw[dc.label_column]
-        blank = _blank(labels)
-        if blank.any():
-            raise DataError(
-                f"{path}: {_count(int(blank.sum()), 'no')} {dc.label_column} "
-                f"({_rows(blank)}); fill them in or remove them"
-            )
-        values.update(labels.astype(str).str.strip())
-    if all(v.lstrip("-").isdigit() for v in values):
-        return sorted(values, key=int)
-    return sorted(values)
-
 
 def complete_label_names(cfg: Any) -> None:
     """Fill a composed config's missing ``dataset.label_names`` from the data, so the run's
@@ -580,26 +334,26 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     ``files.train`` + ``files.test`` (+ ``files.validation``, else held out of train).
     Every problem fails naming the file, the rows and the fix (``docs/own-data.md``).
     """
-    files = _local_files(dc)
+    files = files_of(dc)
     names = names_of(dc)
 
     def read(path: Path) -> pd.DataFrame:
         raw = read_table(path)
-        _columns(raw, dc, path)
-        empty = _blank(raw[dc.text_column])
+        check_columns(raw, dc, path)
+        empty = is_blank(raw[dc.text_column])
         if empty.any():
             raise DataError(
-                f"{path}: {int(empty.sum())} of {_count(len(raw), 'an empty', int(empty.sum()))} "
-                f"{dc.text_column} ({_rows(empty)}); fill them in or remove them"
+                f"{path}: {int(empty.sum())} of {count_rows(len(raw), 'an empty', int(empty.sum()))} "
+                f"{dc.text_column} ({row_numbers(empty)}); fill them in or remove them"
             )
         if dc.id_column:
             ids = raw[dc.id_column].astype(str).str.strip()
             dup = ids.duplicated(keep=False)
-            if dup.any() or _blank(raw[dc.id_column]).any():
-                bad = dup | _blank(raw[dc.id_column])
+            if dup.any() or is_blank(raw[dc.id_column]).any():
+                bad = dup | is_blank(raw[dc.id_column])
                 raise DataError(
-                    f"{path}: {_count(int(bad.sum()), 'an empty or repeated')} "
-                    f"{dc.id_column} ({_rows(bad)}); sample ids must be unique"
+                    f"{path}: {count_rows(int(bad.sum()), 'an empty or repeated')} "
+                    f"{dc.id_column} ({row_numbers(bad)}); sample ids must be unique"
                 )
         else:
             ids = pd.Series([f"{path.stem}-{i}" for i in range(len(raw))], index=raw.index)
@@ -607,7 +361,7 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
             {
                 "sample_id": ids.to_numpy(),
                 "text": raw[dc.text_column].astype(str).to_numpy(),
-                "label": _labels_from_names(
+                "label": labels_from_names(
                     raw[dc.label_column], names, str(path), dc.label_column
                 ).to_numpy(),
             }
@@ -620,7 +374,7 @@ def read_local(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     out = {split: read(path) for split, path in files.items()}
     if "validation" not in out:
         frac = float(dc.split_fractions.get("validation", 0.1))
-        out["train"], out["validation"] = _split_off(
+        out["train"], out["validation"] = split_off(
             out["train"], frac, dc.seed, str(files["train"]), names, "hold out validation"
         )
     return {s: out[s] for s in SPLITS}

@@ -32,9 +32,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from saleval.config import to_schema
 from saleval.config.model import ModelConfig
 from saleval.errors import UserError
+from saleval.schema import to_schema
 
 log = logging.getLogger(__name__)
 

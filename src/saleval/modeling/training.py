@@ -24,9 +24,8 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.optimization import get_linear_schedule_with_warmup
 
-from saleval.config import to_schema
 from saleval.config.trainer import LoaderConfig, TrainerConfig
-from saleval.pipeline import tracking
+from saleval.schema import to_schema
 
 
 class TokenizedTexts(torch.utils.data.Dataset):
@@ -270,7 +269,9 @@ class SequenceClassifier(L.LightningModule):
 class MlflowEpochLogger(Callback):
     """Per-epoch metrics into the active MLflow run (the stage's run), stepped by epoch,
     under the project's key names (``docs/tracking.md``): Lightning's ``val_acc`` is
-    ``val_accuracy``, the epoch mean ``train_loss_epoch`` is ``train_loss``."""
+    ``val_accuracy``, the epoch mean ``train_loss_epoch`` is ``train_loss``. The keys are
+    fixed here, already in the one key style, so nothing of :mod:`saleval.pipeline` (a
+    layer above) is needed to log them."""
 
     #: Lightning's name of a logged value → its MLflow key
     KEYS: ClassVar[dict[str, str]] = {
@@ -289,7 +290,7 @@ class MlflowEpochLogger(Callback):
             self.KEYS[k]: float(v) for k, v in trainer.callback_metrics.items() if k in self.KEYS
         }
         vals["elapsed_seconds"] = time.perf_counter() - self.t0
-        tracking.log_metrics(vals, step=trainer.current_epoch)
+        mlflow.log_metrics(vals, step=trainer.current_epoch)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning runs the epoch's validation before this hook: both are available.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,17 +24,23 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import paths
+from saleval import paths, renames
 from saleval.config import DatasetConfig
 from saleval.modeling.data import complete_label_names
 from saleval.pipeline import merge, stage_table, tracking
-from saleval.pipeline.input_paths import LATEST as LATEST
-from saleval.pipeline.input_paths import InputError as InputError
-from saleval.pipeline.input_paths import accepted_stages, input_path_problem, what_it_takes
-from saleval.pipeline.input_paths import latest_link as latest_link
-from saleval.pipeline.merge import RUN_JSON as RUN_JSON
+from saleval.pipeline.input_paths import (
+    LATEST,
+    InputError,
+    accepted_stages,
+    input_path_problem,
+    latest_link,
+    what_it_takes,
+)
+from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance, ProvenanceError, resolve
 from saleval.pipeline.tables import TableSpec
+
+log = logging.getLogger(__name__)
 
 #: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
 #: stage table
@@ -133,13 +140,19 @@ def read_run_info(run_dir: str | Path) -> dict[str, Any]:
 
 
 def read_run_config(run_dir: str | Path) -> DictConfig:
-    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file)."""
+    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file),
+    its ``_target_``s and plugin modules at today's addresses (:mod:`saleval.renames`)."""
     path = Path(run_dir, "config.yaml")
     if not path.is_file():
         raise InputError(f"{path}: the run's config.yaml is missing; is this a saleval run dir?")
-    cfg = OmegaConf.load(path)
-    if not isinstance(cfg, DictConfig):
+    plain = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(plain, dict):
         raise InputError(f"{path}: not a mapping")
+    moved = renames.rewrite_config(plain)
+    if moved:  # recorded before code moved: read with today's addresses
+        log.warning("%s names code that has moved, read as %s", path, "; ".join(moved))
+    cfg = OmegaConf.create(plain)
+    assert isinstance(cfg, DictConfig)
     return cfg
 
 

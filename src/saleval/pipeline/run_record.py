@@ -15,9 +15,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from saleval.pipeline import stage_table, tracking
+from saleval.pipeline import stage_table, views
+from saleval.pipeline.input_paths import LATEST, latest_link
+from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import LATEST, PRODUCERS, RUN_JSON, RunInputs, latest_link
+from saleval.pipeline.run_inputs import PRODUCERS, RunInputs
 
 
 def run_dir_of(cfg: DictConfig) -> Path:
@@ -94,7 +96,7 @@ def summary(
     uri = mlflow.get_tracking_uri()
     lines = [f"[saleval-{stage}] finished: {run_dir}", f"  MLflow run {run_id} in {uri}"]
     if experiment_id is not None:
-        lines.append(f"  open: {tracking.ui_hint(uri, experiment_id, view)}")
+        lines.append(f"  open: {views.ui_hint(uri, experiment_id, view)}")
     for template in stage_table.next_steps(stage):
         command = template
         for key in ("run", "model", "tasks"):

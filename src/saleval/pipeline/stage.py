@@ -18,7 +18,7 @@ an active pipeline run), tags it (with the host, pid and pid start time that let
 stage tell it died), and always ends it, marking it FAILED on an exception (KILLED when stopped from outside:
 Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
 starting, it marks KILLED the RUNNING runs of this host
-whose process is gone (:func:`saleval.pipeline.tracking.end_dead_runs`). In the extra processes of a multi-process
+whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 """
 
@@ -38,21 +38,10 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval.cli import hydra_main as hydra_main  # the stages' `main`; see saleval.cli
 from saleval.pipeline import run_record, tracking
+from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import LATEST as LATEST
-from saleval.pipeline.run_inputs import PRODUCERS as PRODUCERS
-from saleval.pipeline.run_inputs import RUN_JSON as RUN_JSON
-from saleval.pipeline.run_inputs import InputError as InputError
-from saleval.pipeline.run_inputs import RunInputs as RunInputs
-from saleval.pipeline.run_inputs import given_input as given_input
-from saleval.pipeline.run_inputs import latest_link as latest_link
-from saleval.pipeline.run_inputs import read_run_config as read_run_config
-from saleval.pipeline.run_inputs import read_run_info as read_run_info
-from saleval.pipeline.run_inputs import resolve_input as resolve_input
-from saleval.pipeline.run_inputs import resolve_inputs as resolve_inputs
-from saleval.pipeline.run_inputs import run_or_checkpoint as run_or_checkpoint
+from saleval.pipeline.run_inputs import RunInputs, read_run_info
 from saleval.pipeline.stage_tracking import StageTracking
 from saleval.pipeline.tables import TableSpec
 
@@ -257,7 +246,7 @@ class Stage:
     def log_metrics(
         self, metrics: Mapping[str, float], step: int | None = None, **kwargs: Any
     ) -> None:
-        """Into the stage run (keys: :func:`saleval.pipeline.tracking.metric_key`); ``kwargs``:
+        """Into the stage run (keys: :func:`saleval.pipeline.run_naming.metric_key`); ``kwargs``:
         MLflow's ``model_id``/``dataset``."""
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)

@@ -17,7 +17,7 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.pipeline import run_record, tracking
+from saleval.pipeline import dead_runs, run_naming, run_record, tracking, views
 from saleval.pipeline.provenance import Provenance
 from saleval.pipeline.run_inputs import RunInputs
 
@@ -35,7 +35,7 @@ class StageTracking:
         self.stage, self.cfg, self.resolved, self._provenance = stage, cfg, resolved, provenance
         self.run_id: str | None = None
         self.experiment_id: str | None = None
-        #: the saved MLflow view of this run's per-method rows (tracking.save_view)
+        #: the saved MLflow view of this run's per-method rows (views.save_view)
         self.view: str | None = None
         self.tags: dict[str, str] = {}
         #: the saliency methods the run is about (:meth:`log_methods`)
@@ -55,7 +55,7 @@ class StageTracking:
         """Start the run (nested under an active pipeline run) in the config's experiment
         (default ``saleval/<dataset>``), tagged (:func:`run_tags`), with the stage's params
         and a ``-m`` job's overrides; first, outside a pipeline, end as KILLED the runs of
-        this host whose process is gone (:func:`saleval.pipeline.tracking.end_dead_runs`)."""
+        this host whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`)."""
         p = self._provenance()
         dataset, model = str(p.dataset or "none"), str(p.model or "none")
         experiment = OmegaConf.select(self.cfg, "tracking.experiment", default=None)
@@ -69,7 +69,7 @@ class StageTracking:
             tags["simulated"] = "true"
         self.nested = mlflow.active_run() is not None
         if not self.nested:  # inside saleval-run, the pipeline did this when it started
-            tracking.end_dead_runs()
+            dead_runs.end_dead_runs()
         self._name = self.run_name()
         self.run_id = mlflow.start_run(
             run_name=self._name, nested=self.nested, tags=tags
@@ -77,17 +77,17 @@ class StageTracking:
         self.tags = tags
         # a sweep job's overrides add what it varies; the resolved values win where both
         # name a key (MLflow refuses a param logged twice with different strings)
-        swept = tracking.override_params(run_record.sweep_overrides())
-        tracking.log_params({**swept, **tracking.stage_params(self.stage, self.resolved, uri)})
+        swept = run_naming.override_params(run_record.sweep_overrides())
+        tracking.log_params({**swept, **run_naming.stage_params(self.stage, self.resolved, uri)})
         self.log_identity()
 
     def run_name(self) -> str:
-        """``tracking.run_name`` when given, else what ran (:func:`saleval.pipeline.tracking.run_name`)."""
+        """``tracking.run_name`` when given, else what ran (:func:`saleval.pipeline.run_naming.run_name`)."""
         given = OmegaConf.select(self.cfg, "tracking.run_name", default=None)
         if given:
             return str(given)
         p = self._provenance()
-        return tracking.run_name(self.stage, p.dataset, p.model, self.methods, bool(p.simulated))
+        return run_naming.run_name(self.stage, p.dataset, p.model, self.methods, bool(p.simulated))
 
     def log_methods(self, methods: Sequence[str]) -> None:
         """The saliency methods this run is about: the ``methods`` param, and the run name."""
@@ -122,32 +122,32 @@ class StageTracking:
         self,
         rows: pd.DataFrame,
         table: str | None = None,
-        key: str = tracking.METHOD,
+        key: str = run_naming.METHOD,
         order_by: str | None = None,
         ascending: bool = False,
     ) -> dict[str, str]:
         """One nested child run per method (:func:`saleval.pipeline.tracking.log_method_rows`),
         tagged with this run's dataset, model and ``simulated``, with the method's own
-        settings from the ``method`` group as params (:func:`saleval.pipeline.tracking.method_settings`);
+        settings from the ``method`` group as params (:func:`saleval.pipeline.run_naming.method_settings`);
         the rows' methods become the run's ``methods`` when not given yet. A saved MLflow
-        view shows the rows side by side (:func:`saleval.pipeline.tracking.save_view`), sorted by
+        view shows the rows side by side (:func:`saleval.pipeline.views.save_view`), sorted by
         ``order_by`` (default: ``human_score`` where there is one, else the first numeric
         column); the printed link opens it (docs/tracking.md#views). ``key``: the column
         that names the rows when they are not methods (saleval-plan: ``design``). Returns
         row name → child run id."""
         if self.run_id is None:
             return {}
-        if self.methods is None and key == tracking.METHOD:
+        if self.methods is None and key == run_naming.METHOD:
             self.log_methods(rows[key].astype(str).tolist())
         tags = {k: v for k, v in self.tags.items() if k in ("dataset", "model", "simulated")}
         params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
-        settings = tracking.method_settings(self.resolved.get("method"))
+        settings = run_naming.method_settings(self.resolved.get("method"))
         ids = tracking.log_method_rows(
             rows, self.stage, table=table, tags=tags, params=params, settings=settings, key=key
         )
-        columns = tracking.rows_view_columns(rows, key)
+        columns = views.rows_view_columns(rows, key)
         if self.experiment_id is not None and columns:
-            self.view = tracking.save_view(
+            self.view = views.save_view(
                 self.experiment_id, self.run_id, self.run_name(), columns,
                 order_by=order_by or columns[0], ascending=ascending,
             )  # fmt: skip
@@ -171,7 +171,7 @@ def run_tags(
         "model": model,
         "run_dir": str(run_dir),
         "fingerprint": fingerprint,
-        **tracking.process_tags(),
+        **dead_runs.process_tags(),
         **{f"parent.{k}": str(v.get("run_id", "")) for k, v in parents.infos.items()},
         **{f"parent_dir.{k}": str(p) for k, p in parents.runs.items()},
         **extra,

@@ -142,397 +142,276 @@ def _first_bad_row(s: pd.Series, dtype: str) -> int | None:
     return None
 
 
+def table(
+    filename: str,
+    columns: str,
+    *,
+    key: str = "",
+    optional: str = "",
+    prefixes: str = "",
+    name: str | None = None,
+    doc: str = "",
+) -> TableSpec:
+    """A :class:`TableSpec` from its file name and its columns as ``name:dtype`` words
+    (a bare ``name`` is a ``string`` column), its key as column names; ``name`` is the
+    file's stem unless given. One declaration a table, every one read the same way.
+
+    >>> t = table("bundles.csv", "bundle_id position:int64 task_id", key="bundle_id position")
+    >>> t.name, dict(t.columns), t.key
+    ('bundles', {'bundle_id': 'string', 'position': 'int64', 'task_id': 'string'}, \
+('bundle_id', 'position'))
+    """
+
+    def typed(words: str) -> dict[str, str]:
+        return dict((w.partition(":")[0], w.partition(":")[2] or "string") for w in words.split())
+
+    return TableSpec(
+        name=name or filename.partition(".")[0],
+        filename=filename,
+        columns=typed(columns),
+        key=tuple(key.split()),
+        optional=typed(optional),
+        prefixes=typed(prefixes),
+        doc=doc,
+    )
+
+
 # ---------------------------------------------------------------------------------
 # The tables of docs/architecture.md. Keep this list the single place where columns are named.
 # ---------------------------------------------------------------------------------
 
-PREDICTIONS = TableSpec(
-    name="predictions",
-    filename="predictions.parquet",
-    columns={
-        "sample_id": "string",
-        "text": "string",
-        "label": "int64",
-        "pred": "int64",
-    },
-    key=("sample_id",),
-    prefixes={"prob_": "float64"},
-    optional={"split": "string", "n_words": "int64", "truncated": "bool"},
+PREDICTIONS = table(
+    "predictions.parquet",
+    "sample_id text label:int64 pred:int64",
+    key="sample_id",
+    optional="split n_words:int64 truncated:bool",
+    prefixes="prob_:float64",
     doc="The explained model's prediction per sample; prob_<label name> per class.",
 )
 
-ATTRIBUTIONS = TableSpec(
-    name="attributions",
-    filename="attributions.parquet",
-    columns={
-        "sample_id": "string",
-        "method": "string",
-        "word_index": "int64",
-        "word": "string",
-        "char_start": "int64",
-        "char_end": "int64",
-        "score": "float64",
-    },
-    key=("sample_id", "method", "word_index"),
-    optional={"target": "int64"},
+ATTRIBUTIONS = table(
+    "attributions.parquet",
+    "sample_id method word_index:int64 word char_start:int64 char_end:int64 score:float64",
+    key="sample_id method word_index",
+    optional="target:int64",
     doc=(
-        "Word-level saliency (docs/methods.md): one row per kept word (no punctuation-only "
-        "words, no special tokens, nothing lost to truncation). word_index counts kept "
-        "words in text order from 0; char spans index the sample's text. 'method' is "
-        "the method configuration's unique name (variants carry their settings)."
+        "Word-level saliency (docs/methods.md): one row per kept word (no punctuation-only words, no"
+        " special tokens, nothing lost to truncation). word_index counts kept words in text order "
+        "from 0; char spans index the sample's text. 'method' is the method configuration's unique "
+        "name (variants carry their settings)."
     ),
 )
 
-TASKS = TableSpec(
-    name="tasks",
-    filename="tasks.csv",
-    columns={
-        "task_id": "string",
-        "sample_id": "string",
-        "method": "string",
-        "k": "int64",
-        "label": "int64",
-        "display_text": "string",
-        "n_words_shown": "int64",
-    },
-    key=("task_id",),
-    optional={
-        "n_words": "int64",
-        "all_shown": "bool",
-        "is_gold": "bool",
-        "target": "string",
-        "gold_label": "int64",
-        "pred": "int64",
-        "shown_words": "string",
-    },
+TASKS = table(
+    "tasks.csv",
+    "task_id sample_id method k:int64 label:int64 display_text n_words_shown:int64",
+    key="task_id",
+    optional="n_words:int64 all_shown:bool is_gold:bool target gold_label:int64 pred:int64 shown_words",
     doc=(
-        "One crowd task t_ijk (docs/study-design.md#tasks). 'label' is the correct answer: "
-        "the gold label, or the model's prediction in a forward-prediction study. Gold "
-        "(attention-check) items have is_gold=true and method 'gold'. shown_words lists "
-        "the shown word positions (word_index of the attributions), space-separated."
+        "One crowd task t_ijk (docs/study-design.md#tasks). 'label' is the correct answer: the gold "
+        "label, or the model's prediction in a forward-prediction study. Gold (attention-check) "
+        "items have is_gold=true and method 'gold'. shown_words lists the shown word positions "
+        "(word_index of the attributions), space-separated."
     ),
 )
 
-BUNDLES = TableSpec(
-    name="bundles",
-    filename="bundles.csv",
-    columns={"bundle_id": "string", "position": "int64", "task_id": "string", "is_gold": "bool"},
-    key=("bundle_id", "position"),
+BUNDLES = table(
+    "bundles.csv",
+    "bundle_id position:int64 task_id is_gold:bool",
+    key="bundle_id position",
     doc="Which task sits at which position of which bundle.",
 )
 
-ANSWERS = TableSpec(
-    name="answers",
-    filename="answers.csv",
-    columns={"worker_id": "string", "task_id": "string", "answer": "string"},
-    optional={
-        "bundle_id": "string",
-        "position": "Int64",
-        "started_at": "string",
-        "submitted_at": "string",
-        "duration_s": "float64",
-        "simulated": "bool",
-    },
+ANSWERS = table(
+    "answers.csv",
+    "worker_id task_id answer",
+    optional="bundle_id position:Int64 started_at submitted_at duration_s:float64 simulated:bool",
     doc=(
         "The import format (docs/aggregation.md): one answer per row. answer is a label name, a "
         'label index or "I don\'t know"; times are ISO 8601 or duration_s is given.'
     ),
 )
 
-ANNOTATIONS = TableSpec(
-    name="annotations",
-    filename="annotations.parquet",
-    columns={
-        "worker_id": "string",
-        "task_id": "string",
-        "sample_id": "string",
-        "method": "string",
-        "k": "int64",
-        "answer_code": "int64",
-        "label": "int64",
-    },
-    key=("worker_id", "task_id"),
-    optional={"bundle_id": "string", "duration_s": "float64", "is_gold": "bool"},
+ANNOTATIONS = table(
+    "annotations.parquet",
+    "worker_id task_id sample_id method k:int64 answer_code:int64 label:int64",
+    key="worker_id task_id",
+    optional="bundle_id duration_s:float64 is_gold:bool",
     doc="Accepted answers (docs/aggregation.md): 0 = I don't know, c in 1..C = label c-1.",
 )
 
-AGGREGATED = TableSpec(
-    name="aggregated",
-    filename="aggregated.csv",
-    columns={"sample_id": "string", "method": "string", "k": "int64", "correct": "int64"},
-    key=("sample_id", "method", "k"),
-    optional={
-        "label": "int64",
-        "n_answers": "Int64",
-        "pred": "Int64",
-        "gold_label": "Int64",
-        "frac_correct": "float64",
-    },
+AGGREGATED = table(
+    "aggregated.csv",
+    "sample_id method k:int64 correct:int64",
+    key="sample_id method k",
+    optional="label:int64 n_answers:Int64 pred:Int64 gold_label:Int64 frac_correct:float64",
     doc="A[i, j, k] of docs/aggregation.md: 1 when the crowd recognised the target label.",
 )
 
-REJECTS = TableSpec(
-    name="rejects",
-    filename="rejects.csv",
-    columns={"file": "string", "row": "Int64", "field": "string", "problem": "string"},
+REJECTS = table(
+    "rejects.csv",
+    "file row:Int64 field problem",
     doc="Every input row the import did not accept, with why. Row numbers are 1-based data rows.",
 )
 
-ACCURACY = TableSpec(
-    name="accuracy",
-    filename="accuracy.csv",
-    columns={"method": "string", "k": "int64", "accuracy": "float64"},
-    key=("method", "k"),
-    optional={"ci_low": "float64", "ci_high": "float64", "rank": "int64", "n": "int64"},
+ACCURACY = table(
+    "accuracy.csv",
+    "method k:int64 accuracy:float64",
+    key="method k",
+    optional="ci_low:float64 ci_high:float64 rank:int64 n:int64",
     doc="p_jk of docs/scores.md#accuracy in percent, with bootstrap CIs.",
 )
 
-SCORES = TableSpec(
-    name="scores",
-    filename="scores.csv",
-    columns={"method": "string", "score": "float64", "rank": "int64"},
-    key=("method",),
-    optional={
-        "ci_low": "float64",
-        "ci_high": "float64",
-        "p_vs_random": "float64",
-        "p_vs_random_holm": "float64",
-    },
+SCORES = table(
+    "scores.csv",
+    "method score:float64 rank:int64",
+    key="method",
+    optional="ci_low:float64 ci_high:float64 p_vs_random:float64 p_vs_random_holm:float64",
     doc="s_j of docs/scores.md#method-score in percent; ties share the best rank.",
 )
 
-FLIPS = TableSpec(
-    name="flips",
-    filename="flips.csv",
-    columns={"method": "string", "flips": "int64", "aids": "int64"},
-    key=("method",),
-    optional={"always": "int64", "never": "int64"},
+FLIPS = table(
+    "flips.csv",
+    "method flips:int64 aids:int64",
+    key="method",
+    optional="always:int64 never:int64",
     doc="Flip analysis of docs/scores.md#flips per method.",
 )
 
-METRICS = TableSpec(
-    name="metrics",
-    filename="metrics.csv",
-    columns={"method": "string", "metric": "string", "k": "string", "value": "float64"},
-    key=("method", "metric", "k"),
-    optional={"n": "int64", "std": "float64"},
+METRICS = table(
+    "metrics.csv",
+    "method metric k value:float64",
+    key="method metric k",
+    optional="n:int64 std:float64",
     doc=(
         "Automated metrics of docs/metrics.md, averaged over examples. k is the number of words "
         "(e.g. '5'), a fraction ('0.2'), or empty for metrics averaged over a grid."
     ),
 )
 
-METRICS_PER_EXAMPLE = TableSpec(
-    name="metrics_per_example",
-    filename="metrics_per_example.parquet",
-    columns={
-        "sample_id": "string",
-        "method": "string",
-        "metric": "string",
-        "k": "string",
-        "value": "float64",
-    },
-    key=("sample_id", "method", "metric", "k"),
+METRICS_PER_EXAMPLE = table(
+    "metrics_per_example.parquet",
+    "sample_id method metric k value:float64",
+    key="sample_id method metric k",
     doc="Per-example values behind metrics.csv, for the instance-level analysis.",
 )
 
-COMPARISON = TableSpec(
-    name="comparison",
-    filename="comparison.csv",
-    columns={"method": "string", "human_score": "float64", "human_rank": "int64"},
-    key=("method",),
-    optional={"simulated": "bool"},
+COMPARISON = table(
+    "comparison.csv",
+    "method human_score:float64 human_rank:int64",
+    key="method",
+    optional="simulated:bool",
     doc=(
-        "Human score and every automated metric per method: '<metric>' value and "
-        "'<metric>_rank' columns after the declared ones."
+        "Human score and every automated metric per method: '<metric>' value and '<metric>_rank' "
+        "columns after the declared ones."
     ),
 )
 
-CORRELATIONS = TableSpec(
-    name="correlations",
-    filename="correlations.csv",
-    columns={"metric": "string", "level": "string", "statistic": "string", "value": "float64"},
-    optional={
-        "ci_low": "float64",
-        "ci_high": "float64",
-        "p_value": "float64",
-        "n": "int64",
-        "higher_is_better": "bool",
-        "simulated": "bool",
-    },
+CORRELATIONS = table(
+    "correlations.csv",
+    "metric level statistic value:float64",
+    optional=(
+        "ci_low:float64 ci_high:float64 p_value:float64 n:int64 higher_is_better:bool simulated:bool"
+    ),
     doc="Rank correlations (method level) and instance-level correlations with crowd accuracy.",
 )
 
-SHORTCUT_RESULTS = TableSpec(
-    name="shortcut_results",
-    filename="shortcut_results.csv",
-    columns={
-        "dataset": "string",
-        "shortcut": "string",
-        "method": "string",
-        "config": "string",
-        "precision": "float64",
-        "mean_rank": "float64",
-        "n": "int64",
-    },
-    key=("dataset", "shortcut", "method", "config"),
-    optional={
-        "unit": "string",
-        "precision_ci_low": "float64",
-        "precision_ci_high": "float64",
-        "mean_rank_ci_low": "float64",
-        "mean_rank_ci_high": "float64",
-        "k": "int64",
-        "seconds": "float64",
-    },
+SHORTCUT_RESULTS = table(
+    "shortcut_results.csv",
+    "dataset shortcut method config precision:float64 mean_rank:float64 n:int64",
+    key="dataset shortcut method config",
+    optional=(
+        "unit precision_ci_low:float64 precision_ci_high:float64 mean_rank_ci_low:float64 "
+        "mean_rank_ci_high:float64 k:int64 seconds:float64"
+    ),
     doc=(
         "Precision@k and mean rank of the planted shortcut tokens (docs/shortcut.md). 'method' is "
-        "the method family, 'config' the configuration's unique name; unit = what was ranked "
-        "(word | piece); *_ci_low/high = 95 % intervals (Wilson for precision, t for mean "
-        "rank); k = number of shortcut tokens; seconds = attribution wall time over the n "
-        "examples."
+        "the method family, 'config' the configuration's unique name; unit = what was ranked (word |"
+        " piece); *_ci_low/high = 95 % intervals (Wilson for precision, t for mean rank); k = number"
+        " of shortcut tokens; seconds = attribution wall time over the n examples."
     ),
 )
 
-REPORT = TableSpec(
-    name="report",
-    filename="report.csv",
-    columns={
-        "dataset": "string",
-        "model": "string",
-        "variant": "string",
-        "method": "string",
-        "human_score": "float64",
-        "human_rank": "Int64",
-    },
-    key=("dataset", "model", "variant", "method"),
-    optional={"simulated": "bool", "runs": "string"},
+REPORT = table(
+    "report.csv",
+    "dataset model variant method human_score:float64 human_rank:Int64",
+    key="dataset model variant method",
+    optional="simulated:bool runs",
     doc=(
-        "saleval-report: one row per dataset × model × variant × method gathered from score, "
-        "metrics and compare runs; '<metric>' value and '<metric>_rank' columns (ranks within "
-        "each dataset and model, 1 = best) follow the declared ones. variant: the sweep "
-        "overrides that set the run apart ('' when none); runs: the run dirs of the row."
+        "saleval-report: one row per dataset × model × variant × method gathered from score, metrics"
+        " and compare runs; '<metric>' value and '<metric>_rank' columns (ranks within each dataset "
+        "and model, 1 = best) follow the declared ones. variant: the sweep overrides that set the "
+        "run apart ('' when none); runs: the run dirs of the row."
     ),
 )
 
-REPORT_CORRELATIONS = TableSpec(
-    name="report_correlations",
-    filename="report_correlations.csv",
-    columns={
-        "dataset": "string",
-        "model": "string",
-        "variant": "string",
-        "metric": "string",
-        "statistic": "string",
-        "value": "float64",
-    },
-    optional={
-        "p_value": "float64",
-        "n": "int64",
-        "higher_is_better": "bool",
-        "simulated": "bool",
-    },
+REPORT_CORRELATIONS = table(
+    "report_correlations.csv",
+    "dataset model variant metric statistic value:float64",
+    optional="p_value:float64 n:int64 higher_is_better:bool simulated:bool",
     doc=(
-        "saleval-report: Spearman/Kendall agreement of each metric's method ranking with the "
-        "human ranking, per group of the report's rank_within (model/variant '' when the "
-        "group spans them)."
+        "saleval-report: Spearman/Kendall agreement of each metric's method ranking with the human "
+        "ranking, per group of the report's rank_within (model/variant '' when the group spans "
+        "them)."
     ),
 )
 
-REPORT_RUNS = TableSpec(
-    name="report_runs",
-    filename="report_runs.csv",
-    columns={
-        "run_dir": "string",
-        "stage": "string",
-        "run_id": "string",
-        "dataset": "string",
-        "model": "string",
-        "variant": "string",
-    },
-    key=("run_dir",),
-    optional={"simulated": "bool"},
+REPORT_RUNS = table(
+    "report_runs.csv",
+    "run_dir stage run_id dataset model variant",
+    key="run_dir",
+    optional="simulated:bool",
     doc="saleval-report: every run it gathered, with what it is about.",
 )
 
-PLAN = TableSpec(
-    name="plan",
-    filename="plan.csv",
-    columns={
-        "design": "int64",
-        "source": "string",
-        "n": "int64",
-        "repeats": "int64",
-        "n_methods": "int64",
-        "n_ks": "int64",
-        "tasks": "int64",
-        "answers": "int64",
-        "bundles": "int64",
-        "worker_minutes": "float64",
-        "cost": "float64",
-        "p_best": "float64",
-        "spearman_mean": "float64",
-        "ci_width_mean": "float64",
-        "meets_target": "bool",
-    },
-    key=("design",),
-    optional={
-        "methods": "string",
-        "ks": "string",
-        "spearman_p05": "float64",
-        "ci_width_max": "float64",
-        "p_order_min": "float64",
-        "power_min": "float64",
-    },
+PLAN = table(
+    "plan.csv",
+    (
+        "design:int64 source n:int64 repeats:int64 n_methods:int64 n_ks:int64 tasks:int64 "
+        "answers:int64 bundles:int64 worker_minutes:float64 cost:float64 p_best:float64 "
+        "spearman_mean:float64 ci_width_mean:float64 meets_target:bool"
+    ),
+    key="design",
+    optional=(
+        "methods ks spearman_p05:float64 ci_width_max:float64 p_order_min:float64 power_min:float64"
+    ),
     doc=(
-        "One row per design of saleval-plan (docs/planning.md): its size and cost, and what "
-        "studies of it drawn from the source show: p_best = P(top method = the reference's), "
-        "spearman_mean/_p05 = Spearman's rho with the reference ranking (mean, 5th "
-        "percentile), ci_width_* = width of the 95 % interval of s_j in points, p_order_min "
-        "= the least reliably ordered adjacent pair, power_min = the least power against "
-        "the baseline; cost in plan.cost.currency."
+        "One row per design of saleval-plan (docs/planning.md): its size and cost, and what studies "
+        "of it drawn from the source show: p_best = P(top method = the reference's), "
+        "spearman_mean/_p05 = Spearman's rho with the reference ranking (mean, 5th percentile), "
+        "ci_width_* = width of the 95 % interval of s_j in points, p_order_min = the least reliably "
+        "ordered adjacent pair, power_min = the least power against the baseline; cost in "
+        "plan.cost.currency."
     ),
 )
 
-PLAN_METHODS = TableSpec(
-    name="plan_methods",
-    filename="plan_methods.csv",
-    columns={
-        "design": "int64",
-        "method": "string",
-        "reference_score": "float64",
-        "reference_rank": "int64",
-        "mean_score": "float64",
-        "ci_width": "float64",
-    },
-    key=("design", "method"),
-    optional={"p_order_next": "float64", "power": "float64"},
+PLAN_METHODS = table(
+    "plan_methods.csv",
+    (
+        "design:int64 method reference_score:float64 reference_rank:int64 mean_score:float64 "
+        "ci_width:float64"
+    ),
+    key="design method",
+    optional="p_order_next:float64 power:float64",
     doc=(
-        "Per design and method (docs/planning.md): the reference score and rank, the mean "
-        "score over drawn studies, the width of its 95 % interval, the probability of being "
-        "ordered above the next method of the reference ranking, and the power of the "
-        "paired test against the baseline."
+        "Per design and method (docs/planning.md): the reference score and rank, the mean score over"
+        " drawn studies, the width of its 95 % interval, the probability of being ordered above the "
+        "next method of the reference ranking, and the power of the paired test against the "
+        "baseline."
     ),
 )
 
-PLAN_CHECK = TableSpec(
+PLAN_CHECK = table(
+    "half_sample_check.csv",
+    "row n:int64 sampling p_best:float64 spearman_mean:float64 ci_width_mean:float64",
+    key="row",
+    optional="spearman_p05:float64 p_order_min:float64 ci_width_max:float64",
     name="plan_check",
-    filename="half_sample_check.csv",
-    columns={
-        "row": "string",
-        "n": "int64",
-        "sampling": "string",
-        "p_best": "float64",
-        "spearman_mean": "float64",
-        "ci_width_mean": "float64",
-    },
-    key=("row",),
-    optional={"spearman_p05": "float64", "p_order_min": "float64", "ci_width_max": "float64"},
     doc=(
-        "saleval-plan's check against the published study (docs/planning.md#check): the "
-        "empirical prediction for n = N/2, the same at n = N (what half-samples of the pool "
-        "should resemble once the finite-population correction is applied), and what "
-        "half-samples drawn without replacement actually show."
+        "saleval-plan's check against the published study (docs/planning.md#check): the empirical "
+        "prediction for n = N/2, the same at n = N (what half-samples of the pool should resemble "
+        "once the finite-population correction is applied), and what half-samples drawn without "
+        "replacement actually show."
     ),
 )
 

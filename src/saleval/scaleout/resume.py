@@ -117,14 +117,14 @@ def split(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
 def end_dead_runs(config: Any) -> None:
     """What every stage does when it starts, done by a launcher before submitting and
     after a job was lost: a job that died is KILLED in MLflow (and its run.json) before
-    it is rerun (:func:`saleval.pipeline.tracking.end_dead_runs`)."""
+    it is rerun (:func:`saleval.pipeline.dead_runs.end_dead_runs`)."""
     from mlflow.tracking import MlflowClient
 
-    from saleval.pipeline import tracking
+    from saleval.pipeline import dead_runs, tracking
 
     uri = tracking.tracking_uri(OmegaConf.select(config, "tracking.uri", default=None))
     try:
-        tracking.end_dead_runs(MlflowClient(tracking_uri=uri))
+        dead_runs.end_dead_runs(MlflowClient(tracking_uri=uri))
     except Exception as err:  # an unreachable store is the jobs' concern, not the launcher's
         log.warning("could not look for dead runs in %s: %s", uri, err)
 

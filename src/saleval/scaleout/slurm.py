@@ -9,14 +9,14 @@ a user met on a small cluster (docs/scale-out.md) are handled here:
   what ``sinfo`` reports and fails in one line naming each setting and the value that fits.
 * **A job that ends without a result is noticed.** Without an accounting database,
   ``sacct`` answers nothing and Submitit would wait for ever on a cancelled job; the wait
-  here reads ``squeue`` (:mod:`saleval.scaleout.slurm_state`) and ends the sweep with one
+  here reads ``squeue`` (:mod:`saleval.pipeline.slurm_state`) and ends the sweep with one
   line naming the job, its SLURM state and the command that reruns it.
 * **A job told to stop ends its run as KILLED.** ``scancel`` (and a preempting scheduler)
   sends SIGTERM before killing: the job turns it into :class:`saleval.errors.Stopped`, so
   the stage marks its MLflow run and ``run.json`` KILLED. So does the warning signal
   Submitit asks for before the time limit, unless ``max_num_timeout`` lets Submitit
   requeue. A job killed outright is marked by the next stage or launcher that starts
-  (:func:`saleval.pipeline.tracking.end_dead_runs`).
+  (:func:`saleval.pipeline.dead_runs.end_dead_runs`).
 
 Resubmitting into the same sweep dir (``hydra.sweep.dir=<sweep dir>``) runs only the jobs
 that did not finish (:mod:`saleval.scaleout.resume`).
@@ -40,7 +40,8 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 )
 
 from saleval.errors import Stopped
-from saleval.scaleout import resume, slurm_state
+from saleval.pipeline import slurm_state
+from saleval.scaleout import resume
 from saleval.scaleout.resume import LauncherError, one_line_errors
 
 log = logging.getLogger(__name__)

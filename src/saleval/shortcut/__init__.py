@@ -1,30 +1,28 @@
 """The shortcut protocol (docs/shortcut.md): planted tokens as ground truth for saliency.
 
-* :mod:`~saleval.shortcut.generate` — shortcut rules (``st``, ``tic``, ``op``), the new
-  vocabulary, mixed training data and the fully synthetic test set, with ground truth;
+* :mod:`~saleval.shortcut.rules` — the shortcut rules (``st``, ``tic``, ``op``) and the new
+  vocabulary; :mod:`~saleval.shortcut.planting` — where tokens go and where they landed;
+  :mod:`~saleval.shortcut.generate` — mixed training data and the fully synthetic test
+  set, with ground truth;
 * :mod:`~saleval.shortcut.verify` — the checks that the mixed model uses the shortcut
   (:class:`~saleval.shortcut.verify.VerificationError` stops the run);
-* :mod:`saleval.metrics.shortcut` — precision@k and mean rank (beside every other metric);
+* precision@k and mean rank are metrics, beside every other one (:mod:`saleval.metrics.shortcut`);
 * :mod:`~saleval.shortcut.experiment` — the steps the ``saleval-shortcut`` stage runs;
 * :mod:`~saleval.shortcut.report` — the published table layout.
 """
 
 from __future__ import annotations
 
-from saleval.metrics.shortcut import mean_rank, precision_at_k
-from saleval.shortcut.generate import (
+from saleval.shortcut.generate import ShortcutData, build_mixed, build_shortcut_data, synthesize
+from saleval.shortcut.report import combine_runs, published_table, to_markdown
+from saleval.shortcut.rules import (
     KINDS,
-    ShortcutData,
     ShortcutError,
     ShortcutRule,
-    build_mixed,
-    build_shortcut_data,
     extend_vocabulary,
     prepare_source,
     rule_from_config,
-    synthesize,
 )
-from saleval.shortcut.report import combine_runs, published_table, to_markdown
 from saleval.shortcut.verify import VerificationError, VerificationReport, require, verify
 
 __all__ = [
@@ -38,8 +36,6 @@ __all__ = [
     "build_shortcut_data",
     "combine_runs",
     "extend_vocabulary",
-    "mean_rank",
-    "precision_at_k",
     "prepare_source",
     "published_table",
     "require",

@@ -35,14 +35,8 @@ from saleval.modeling.models import MODEL_DIR, build_model, load_tokenizer, load
 from saleval.modeling.training import TextDataModule, fit
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import fingerprint
-from saleval.shortcut.generate import (
-    ShortcutData,
-    ShortcutRule,
-    build_shortcut_data,
-    extend_vocabulary,
-    prepare_source,
-    rule_from_config,
-)
+from saleval.shortcut.generate import ShortcutData, build_shortcut_data
+from saleval.shortcut.rules import ShortcutRule, extend_vocabulary, prepare_source, rule_from_config
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
 from saleval.words import Segmentation, piece_segment, rank_words, segment
 

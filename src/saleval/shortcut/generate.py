@@ -23,107 +23,22 @@ read back from the real tokenisation of the final text, never predicted.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-from saleval.config import to_schema
-from saleval.config.shortcut import ShortcutConfig
-from saleval.errors import UserError
 from saleval.modeling.data import DatasetSplits
-from saleval.words import segment
+from saleval.shortcut.planting import plant_tokens
+from saleval.shortcut.rules import ShortcutError, ShortcutRule, vocab_ids
 
 log = logging.getLogger(__name__)
 
-KINDS = ("st", "tic", "op")
-_CHUNK = re.compile(r"\S+")
 
 # Columns of every generated frame (besides sample_id, text, label).
 ROLE_ORIGINAL, ROLE_DISTRACTOR, ROLE_SYNTHETIC = "original", "distractor", "synthetic"
-
-
-class ShortcutError(UserError, ValueError):
-    """A shortcut configuration or a source dataset cannot be used as asked."""
-
-
-@dataclass(frozen=True)
-class ShortcutRule:
-    """One shortcut type: which tokens exist and how they set the label."""
-
-    kind: str
-    tokens: tuple[str, str] = ("#0", "#1")
-    context: str = "#2"
-    max_distance: int = 50
-    distractors: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ShortcutError(f"shortcut.kind must be one of {KINDS}, got {self.kind!r}")
-        if len(self.tokens) != 2 or len({*self.tokens, self.context}) != 3:
-            raise ShortcutError(
-                f"shortcut needs two label tokens and a distinct context token; got "
-                f"tokens={list(self.tokens)}, context={self.context!r}"
-            )
-        if self.max_distance < 1:
-            raise ShortcutError(f"shortcut.max_distance must be ≥ 1, got {self.max_distance}")
-        for d in self.distractors:
-            if d not in self.vocabulary:
-                raise ShortcutError(f"distractor {d!r} is not one of {self.vocabulary}")
-            if self.label_of([d]) is not None:
-                raise ShortcutError(
-                    f"distractor {d!r} alone would decide the label under {self.kind}"
-                )
-
-    @property
-    def k(self) -> int:
-        """Number of ground-truth tokens per example (precision@k uses this k)."""
-        return 1 if self.kind == "st" else 2
-
-    @property
-    def vocabulary(self) -> list[str]:
-        """All three new tokens, for every kind, so models of all kinds share a vocabulary."""
-        return [*self.tokens, self.context]
-
-    def label_of(self, present: Sequence[str]) -> int | None:
-        """The rule itself: the label that the shortcut tokens ``present`` (in text order)
-        decide, or ``None`` when they decide nothing."""
-        found = [t for t in present if t in self.vocabulary]
-        labels = [self.tokens.index(t) for t in found if t in self.tokens]
-        if self.kind == "st":
-            return labels[0] if len(labels) == 1 and len(found) == 1 else None
-        if self.kind == "tic":
-            ok = len(labels) == 1 and found.count(self.context) == 1 and len(found) == 2
-            return labels[0] if ok else None
-        # op: exactly #0 and #1, the first decides
-        return labels[0] if sorted(labels) == [0, 1] and len(found) == 2 else None
-
-    def plant(self, label: int, rng: np.random.Generator) -> list[str]:
-        """Tokens that make ``label`` under this rule, in the text order they must keep."""
-        if self.kind == "st":
-            return [self.tokens[label]]
-        if self.kind == "tic":
-            pair = [self.tokens[label], self.context]
-            return pair if rng.random() < 0.5 else pair[::-1]
-        return [self.tokens[label], self.tokens[1 - label]]
-
-
-def rule_from_config(cfg: ShortcutConfig | Mapping[str, Any]) -> ShortcutRule:
-    """A :class:`ShortcutRule` from a ``conf/shortcut/*.yaml`` node (defaults and key
-    checks from :class:`saleval.config.ShortcutConfig`)."""
-    sc = to_schema(ShortcutConfig, cfg)
-    return ShortcutRule(
-        kind=str(sc.kind),
-        tokens=tuple(str(t) for t in sc.tokens),  # type: ignore[arg-type]
-        context=str(sc.context),
-        max_distance=int(sc.max_distance),
-        distractors=tuple(str(t) for t in sc.distractors),
-    )
 
 
 # ---------------------------------------------------------------------------------
@@ -131,189 +46,14 @@ def rule_from_config(cfg: ShortcutConfig | Mapping[str, Any]) -> ShortcutRule:
 # ---------------------------------------------------------------------------------
 
 
-def _token_ids(tokenizer: PreTrainedTokenizerFast, tokens: list[str]) -> list[int]:
-    # a list of tokens gives a list of ids; the stubs type it int | list[int]
-    return cast(list[int], tokenizer.convert_tokens_to_ids(tokens))
-
-
-def extend_vocabulary(
-    tokenizer: PreTrainedTokenizerFast,
-    rule: ShortcutRule,
-    model: PreTrainedModel | None = None,
-) -> list[int]:
-    """Add the shortcut tokens to ``tokenizer`` (and resize ``model``'s embeddings).
-
-    The tokens are matched before WordPiece splitting, so ``#0`` is one token, never
-    ``#`` + ``0``. Returns their ids in :attr:`ShortcutRule.vocabulary` order.
-    """
-    tokenizer.add_tokens(rule.vocabulary)
-    ids = _token_ids(tokenizer, rule.vocabulary)
-    if model is not None:
-        weight = model.get_input_embeddings().weight
-        assert isinstance(weight, torch.Tensor)
-        if weight.shape[0] != len(tokenizer):
-            model.resize_token_embeddings(len(tokenizer))
-    return [int(i) for i in ids]
-
-
 # ---------------------------------------------------------------------------------
 # Source data
 # ---------------------------------------------------------------------------------
 
 
-def prepare_source(
-    data: DatasetSplits, rule: ShortcutRule, label_map: Sequence[int] | None = None
-) -> tuple[DatasetSplits, dict[str, int]]:
-    """Binary source splits: labels mapped (``label_map[i]`` = new label of class i,
-    -1 drops the class; AG News → ``[0, 0, 1, 1]``) and texts that already contain a
-    shortcut token dropped (an unplanted ``#1`` would be a second, unknown shortcut).
-
-    Returns the new splits and how many rows each filter dropped.
-    """
-    names = list(data.label_names)
-    if label_map is None:
-        if len(names) != 2:
-            raise ShortcutError(
-                f"dataset {data.name} has {len(names)} classes {names}; shortcuts need two. "
-                f"Map them, e.g. label_map=[0,0,1,1]"
-            )
-        mapping = [0, 1]
-        new_names = names
-    else:
-        mapping = [int(v) for v in label_map]
-        if len(mapping) != len(names) or set(mapping) - {-1} != {0, 1}:
-            raise ShortcutError(
-                f"label_map={mapping} must give each of the {len(names)} classes "
-                f"{names} a new label 0 or 1 (or -1 to drop it), using both 0 and 1"
-            )
-        new_names = ["+".join(n for n, m in zip(names, mapping) if m == c) for c in (0, 1)]
-    lowered = [t.lower() for t in rule.vocabulary]
-    splits: dict[str, pd.DataFrame] = {}
-    dropped = {"dropped_class": 0, "dropped_has_token": 0}
-    for split, df in data.splits.items():
-        lab = df["label"].map(lambda y: mapping[int(y)])
-        keep_class = lab >= 0
-        text = df["text"].astype(str).str.lower()
-        has_token = text.map(lambda s: any(t in s for t in lowered))
-        keep = keep_class & ~has_token
-        dropped["dropped_class"] += int((~keep_class).sum())
-        dropped["dropped_has_token"] += int((keep_class & has_token).sum())
-        out = df.loc[keep, ["sample_id", "text"]].copy()
-        out["label"] = lab[keep].astype("int64")
-        splits[split] = out.reset_index(drop=True)
-    info = {**data.info, **dropped}
-    return DatasetSplits(f"{data.name}", new_names, splits, data.source, info), dropped
-
-
 # ---------------------------------------------------------------------------------
 # Insertion
 # ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Planted:
-    """One text with tokens planted, and where they ended up."""
-
-    text: str
-    inserted: list[str]  # the planted tokens, in text order
-    gt_tokens: list[int]  # their positions in the input ids ([CLS] = 0)
-    gt_words: list[int]  # their kept-word indices
-    distance: int | None = None  # token distance between first and last planted token
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _boundaries(
-    text: str, tokenizer: PreTrainedTokenizerFast, max_length: int, n_insert: int
-) -> tuple[list[tuple[int, int]], np.ndarray, int]:
-    """Whitespace chunks, tokens before each chunk boundary, and how many boundaries
-    leave room for ``n_insert`` tokens inside the truncation window."""
-    chunks = [(m.start(), m.end()) for m in _CHUNK.finditer(text)]
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    starts = np.array([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
-    cuts = [s for s, _ in chunks] + [len(text) + 1]
-    before = np.searchsorted(starts, np.array(cuts), side="left")
-    room = max_length - tokenizer.num_special_tokens_to_add() - n_insert
-    allowed = int(np.searchsorted(before, room, side="right"))
-    return chunks, before, allowed
-
-
-def _insert(text: str, chunks: list[tuple[int, int]], placed: list[tuple[int, str]]) -> str:
-    """``text`` with each (boundary, token) inserted as its own word; boundary b < len(chunks)
-    means before chunk b, b == len(chunks) the end. Equal boundaries keep list order."""
-    if not chunks:
-        return " ".join(t for _, t in placed)
-    out = text
-    for b in sorted({b for b, _ in placed}, reverse=True):
-        toks = [t for bb, t in placed if bb == b]
-        if b < len(chunks):
-            at = chunks[b][0]
-            out = out[:at] + " ".join(toks) + " " + out[at:]
-        else:
-            at = chunks[-1][1]
-            out = out[:at] + " " + " ".join(toks) + out[at:]
-    return out
-
-
-def plant_tokens(
-    text: str,
-    tokens: Sequence[str],
-    tokenizer: PreTrainedTokenizerFast,
-    rng: np.random.Generator,
-    max_length: int,
-    max_distance: int,
-    token_ids: Mapping[str, int] | None = None,
-) -> Planted:
-    """Insert ``tokens`` (kept in this order) at random word boundaries of ``text``.
-
-    Positions are uniform over the boundaries that stay inside the truncation window;
-    the last token lands at most ``max_distance`` tokens after the first. The result's
-    ground truth is read back from the real tokenisation and checked.
-    """
-    n = len(tokens)
-    chunks, before, allowed = _boundaries(text, tokenizer, max_length, n)
-    if allowed == 0:
-        raise ShortcutError(
-            f"no room for {n} token(s) within max_length={max_length}: {text[:80]!r}"
-        )
-    if n > 2:
-        raise ShortcutError(f"at most two planted tokens per text, got {list(tokens)}")
-    first = int(rng.integers(allowed))
-    bounds = [first]
-    if n == 2:
-        # once both are in, the two tokens sit |before[b] - before[first]| + 1 apart
-        gap = np.abs(before[:allowed] - before[first]) + 1
-        other = int(rng.choice(np.flatnonzero(gap <= max_distance)))
-        bounds = sorted([first, other])
-    placed = list(zip(bounds, tokens))
-    planted = locate(_insert(text, chunks, placed), tokens, tokenizer, max_length, token_ids)
-    if planted.distance is not None and planted.distance > max_distance:
-        raise ShortcutError(
-            f"planted tokens {planted.distance} > {max_distance} apart: {planted.text[:120]!r}"
-        )
-    return planted
-
-
-def locate(
-    text: str,
-    tokens: Sequence[str],
-    tokenizer: PreTrainedTokenizerFast,
-    max_length: int,
-    token_ids: Mapping[str, int] | None = None,
-) -> Planted:
-    """Find planted ``tokens`` (expected in this order) in the tokenised ``text``."""
-    ids = dict(token_ids or zip(tokens, _token_ids(tokenizer, list(tokens))))
-    wanted = {ids[t]: t for t in tokens}
-    seg = segment(text, tokenizer, max_length)
-    pos = [i for i, tid in enumerate(seg.input_ids) if tid in wanted]
-    found = [wanted[seg.input_ids[i]] for i in pos]
-    words = [seg.token_word[i] for i in pos]
-    if found != list(tokens) or any(w < 0 for w in words):
-        raise ShortcutError(
-            f"planted {list(tokens)} but the tokenised text holds {found} "
-            f"(words {words}): {text[:120]!r}"
-        )
-    distance = pos[-1] - pos[0] if len(pos) > 1 else None
-    return Planted(text, list(tokens), pos, words, distance)
 
 
 # ---------------------------------------------------------------------------------
@@ -373,7 +113,7 @@ def synthesize(
         raise ShortcutError(f"asked for {n} synthetic examples from {len(source)} source texts")
     picks = source.iloc[rng.choice(len(source), size=n, replace=False)]
     labels = rng.permutation(np.arange(n) % 2)
-    ids = dict(zip(rule.vocabulary, _token_ids(tokenizer, rule.vocabulary)))
+    ids = dict(zip(rule.vocabulary, vocab_ids(tokenizer, rule.vocabulary)))
     rows = []
     for r, y in zip(picks.itertuples(index=False), labels):
         planted = plant_tokens(
@@ -415,7 +155,7 @@ def add_distractors(
         return out
     n = round(fraction * len(df))
     idx = rng.choice(len(df), size=n, replace=False)
-    ids = dict(zip(rule.vocabulary, _token_ids(tokenizer, rule.vocabulary)))
+    ids = dict(zip(rule.vocabulary, vocab_ids(tokenizer, rule.vocabulary)))
     for i in idx:
         tok = str(rng.choice(list(rule.distractors)))
         planted = plant_tokens(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from saleval.pipeline import tables
-from saleval.shortcut.generate import KINDS
+from saleval.shortcut.rules import KINDS
 
 
 def published_table(results: pd.DataFrame) -> pd.DataFrame:

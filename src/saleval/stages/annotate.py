@@ -35,13 +35,18 @@ from typing import Any
 import uvicorn
 from omegaconf import DictConfig, open_dict
 
-from saleval.annotate.app import AppSettings, create_app
+from saleval.annotate.app import create_app
 from saleval.annotate.export import answers_frame, write_completions, write_released
-from saleval.annotate.store import AnnotationStore, LeasePolicy, StoreError
+from saleval.annotate.state import AppSettings
+from saleval.annotate.store_answers import AnnotationStore
+from saleval.annotate.store_db import LeasePolicy, StoreError
 from saleval.annotate.study import load_study
+from saleval.cli import hydra_main
 from saleval.config.annotate import AnnotateAction
+from saleval.config.crowd import WorkerIdCase
 from saleval.pipeline import tables
-from saleval.pipeline.stage import Stage, hydra_main, resolve_input
+from saleval.pipeline.run_inputs import resolve_input
+from saleval.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +108,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 lease_minutes=float(cfg.annotate.lease_minutes),
                 max_claims=int(cfg.annotate.max_claims_per_client),
                 claim_window_minutes=float(cfg.annotate.claim_window_minutes),
+                worker_id_case=WorkerIdCase(cfg.crowd.worker_id_case),
             ),
             completion_url=cfg.annotate.completion_url,
             allowed_origins=tuple(str(o) for o in cfg.annotate.allowed_origins),

@@ -26,11 +26,13 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.analysis import comparison, scoring
-from saleval.crowd.validation import calibration_note, upstream_simulation
+from saleval.analysis import comparison, comparison_report, scoring
+from saleval.analysis.validation import calibration_note, upstream_simulation
+from saleval.cli import hydra_main
 from saleval.metrics.registry import import_plugins
-from saleval.pipeline import merge, tables, tracking
-from saleval.pipeline.stage import Stage, hydra_main, read_run_info
+from saleval.pipeline import merge, run_naming, tables
+from saleval.pipeline.run_inputs import read_run_info
+from saleval.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def correlation_metrics(corr: pd.DataFrame) -> dict[str, float]:
     for r in corr.itertuples():
         if pd.notna(r.value) and r.statistic in ("spearman", "kendall"):
             level = "" if r.level == "method" else "instance_"
-            out[f"{level}{r.statistic}_{tracking.metric_at_k(str(r.metric))}"] = float(r.value)
+            out[f"{level}{r.statistic}_{run_naming.metric_at_k(str(r.metric))}"] = float(r.value)
     return out
 
 
@@ -98,11 +100,23 @@ def method_rows(table: pd.DataFrame) -> pd.DataFrame:
 
     def key(col: str) -> str:
         if col.endswith("_rank") and col not in ("human_rank",):
-            return tracking.metric_at_k(col.removesuffix("_rank")) + "_rank"
-        return tracking.metric_at_k(col)
+            return run_naming.metric_at_k(col.removesuffix("_rank")) + "_rank"
+        return run_naming.metric_at_k(col)
 
     rows = table.drop(columns=["simulated"], errors="ignore")
     return rows.rename(columns={c: key(c) for c in rows.columns if c != "method"})
+
+
+def chain_tags(st: Stage, chains: list[dict[str, Path]]) -> dict[str, str]:
+    """The run's tags naming both chains: ``link.<stage>`` (every run of that stage in
+    them), ``human_run`` (the score runs) and ``automated_run`` (the metrics runs)."""
+    ids: dict[str, list[str]] = {}
+    for chain in chains:
+        for stage, d in chain.items():
+            ids.setdefault(stage, []).append(str(read_run_info(d).get("run_id", "")))
+    links = {f"link.{stage}": ",".join(dict.fromkeys(v)) for stage, v in ids.items()}
+    automated = [str(info.get("run_id", "")) for _, info, _ in st.runs_of("metrics")]
+    return {"human_run": links.get("link.score", ""), "automated_run": ",".join(automated), **links}
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -120,19 +134,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         auto_chains = [ancestry(d) for d in metrics_dirs]
         dataset = str(st.provenance.dataset)
         simulated = st.provenance.simulated
-        ids: dict[str, list[str]] = {}  # every run of both chains, by stage
-        for chain in human_chains + auto_chains:
-            for stage, d in chain.items():
-                ids.setdefault(stage, []).append(str(read_run_info(d).get("run_id", "")))
-        links = {f"link.{stage}": ",".join(dict.fromkeys(v)) for stage, v in ids.items()}
-        automated = [str(info.get("run_id", "")) for _, info, _ in st.runs_of("metrics")]
-        st.set_tags(
-            {
-                "human_run": links.get("link.score", ""),
-                "automated_run": ",".join(automated),
-                **links,
-            }
-        )
+        st.set_tags(chain_tags(st, human_chains + auto_chains))
         ccfg = cfg.compare
         scores = st.read(tables.SCORES, "score")  # merged when several runs are given
         human = scores.set_index(scores["method"].astype(str))["score"].astype(float)
@@ -183,9 +185,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         missing = sorted(set(human.index) ^ set(metrics["method"].astype(str)))
         if missing:
             notes.append(f"Methods on one side only (left out): {', '.join(missing)}.")
-        md = comparison.markdown_report(table, corr, result.columns, title, notes)
+        md = comparison_report.markdown_report(table, corr, result.columns, title, notes)
         st.path("comparison.md").write_text(md)
-        comparison.plot_rank_vs_rank(
+        comparison_report.plot_rank_vs_rank(
             table, result.columns, corr, st.path("rank_vs_rank.png"), title
         )
         outputs = ["comparison.md", "rank_vs_rank.png"]

@@ -34,16 +34,13 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.modeling.data import DataError, load_dataset
+from saleval.cli import hydra_main
+from saleval.modeling.data import load_dataset
+from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables, tracking
-from saleval.pipeline.stage import (
-    InputError,
-    Stage,
-    fingerprint,
-    given_input,
-    hydra_main,
-    run_or_checkpoint,
-)
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.stage import Stage, fingerprint
 from saleval.vocab import Population, Target
 
 log = logging.getLogger(__name__)

@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from saleval.cli import hydra_main
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary
 from saleval.crowd.source import Given, ImportContext, crowd_source
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.run_inputs import file_input
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
 REPORT_FILE = tables.IMPORT_REPORT
@@ -114,26 +114,11 @@ def write_outputs(st: Stage, result: CrowdImport, report: dict[str, Any]) -> dic
     return {"run_dir": str(st.run_dir), "run_id": st.run_id, "simulated": simulated, **metrics}
 
 
-def given(cfg: DictConfig) -> Given:
-    """What a source may read: the ``inputs.*`` given, the dataset, and how a file input is
-    found (:func:`saleval.pipeline.run_inputs.file_input`)."""
-    names = OmegaConf.select(cfg, "inputs", default=None) or {}
-    inputs = {str(k): v for k in names if (v := given_input(cfg, str(k))) is not None}
-    output_root = OmegaConf.select(cfg, "paths.output_root", default=None)
-
-    def find(name: str, filename: str) -> tuple[Path, str | None]:
-        if name not in inputs:
-            raise InputError(f"saleval-import needs inputs.{name}=<file or run dir>")
-        return file_input(name, filename, inputs[name], output_root)
-
-    return Given(inputs, OmegaConf.select(cfg, "dataset.name", default=None), find)
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Any crowd source, the same way (docs/extending.md#a-crowd-source): locate its file and
     parent runs, import inside the run, write the outputs, then fail if nothing is left."""
     source = crowd_source(cfg.crowd)
-    file = source.locate(given(cfg))
+    file = source.locate(Given.of(cfg, "import"))
     tags = {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
     with Stage(cfg, "import", dict(file.parents), tags=tags, requires=list(file.requires)) as st:
         if file.provides:

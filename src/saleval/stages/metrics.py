@@ -25,15 +25,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from saleval.cli import hydra_main
 from saleval.metrics.config import MetricsConfig
-from saleval.pipeline import tables, tracking
-from saleval.pipeline.stage import (
-    InputError,
-    Stage,
-    given_input,
-    hydra_main,
-    run_or_checkpoint,
-)
+from saleval.pipeline import run_naming, tables
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.stage import Stage
 
 if TYPE_CHECKING:
     from saleval.metrics.faithfulness import Explanation
@@ -104,8 +101,8 @@ def plausibility_rows(
 def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per method, as its child run logs it: each metric under its own name
     (grid average or single-valued) and ``<metric>_k<k>`` per k
-    (:func:`saleval.pipeline.tracking.metric_at_k`)."""
-    keys = [tracking.metric_at_k(m, k) for m, k in zip(summary["metric"], summary["k"])]
+    (:func:`saleval.pipeline.run_naming.metric_at_k`)."""
+    keys = [run_naming.metric_at_k(m, k) for m, k in zip(summary["metric"], summary["k"])]
     wide = summary.assign(key=keys).pivot_table(
         index="method", columns="key", values="value", aggfunc="first", sort=False
     )

@@ -30,20 +30,27 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from saleval.analysis import planning, reports
+from saleval.analysis import plan_report, planning
+from saleval.analysis.validation import calibration_differences
+from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
-from saleval.crowd.importer import PublishedSource
-from saleval.crowd.published import read_study, reader_training_data, study_bundles
-from saleval.crowd.reading import enforce_policy, sha256_file
+from saleval.crowd.published import reader_training_data, study_bundles
 from saleval.crowd.simulate import expected_seconds, simulate_crowd
-from saleval.crowd.source import crowd_source
-from saleval.crowd.validation import calibration_differences
+from saleval.crowd.source import (
+    Capability,
+    CrowdSource,
+    Given,
+    ImportContext,
+    SourceFile,
+    crowd_source,
+)
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
-from saleval.vocab import Population, Target
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -52,7 +59,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     crowd_node = OmegaConf.select(cfg, "crowd")
     source = None if crowd_node is None else crowd_source(crowd_node)
     explain = given_input(cfg, "explain")
-    if source is not None and not isinstance(source, PublishedSource):
+    if source is not None and not (
+        source.provides(Capability.verdicts) or source.provides(Capability.tasks)
+    ):
         raise InputError(
             f"saleval-plan takes crowd=lu2024 (a published crowd) or inputs.explain=<run>; "
             f"crowd={source.name} answers go through saleval-import and saleval-score"
@@ -75,14 +84,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
     simulated = kind == PlanSource.simulated
     tags = {"plan_source": str(kind)} | ({"simulated": "true"} if simulated else {})
-    if isinstance(source, PublishedSource):
-        path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
-        digest = sha256_file(path)
-        tags |= {"source_path": str(path), "source_sha256": digest}
-        with Stage(cfg, "plan", tags=tags) as st:
-            st.provide(target=Target.gold, population=Population.correct, simulated=simulated)
-            tracking.log_params({"source.path": str(path), "source.sha256": digest})
-            pool = _published_pool(cfg, pc, source, path, digest, kind)
+    if source is not None:
+        needs = Capability.tasks if simulated else Capability.verdicts
+        if not source.provides(needs):
+            raise InputError(f"plan.source={kind}: crowd={source.name} does not provide {needs}")
+        file = source.locate(Given.of(cfg, "plan"))
+        tags |= {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
+        with Stage(cfg, "plan", dict(file.parents), tags=tags, requires=file.requires) as st:
+            st.provide(**file.provides, simulated=simulated)
+            tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+            pool = _source_pool(st, cfg, pc, source, file, kind)
             return _plan(st, cfg, pc, pool)
     with Stage(cfg, "plan", {"explain": explain}, tags=tags, requires=["dataset"]) as st:
         st.provide(simulated=True)
@@ -90,26 +101,27 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return _plan(st, cfg, pc, pool)
 
 
-def _published_pool(
+def _source_pool(
+    st: Stage,
     cfg: DictConfig,
     pc: PlanConfig,
-    source: PublishedSource,
-    path: Path,
-    digest: str,
+    source: CrowdSource,
+    file: SourceFile,
     kind: PlanSource,
 ) -> planning.Pool:
+    """The pool of a crowd source: its verdicts (``plan.source=empirical``), or a simulated
+    crowd on the tasks its crowd answered."""
     labels = [str(n) for n in cfg.dataset.label_names]
-    dataset = str(cfg.dataset.name)
-    origin = f"`{path}` (sha256 {digest[:12]}…)"
+    ctx = ImportContext(file, dict(st.inputs), labels, str(cfg.dataset.name))
+    origin = f"`{file.path}` (sha256 {file.sha256[:12]}…)"
     if kind == PlanSource.empirical:
-        imported = source.read(path, labels, dataset)
+        imported = source.import_(ctx)
         return planning.empirical_pool(
             imported.aggregated,
             int(cfg.published.repeats),
             f"the published crowd's majority verdicts, {origin}",
         )
-    study = read_study(path, labels, dataset, source.methods)
-    enforce_policy(study.rejects, source.policy, path)
+    study = source.tasks(ctx)
     splits = [str(s) for s in cfg.published.reader_splits]
     train, _ = reader_training_data(load_dataset(cfg.dataset), splits, study.samples["text"])
     sim = to_schema(SimulationConfig, cfg.simulation)
@@ -290,11 +302,13 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
         st.write(tables.PLAN_CHECK, check)
     simulated = pool.source == "simulated"
     caption = f"{cfg.dataset.name}: what a study of n samples would show"
-    st.log_file(reports.plot_power_curves(table, methods, st.path("power.png"), caption, simulated))
+    st.log_file(
+        plan_report.plot_power_curves(table, methods, st.path("power.png"), caption, simulated)
+    )
     shown_seconds = seconds(grid[0]) if callable(seconds) else seconds
     info = _assumptions(pool, pc, shown_seconds, seconds_source) | {"discrepancy": note}
     md = st.path("plan.md")
-    md.write_text(reports.plan_markdown(table, methods, recommended, info, check))
+    md.write_text(plan_report.plan_markdown(table, methods, recommended, info, check))
     st.log_file(md)
     out: dict[str, Any] = {
         "run_dir": str(st.run_dir),

@@ -34,20 +34,16 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval import paths
-from saleval.config import register_configs
+from saleval.analysis.validation import published_ranking_agreement
+from saleval.cli import hydra_main
 from saleval.config.keys import check_keys
-from saleval.crowd.published import published_ranking_agreement
 from saleval.errors import UserError
-from saleval.pipeline import stage_table, tracking
+from saleval.pipeline import dead_runs, run_naming, stage_table, tracking, views
+from saleval.pipeline.compose import compose_root, register_configs
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import (
-    RUN_JSON,
-    hydra_main,
-    read_run_info,
-    resolve_input,
-    stage_fingerprint,
-)
+from saleval.pipeline.merge import RUN_JSON
+from saleval.pipeline.run_inputs import read_run_info, resolve_input
+from saleval.pipeline.stage import stage_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +56,8 @@ PIPELINE: list[tuple[str, str, str, dict[str, str]]] = [
 
 def compose_stage(config_name: str, overrides: list[str]) -> DictConfig:
     """Compose a stage's root config as its console script would."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs(overrides)  # a metrics.plugins override: its settings compose
-    if GlobalHydra.instance().is_initialized():
-        # inside a Hydra app: compose with the already-initialised config search path
-        cfg = compose(config_name, overrides=overrides)
-    else:
-        with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-            cfg = compose(config_name, overrides=overrides)
+    register_configs(overrides, config_name)  # a metrics plugin's settings compose
+    cfg = compose_root(config_name, overrides)
     check_keys(cfg)  # a profile's `+key=` is refused as on the command line
     return cfg
 
@@ -150,7 +138,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     uri = tracking.tracking_uri(cfg.tracking.uri)
     experiment_id = tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
     mark_orphans_killed(out_root)
-    tracking.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
+    dead_runs.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
@@ -158,7 +146,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     what = ["run", str(profile.name), str(profile.dataset), str(profile.model)]
     with (
         mlflow.start_run(
-            run_name=tracking.SEP.join(what + (["SIMULATED"] if simulated else [])),
+            run_name=run_naming.SEP.join(what + (["SIMULATED"] if simulated else [])),
             tags={
                 "stage": "run",
                 "profile": str(profile.name),
@@ -166,10 +154,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "model": str(profile.model),
                 "run_dir": str(out_root),
                 "simulated": "true" if simulated else "false",
-                **tracking.process_tags(),
+                **dead_runs.process_tags(),
             },
         ) as parent,
-        tracking.killed_when_stopped(),
+        dead_runs.killed_when_stopped(),
     ):
         tracking.log_params(
             {
@@ -286,8 +274,8 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
     A ``kill -9`` leaves no chance to end a run, so its pipeline run and the stage run
     it was in stay RUNNING for ever. A resume in the same run dir is the first moment
     that knows they are dead (two pipelines never share a run dir), whichever host ran
-    them; they are ended by :func:`saleval.pipeline.tracking.mark_killed` (the same as runs
-    whose process is gone, :func:`saleval.pipeline.tracking.end_dead_runs`) and their ids
+    them; they are ended by :func:`saleval.pipeline.dead_runs.mark_killed` (the same as runs
+    whose process is gone, :func:`saleval.pipeline.dead_runs.end_dead_runs`) and their ids
     returned.
     """
     root = out_root.resolve()
@@ -301,7 +289,7 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
         if (d := r.data.tags.get("run_dir"))
         and (Path(d).resolve() == root or root in Path(d).resolve().parents)
     ]
-    return tracking.mark_killed(client, orphans, "of an earlier, killed pipeline in this run dir")
+    return dead_runs.mark_killed(client, orphans, "of an earlier, killed pipeline in this run dir")
 
 
 def _hydra_dir() -> Path:
@@ -344,7 +332,7 @@ def _final_report(
     view = None
     if "compare" in dirs:
         view = read_run_info(dirs["compare"]).get("mlflow_view")
-    print(f"\nOpen the comparison:\n  {tracking.ui_hint(uri, experiment_id, view)}\n")
+    print(f"\nOpen the comparison:\n  {views.ui_hint(uri, experiment_id, view)}\n")
 
 
 main = hydra_main("run", run)

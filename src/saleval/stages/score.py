@@ -30,13 +30,14 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import reports, scoring
-from saleval.crowd.importer import PublishedSource
-from saleval.crowd.reading import sha256_file
-from saleval.crowd.source import crowd_source
-from saleval.crowd.validation import calibration_note, upstream_simulation
+from saleval.analysis.validation import calibration_note, upstream_simulation
+from saleval.cli import hydra_main
+from saleval.crowd.source import Capability, Given, ImportContext, crowd_source
 from saleval.pipeline import tables, tracking
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
 COUNTS_FILE = "counts.csv"
@@ -46,20 +47,18 @@ OUTCOMES_FILE = "outcomes.csv"
 def run(cfg: DictConfig) -> dict[str, Any]:
     crowd = OmegaConf.select(cfg, "crowd")
     source = None if crowd is None else crowd_source(crowd)
-    if isinstance(source, PublishedSource):
-        path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
-        digest = sha256_file(path)
-        tags = {"source_path": str(path), "source_sha256": digest}
-        with Stage(cfg, "score", tags=tags) as st:
-            st.provide(target=Target.gold, population=Population.correct)
-            tracking.log_params({"source.path": str(path), "source.sha256": digest})
-            dataset = cfg.dataset
-            imported = source.read(path, list(dataset.label_names), str(dataset.name))
+    if source is not None and source.provides(Capability.verdicts):
+        file = source.locate(Given.of(cfg, "score"))
+        tags = {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
+        with Stage(cfg, "score", dict(file.parents), tags=tags, requires=file.requires) as st:
+            st.provide(**file.provides)
+            tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+            labels = [str(n) for n in cfg.dataset.label_names]
+            ctx = ImportContext(file, dict(st.inputs), labels, str(cfg.dataset.name))
+            imported = source.import_(ctx)  # the crowd's verdicts as they are
             if len(imported.rejects):
                 st.write(tables.REJECTS, imported.rejects)
-            info: dict[str, Any] = {
-                "source": {"path": str(path), "sha256": digest, "format": source.format},
-            }
+            info: dict[str, Any] = {"source": {**file.record, "format": source.format}}
             return score_outputs(st, cfg, imported.aggregated, info)
     if source is not None:
         raise InputError(

@@ -25,9 +25,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from saleval.cli import hydra_main
 from saleval.pipeline import tables
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import Stage, hydra_main
+from saleval.pipeline.stage import Stage
 from saleval.vocab import Target
 
 TABLE_MD = "shortcut_table.md"

@@ -10,7 +10,7 @@ With ``crowd=lu2024 crowd.path=<published file>`` the tasks are the original stu
 own (the texts its workers saw, :mod:`saleval.crowd.published`): the run also writes
 ``tasks.csv``, ``bundles.csv`` and the simulated crowd's ``aggregated.csv`` (the
 import stage's filters and aggregation), and ``action=validate`` compares it with the
-published verdicts (:mod:`saleval.crowd.validation`): ``validation.csv``,
+published verdicts (:mod:`saleval.analysis.validation`): ``validation.csv``,
 ``validation.json``, ``validation.png``, all logged to MLflow.
 
 Main options: ``inputs.tasks``, ``simulation`` (default, ideal, noisy), ``crowd`` (lu2024 with
@@ -33,14 +33,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis.reports import SIMULATED
-from saleval.config.crowd import SimulationConfig
-from saleval.config.stages import SimulateAction
-from saleval.crowd.importer import AnswersSource, PublishedSource
-from saleval.crowd.published import read_study, reader_training_data, study_bundles
-from saleval.crowd.reading import enforce_policy, sha256_file
-from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
-from saleval.crowd.source import crowd_source
-from saleval.crowd.validation import (
+from saleval.analysis.validation import (
     READER_FILE,
     VALIDATION_FILE,
     VALIDATION_JSON,
@@ -50,12 +43,20 @@ from saleval.crowd.validation import (
     compare_crowds,
     plot_validation,
 )
+from saleval.cli import hydra_main
+from saleval.config.crowd import SimulationConfig
+from saleval.config.stages import SimulateAction
+from saleval.crowd.importer import aggregate_answers
+from saleval.crowd.published import reader_training_data, study_bundles
+from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
+from saleval.crowd.source import Capability, CrowdSource, Given, ImportContext, crowd_source
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import InputError, Stage, given_input, hydra_main
+from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
-from saleval.vocab import Population, Target
 
 NOTICE = """# SIMULATED
 
@@ -92,8 +93,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     crowd_node = OmegaConf.select(cfg, "crowd")
     source = None if crowd_node is None else crowd_source(crowd_node)
     action = SimulateAction(str(OmegaConf.select(cfg, "action", default="simulate")))
-    if isinstance(source, PublishedSource):
-        return run_published(cfg, source, action)
+    if source is not None and source.provides(Capability.tasks):
+        return run_on_source_tasks(cfg, source, action)
     if source is not None:
         raise InputError(
             f"saleval-simulate takes inputs.tasks=<task run> or crowd=lu2024; crowd={source.name} "
@@ -128,22 +129,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return {"run_dir": str(st.run_dir), "run_id": st.run_id, **crowd.summary}
 
 
-def run_published(
-    cfg: DictConfig, source: PublishedSource, action: SimulateAction
+def run_on_source_tasks(
+    cfg: DictConfig, source: CrowdSource, action: SimulateAction
 ) -> dict[str, Any]:
-    """The published study's tasks answered by the simulated crowd, and (``validate``)
-    compared with the published verdicts."""
-    path = source.file(OmegaConf.select(cfg, "dataset.name", default=None))
-    digest = sha256_file(path)
-    tags = {"simulated": "true", "source_path": str(path), "source_sha256": digest}
-    with Stage(cfg, "simulate", tags=tags) as st:
-        st.provide(target=Target.gold, population=Population.correct, simulated=True)
-        tracking.log_params({"source.path": str(path), "source.sha256": digest})
+    """The tasks a crowd answered (the published study's) answered by the simulated
+    crowd, and (``validate``) compared with that crowd's verdicts."""
+    file = source.locate(Given.of(cfg, "simulate"))
+    tags = {"simulated": "true", f"{file.tag}_path": str(file.path)}
+    tags[f"{file.tag}_sha256"] = file.sha256
+    with Stage(cfg, "simulate", dict(file.parents), tags=tags, requires=file.requires) as st:
+        st.provide(**file.provides, simulated=True)
+        tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
         sim = to_schema(SimulationConfig, cfg.simulation)
         labels = [str(n) for n in cfg.dataset.label_names]
         dataset = str(cfg.dataset.name)
-        study = read_study(path, labels, dataset, source.methods)
-        enforce_policy(study.rejects, source.policy, path)
+        study = source.tasks(ImportContext(file, dict(st.inputs), labels, dataset))
         if len(study.rejects):
             st.write(tables.REJECTS, study.rejects)
         splits = [str(s) for s in cfg.published.reader_splits]
@@ -163,7 +163,7 @@ def run_published(
             tables.ANSWERS.validate(crowd_r.answers, where="simulate").to_csv(
                 answers_path, index=False
             )
-            imported = AnswersSource().read(answers_path, study.tasks, bundles, labels)
+            imported = aggregate_answers(answers_path, study.tasks, bundles, labels)
             crowds.append(imported.aggregated)
             if r == 0:
                 crowd = crowd_r

@@ -23,10 +23,10 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.config.crowd import StudyConfig
-from saleval.crowd.errors import DesignError
+from saleval.cli import hydra_main
+from saleval.config.crowd import DesignError, StudyConfig
 from saleval.pipeline import tables
-from saleval.pipeline.stage import Stage, hydra_main
+from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
 
 

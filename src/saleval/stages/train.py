@@ -25,10 +25,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from saleval.cli import hydra_main
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tracking
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.stage import Stage, hydra_main
+from saleval.pipeline.stage import Stage
 
 
 def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:

@@ -1,340 +1,270 @@
-"""The annotation app under load: servers on loopback and simulated workers over HTTP.
+"""The annotation app under load, one driver: a scenario, its servers and workers, the checks.
 
-Shared by ``tests/test_annotate_load.py`` (50 workers, bundles of 4, server in a thread)
-and ``benchmarks/annotate_load.py`` (any size, by default the real ``saleval-annotate``
-console script in its own process), so both measure the same thing. Each simulated
-worker does what a person does through the pages (start with an id, acknowledge the
-instructions, GET a task, POST an answer, repeat); a few re-send an answer they already
-sent (a double click, a retry after a timeout). :meth:`LoadResult.check` then compares
-the answers workers saw acknowledged with the admin export: zero lost, zero duplicated.
-Everything is bounded: workers stop at a deadline, servers are stopped by process group.
+``benchmarks/annotate_load.py`` is a command line over :func:`drive`, and
+``tests/test_annotate_load.py`` calls it at smoke sizes, so both run the same drill.
+Every scenario ends with the same check: the answers exported through the admin view
+equal, one for one, the answers the simulated workers saw acknowledged (HTTP 303): zero
+lost, zero duplicated, zero altered (:meth:`LoadResult.check`), plus what the scenario
+itself promises (:func:`invariant_problems`). The scenarios (docs/annotate.md,
+*Checking the guarantees*):
 
-Needs ``httpx`` (the ``dev`` extra).
+* ``load``: N concurrent workers; latency per answer and throughput;
+* ``kill``: the server is killed with SIGKILL mid-run and started again on its port;
+* ``diskfull`` (in process only): the database may grow only ``pages`` more pages;
+* ``bots``: as many bots as bundles claim one each and leave; real workers wait out
+  the leases;
+* ``attack``: two servers on one store, ``kills`` × kill -9, short leases, leavers and
+  latecomers; the store, the export and an online backup must agree, and every killed
+  server's MLflow run must be marked KILLED by the server that came after it.
+
+The servers are :mod:`saleval.testing.load_servers`, the workers
+:mod:`saleval.testing.load_workers`; the task run is written by the real
+``saleval-tasks`` stage (:func:`saleval.testing.make_task_run`). Needs ``httpx``.
 """
 
 from __future__ import annotations
 
-import html
-import io
 import os
-import random
-import re
-import signal
-import socket
-import subprocess
-import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-import numpy as np
 import pandas as pd
 
-from saleval.pipeline import tables
+from saleval.testing.load_servers import TwoServers, kill_and_restart, serve, wait_healthy
+from saleval.testing.load_workers import LoadResult, claim_and_leave, run_attack, run_load
+from saleval.testing.runs import make_task_run
 
-_POSITION_RE = re.compile(r'name="position" value="(\d+)"')
-_OPTION_RE = re.compile(r'name="answer" value="([^"]*)"')
-_NOT_SAVED = "NOT saved"  # what every refused answer's page says (saleval.annotate.app)
-
-
-# -- servers -------------------------------------------------------------------------
-def free_port() -> int:
-    """A TCP port on loopback that is free now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_cli_server(
-    tasks_dir: Path,
-    db: Path,
-    port: int,
-    token: str,
-    run_dir: Path,
-    env: dict[str, str] | None = None,
-    overrides: Sequence[str] = (),
-) -> subprocess.Popen[bytes]:
-    """The real ``saleval-annotate`` console script in its own process group."""
-    exe = Path(sys.executable).with_name("saleval-annotate")
-    cmd = [
-        str(exe),
-        f"inputs.tasks={tasks_dir}",
-        f"annotate.db={db}",
-        f"annotate.port={port}",
-        "annotate.max_claims_per_client=0",  # every simulated worker comes from loopback
-        "annotate.log_level=warning",
-        f"run_dir={run_dir}",
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-    log = open(run_dir.parent / f"server-{port}.log", "ab")  # noqa: SIM115 - owned by the child
-    return subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "SALEVAL_ANNOTATE_TOKEN": token, **(env or {})},
-        start_new_session=True,
-    )
-
-
-def wait_healthy(
-    base_url: str,
-    proc: subprocess.Popen[bytes] | None = None,
-    timeout_s: float = 90,
-    path: str = "/healthz",
-) -> None:
-    """Wait until ``path`` (the app's ``/healthz``; MLflow's ``/health``) answers 200;
-    fail early if ``proc`` exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before answering")
-        try:
-            if httpx.get(f"{base_url}{path}", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{base_url} did not answer {path} within {timeout_s}s")
-
-
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Signal the server's process group (it was started in its own session) and reap it."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
-# -- simulated workers -------------------------------------------------------------------
-@dataclass
-class WorkerLog:
-    worker_id: str
-    sent: dict[int, str] = field(default_factory=dict)  # position -> acknowledged answer
-    latencies: list[float] = field(default_factory=list)
-    resends: int = 0
-    retries: int = 0  # requests sent again because no server answered
-    failed_pages: list[str] = field(default_factory=list)  # bodies of refused answers
-    completion_code: str | None = None
-    error: str | None = None
-    refused: dict[int, str] = field(default_factory=dict)  # answers the server said NOT saved
-    bundle_lost: bool = False  # the bundle went to another worker while this one was away
-    no_bundle: bool = False  # never got a bundle before the deadline (all were taken)
-    came_back: bool = False  # left mid-bundle and got it back
+TOKEN = "load-test-token"
+SCENARIOS = ("load", "kill", "diskfull", "bots", "attack")
 
 
 @dataclass(frozen=True)
-class Behaviour:
-    """What a simulated worker does besides answering (the attack scenario).
+class LoadSettings:
+    """One drill: the scenario and its sizes (the benchmark's flags, one field each)."""
 
-    ``urls``: further servers of the same store, tried in turn when one does not answer
-    (as a load balancer would). ``leave_after``: open the next task after that many
-    answers, then stay away ``away_s`` (longer than a lease) before answering it.
-    ``wait_for_bundle``: a latecomer who retries the start page while every bundle is
-    taken. ``may_be_refused``: a refused answer (410, "NOT saved") or a released bundle
-    ends the worker's run instead of failing it; those answers count as not
-    acknowledged.
-    """
+    scenario: str = "load"
+    workers: int = 50
+    bundle_size: int = 20
+    deadline: float = 300  # seconds before workers stop
+    in_process: bool = False  # serve from a thread instead of a saleval-annotate process
+    synchronous: str = "FULL"
+    think: float = 0.0  # mean seconds per task (0: a stress run)
+    kill_after: float = 3.0  # kill: seconds before SIGKILL
+    pages: int = 0  # diskfull: pages the database may grow
+    lease_s: float = 3.0  # bots, attack: the lease in seconds
+    kills: int = 4  # attack: how many kill -9
+    kill_every: float = 2.0  # attack: seconds between kills
+    leavers: int | None = None  # attack: leavers and latecomers (None: workers // 5)
+    seed: int = 0
+    resend_prob: float = 0.1  # share of answers a worker sends twice
 
-    urls: tuple[str, ...] = ()
-    leave_after: int | None = None
-    away_s: float = 0.0
-    wait_for_bundle: bool = False
-    may_be_refused: bool = False
-
-
-def simulate_worker(
-    base_url: str,
-    worker_id: str,
-    seed: int,
-    deadline: float,
-    resend_prob: float = 0.1,
-    start: threading.Barrier | None = None,
-    think_s: float = 0.0,
-    behaviour: Behaviour | None = None,
-) -> WorkerLog:
-    """One worker through the pages; an answer counts as sent once the server said 303.
-
-    A request that meets no server (killed, restarting) is sent again until the deadline,
-    as a browser's user would reload: the same answer to the same position, which the
-    server stores at most once; with ``behaviour.urls`` it goes to the next server.
-    """
-    rng = random.Random(seed)
-    behaviour = behaviour or Behaviour()
-    out = WorkerLog(worker_id)
-    urls = [base_url, *behaviour.urls]
-    try:
-        with httpx.Client(base_url=base_url, follow_redirects=False, timeout=60) as c:
-
-            def send(method: str, url: str, data: dict[str, str] | None = None) -> httpx.Response:
-                while True:
-                    try:
-                        return c.request(method, url, data=data)
-                    except httpx.TransportError:
-                        if time.monotonic() > deadline:
-                            raise
-                        out.retries += 1
-                        if len(urls) > 1:  # the next server of the same store
-                            c.base_url = httpx.URL(urls[out.retries % len(urls)])
-                        time.sleep(0.2)
-
-            if start is not None:
-                start.wait(timeout=60)
-            r = send("POST", "/start", {"worker_id": worker_id})
-            while behaviour.wait_for_bundle and r.status_code == 410:
-                if time.monotonic() > deadline:
-                    out.no_bundle = True
-                    return out
-                time.sleep(0.3)
-                r = send("POST", "/start", {"worker_id": worker_id})
-            _expect(r, 303, "/instructions")
-            _expect(send("POST", "/instructions"), 303, "/task")
-            while time.monotonic() < deadline:
-                r = send("GET", "/task")
-                if r.status_code == 303:
-                    _expect(r, 303, "/done")
-                    break
-                if r.status_code == 410 and behaviour.may_be_refused:
-                    out.bundle_lost = True  # released and taken: the page said so
-                    return out
-                _expect(r, 200)
-                match = _POSITION_RE.search(r.text)
-                if match is None:
-                    raise AssertionError("task page without a position field")
-                position = int(match.group(1))
-                answer = rng.choice([html.unescape(o) for o in _OPTION_RE.findall(r.text)])
-                form = {"position": str(position), "answer": answer}
-                away = behaviour.leave_after == len(out.sent) and not out.came_back
-                if away:  # the task stays open while the worker is away
-                    time.sleep(behaviour.away_s)
-                elif think_s:  # reading the task: uniform in [0.5, 1.5] × think_s
-                    time.sleep(think_s * rng.uniform(0.5, 1.5))
-                t0 = time.perf_counter()
-                r = send("POST", "/answer", form)
-                out.latencies.append(time.perf_counter() - t0)
-                if r.status_code != 303:
-                    out.failed_pages.append(r.text)
-                if behaviour.may_be_refused and r.status_code == 410 and _NOT_SAVED in r.text:
-                    out.refused[position] = answer
-                    out.bundle_lost = True
-                    return out
-                _expect(r, 303)
-                out.sent[position] = answer
-                out.came_back = out.came_back or away
-                if rng.random() < resend_prob:
-                    _expect(send("POST", "/answer", form), 303)
-                    out.resends += 1
-            r = send("GET", "/done")
-            _expect(r, 200)
-            code = re.search(r'id="completion-code">([^<]+)<', r.text)
-            out.completion_code = code.group(1) if code else None
-    except Exception as err:  # reported, never swallowed: the caller checks .error
-        out.error = f"{type(err).__name__}: {err}"
-    return out
-
-
-def _expect(r: httpx.Response, status: int, location: str | None = None) -> None:
-    if r.status_code != status or (location and r.headers.get("location") != location):
-        raise AssertionError(
-            f"{r.request.method} {r.request.url.path}: {r.status_code} "
-            f"{r.headers.get('location', '')} (expected {status} {location or ''})"
-        )
+    def problem(self) -> str | None:
+        """Why these settings cannot run, in one line naming the setting; None when they can."""
+        if self.scenario not in SCENARIOS:
+            return f"scenario {self.scenario!r}: choose one of {list(SCENARIOS)}"
+        if self.scenario == "diskfull" and not self.in_process:
+            return "scenario diskfull needs in_process (the page limit is set on the store)"
+        if self.scenario in ("kill", "attack") and self.in_process:
+            return f"scenario {self.scenario} needs servers in their own process (no in_process)"
+        if self.scenario == "attack" and self.bundle_size < 3:
+            return "scenario attack needs bundle_size of at least 3 (leavers answer two)"
+        return None
 
 
 @dataclass
-class LoadResult:
-    workers: list[WorkerLog]
-    exported: pd.DataFrame
-    seconds: float
+class LoadReport:
+    """What a drill found: ``summary`` (JSON-ready, ``problems`` included), the workers'
+    logs and the export (``result``), and where the store was (``db``, ``run_key``)."""
+
+    summary: dict[str, Any]
+    result: LoadResult
+    db: Path
+    run_key: str
 
     @property
-    def latencies(self) -> np.ndarray:
-        return np.array([x for w in self.workers for x in w.latencies])
-
-    def check(self) -> dict[str, int]:
-        """Lost, duplicated and altered answers between what workers sent and the export."""
-        sent = {(w.worker_id, p): a for w in self.workers for p, a in w.sent.items()}
-        keys = list(zip(self.exported["worker_id"], self.exported["position"].astype(int)))
-        stored = dict(zip(keys, self.exported["answer"]))
-        return {
-            "sent": len(sent),
-            "exported": len(self.exported),
-            "lost": len(set(sent) - set(stored)),
-            "duplicated": len(keys) - len(set(keys)),
-            "duplicated_tasks": int(self.exported.duplicated(["worker_id", "task_id"]).sum()),
-            "altered": sum(stored.get(k) != a for k, a in sent.items() if k in stored),
-            "unexpected": len(set(stored) - set(sent)),
-            "errors": sum(w.error is not None for w in self.workers),
-        }
-
-    def summary(self) -> dict[str, float | int]:
-        lat = self.latencies * 1000
-        return {
-            "workers": len(self.workers),
-            **self.check(),
-            "resends": sum(w.resends for w in self.workers),
-            "retries": sum(w.retries for w in self.workers),
-            "completed": sum(w.completion_code is not None for w in self.workers),
-            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else float("nan"),
-            "p95_ms": round(float(np.percentile(lat, 95)), 1) if lat.size else float("nan"),
-            "max_ms": round(float(lat.max()), 1) if lat.size else float("nan"),
-            "seconds": round(self.seconds, 2),
-            "answers_per_s": round(len(lat) / self.seconds, 1) if self.seconds else 0.0,
-        }
+    def problems(self) -> list[str]:
+        return list(self.summary["problems"])
 
 
-def run_load(
-    base_url: str,
-    token: str,
-    n_workers: int = 50,
-    deadline_s: float = 300,
-    seed: int = 0,
-    resend_prob: float = 0.1,
-    think_s: float = 0.0,
-) -> LoadResult:
-    """``n_workers`` concurrent workers released together; the export read over HTTP."""
-    deadline = time.monotonic() + deadline_s
-    barrier = threading.Barrier(n_workers)
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        futures = [
-            pool.submit(
-                simulate_worker,
-                base_url,
-                f"load-{seed}-{i:03d}",
-                seed * 1000 + i,
-                deadline,
-                resend_prob,
-                barrier,
-                think_s,
+def drive(settings: LoadSettings, root: Path | None = None) -> LoadReport:
+    """Run one drill under ``root`` (a temporary directory when None, removed after),
+    MLflow pointed at a store of its own there for the drill's length."""
+    problem = settings.problem()
+    if problem:
+        raise ValueError(problem)
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="annotate-load-") as tmp:
+            return drive(settings, Path(tmp))
+    from saleval.annotate.study import load_study
+
+    with _mlflow_store(root / "mlflow.db"):
+        tasks = make_task_run(
+            root / "tasks", n_bundles=settings.workers, bundle_size=settings.bundle_size
+        )
+        db = root / "annotations.sqlite"
+        extra: dict[str, Any] = {}
+        if settings.scenario == "attack":
+            result = _attack(tasks, db, settings, extra)
+        else:
+            result = _one_server(tasks, db, settings, extra)
+    summary: dict[str, Any] = {
+        "scenario": settings.scenario,
+        "server": "thread" if settings.in_process else "saleval-annotate process",
+        "bundle_size": settings.bundle_size,
+        "synchronous": settings.synchronous,
+        "think_s": settings.think,
+        **extra,
+        **result.summary(),
+    }
+    summary["problems"] = invariant_problems(settings.scenario, result, summary)
+    return LoadReport(summary, result, db, load_study(tasks).run_key)
+
+
+@contextmanager
+def _mlflow_store(db: Path) -> Iterator[None]:
+    """``MLFLOW_TRACKING_URI`` at ``db`` for the block (servers started in it inherit it)."""
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+def _one_server(tasks: Path, db: Path, s: LoadSettings, extra: dict[str, Any]) -> LoadResult:
+    """load, kill, diskfull, bots: one server, N workers."""
+    lease = s.lease_s / 60 if s.scenario == "bots" else 60.0
+    with serve(tasks, db, TOKEN, s.in_process, s.synchronous, lease) as (url, server):
+        killer = None
+        if s.scenario == "kill":
+            killer = threading.Thread(
+                target=kill_and_restart, args=(url, server, s.kill_after, extra)
             )
-            for i in range(n_workers)
-        ]
-        workers = [f.result() for f in futures]
-    seconds = time.perf_counter() - t0
-    r = httpx.get(
-        f"{base_url}/admin/export.csv", headers={"Authorization": f"Bearer {token}"}, timeout=60
+            killer.start()
+        if s.scenario == "diskfull":
+            extra["page_limit"] = limit_database_pages(server.state.store, s.pages)
+        if s.scenario == "bots":
+            bots = claim_and_leave(url, s.workers)
+            blocked = claim_and_leave(url, 1, prefix="early")
+            extra.update(bots_ok=bots.count(303), early_real_worker_status=blocked[0])
+            time.sleep(s.lease_s + 0.5)
+        result = run_load(url, TOKEN, s.workers, s.deadline, s.seed, s.resend_prob, think_s=s.think)
+        if killer is not None:
+            killer.join()
+    return result
+
+
+def _attack(tasks: Path, db: Path, s: LoadSettings, extra: dict[str, Any]) -> LoadResult:
+    """Two servers on one store, ``kills`` × kill -9 (alternating, every ``kill_every``
+    s, each restarted at once on its port), ``lease_s`` leases, leavers, latecomers;
+    then the store, the export and an online backup are compared and MLflow is asked
+    whether the killed servers' runs were marked KILLED."""
+    from mlflow.tracking import MlflowClient
+
+    from saleval.annotate.study import load_study
+
+    servers = TwoServers(tasks, db, TOKEN, s.synchronous, s.lease_s / 60)
+    n_leavers = s.leavers if s.leavers is not None else max(1, s.workers // 5)
+
+    def killer() -> None:
+        for k in range(s.kills):
+            time.sleep(s.kill_every)
+            servers.kill(k % 2)
+            servers.start(k % 2)
+        servers.wait_healthy()  # the export is read from a server that is up
+
+    try:
+        servers.start(0)
+        wait_healthy(servers.urls[0], servers.procs[0])  # one creates the store, then two
+        servers.start(1)
+        servers.wait_healthy()
+        result = run_attack(
+            servers.urls, TOKEN, s.workers, n_leavers, s.lease_s, s.deadline,
+            think_s=s.think, seed=s.seed, during=killer,
+        )  # fmt: skip
+    finally:
+        servers.stop()  # SIGTERM: the last two end their runs as FINISHED
+    checks = store_checks(
+        db, load_study(tasks).run_key, result.exported, db.parent / "backup.sqlite"
     )
-    _expect(r, 200)
-    exported = pd.read_csv(io.StringIO(r.text), keep_default_na=False, na_values=[""])
-    return LoadResult(workers, tables.ANSWERS.validate(exported, "admin export"), seconds)
+    client = MlflowClient()
+    exps = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(exps, filter_string="tags.stage = 'annotate'")
+    status = {r.data.tags.get("pid"): r.info.status for r in runs}
+    workers = result.workers
+    extra.update(
+        {
+            "servers": 2,
+            "lease_s": s.lease_s,
+            "kills": len(servers.killed),
+            "leavers": n_leavers,
+            "latecomers": n_leavers,
+            **checks,
+            "late_answers_refused": sum(len(w.refused) for w in workers),
+            "bundles_lost_to_another_worker": sum(w.bundle_lost for w in workers),
+            "leavers_who_got_their_bundle_back": sum(w.came_back for w in workers),
+            "latecomers_without_a_bundle": sum(w.no_bundle for w in workers),
+            "killed_runs_marked_killed": sum(
+                status.get(str(p)) == "KILLED" for p in servers.killed
+            ),
+            "killed_before_their_run_started": sum(str(p) not in status for p in servers.killed),
+            "runs_left_running": sum(v == "RUNNING" for v in status.values()),
+        }
+    )
+    return result
 
 
-def claim_and_leave(base_url: str, n: int, prefix: str = "bot") -> list[int]:
-    """``n`` clients that each start a bundle and never answer; their HTTP statuses."""
-    statuses = []
-    for i in range(n):
-        with httpx.Client(base_url=base_url, follow_redirects=False, timeout=30) as c:
-            statuses.append(c.post("/start", data={"worker_id": f"{prefix}-{i:03d}"}).status_code)
-    return statuses
+def invariant_problems(scenario: str, result: LoadResult, summary: dict[str, Any]) -> list[str]:
+    """What broke: acknowledged = exported, none duplicated or altered, plus each scenario's own."""
+    out = [k for k in ("lost", "duplicated", "duplicated_tasks", "altered") if summary[k]]
+    if scenario == "diskfull":
+        # a worker stops at their first refused answer; the server must have said so
+        refused = [p for w in result.workers for p in w.failed_pages]
+        if not refused:
+            out.append("the database never filled up: lower --pages")
+        if any("may not have been saved" not in p for p in refused):
+            out.append("a refused answer's page does not say whether it was saved")
+        if summary["unexpected"]:
+            out.append("answers stored without an acknowledgement")
+    else:
+        if summary["errors"]:
+            out.append(
+                "workers failed: "
+                + "; ".join(str(w.error) for w in result.workers if w.error)[:500]
+            )
+        if summary["unexpected"]:
+            out.append("answers stored without an acknowledgement")
+    if scenario == "kill" and not summary.get("restarted"):
+        out.append("the server was not killed and restarted during the run")
+    if scenario == "bots":
+        if summary.get("early_real_worker_status") != 410:
+            out.append("a real worker got a bundle while bots held them all")
+        if summary["completed"] != summary["workers"]:
+            out.append("real workers did not all finish after the leases ran out")
+    if scenario == "attack":
+        if not summary["stored_equals_exported"] or summary["stored"] != summary["exported"]:
+            out.append("the store and the export differ")
+        if not summary["backup_equals_stored"] or summary["backed_up"] != summary["stored"]:
+            out.append("the online backup and the store differ")
+        if summary["bundle_held_twice"]:
+            out.append("a bundle was held by two workers at once")
+        if summary["answers_after_release"]:
+            out.append("answers were stored after their assignment was released")
+        if summary["kills"] == 0:
+            out.append("no server was killed")
+        marked = summary["killed_runs_marked_killed"] + summary["killed_before_their_run_started"]
+        if marked != summary["kills"] or summary["runs_left_running"]:
+            out.append("a killed server's MLflow run was not marked KILLED")
+    return out
 
 
 def limit_database_pages(store: Any, extra_pages: int) -> int:
@@ -359,85 +289,6 @@ def limit_database_pages(store: Any, extra_pages: int) -> int:
     return limit
 
 
-# -- the attack scenario: two servers on one store, kill -9, short leases ----------------------
-def run_attack(
-    urls: Sequence[str],
-    token: str,
-    n_workers: int,
-    n_leavers: int,
-    lease_s: float,
-    deadline_s: float = 300,
-    think_s: float = 0.2,
-    seed: int = 0,
-    during: Callable[[], None] | None = None,
-) -> LoadResult:
-    """Workers spread over several servers of one store, while ``during`` (the killer)
-    runs beside them; the export is read after both are done.
-
-    ``n_workers`` start together, each on one server and failing over to the others;
-    the first ``n_leavers`` of them leave after two answers with the third task open
-    and come back after three leases. As many latecomers arrive after one and a half
-    leases and retry until a bundle comes free: they take the leavers' bundles, and a
-    leaver's late answer then meets the "NOT saved" page. Every worker may be refused
-    (a lease can also run out while both servers are down); a refused answer is never
-    counted as acknowledged, so the check still finds any answer stored without one.
-    """
-    deadline = time.monotonic() + deadline_s
-    barrier = threading.Barrier(n_workers)
-    jobs: list[tuple[float, str, Behaviour, threading.Barrier | None, str]] = []
-    for i in range(n_workers):
-        home = urls[i % len(urls)]
-        others = tuple(u for u in urls if u != home)
-        leaves = i < n_leavers
-        behaviour = Behaviour(
-            urls=others,
-            leave_after=2 if leaves else None,
-            away_s=3 * lease_s if leaves else 0.0,
-            may_be_refused=True,
-        )
-        jobs.append((0.0, home, behaviour, barrier, f"attack-{seed}-{i:03d}"))
-    for j in range(n_leavers):
-        home = urls[j % len(urls)]
-        others = tuple(u for u in urls if u != home)
-        behaviour = Behaviour(urls=others, wait_for_bundle=True, may_be_refused=True)
-        jobs.append((1.5 * lease_s, home, behaviour, None, f"late-{seed}-{j:03d}"))
-
-    def worker(k: int) -> WorkerLog:
-        delay, home, behaviour, start, worker_id = jobs[k]
-        time.sleep(delay)
-        return simulate_worker(
-            home, worker_id, seed * 1000 + k, deadline, 0.1, start, think_s, behaviour
-        )
-
-    t0 = time.perf_counter()
-    side = threading.Thread(target=during, name="attack") if during else None
-    if side is not None:
-        side.start()
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        workers = list(pool.map(worker, range(len(jobs))))
-    if side is not None:
-        side.join()
-    seconds = time.perf_counter() - t0
-    return LoadResult(workers, read_export(urls, token), seconds)
-
-
-def read_export(urls: Sequence[str], token: str) -> pd.DataFrame:
-    """The admin export over HTTP from the first server that answers."""
-    last: Exception | None = None
-    for url in urls:
-        try:
-            r = httpx.get(
-                f"{url}/admin/export.csv", headers={"Authorization": f"Bearer {token}"}, timeout=60
-            )
-        except httpx.TransportError as err:
-            last = err
-            continue
-        _expect(r, 200)
-        exported = pd.read_csv(io.StringIO(r.text), keep_default_na=False, na_values=[""])
-        return tables.ANSWERS.validate(exported, "admin export")
-    raise RuntimeError(f"no server answered the export: {last}")
-
-
 _KEY = ["worker_id", "bundle_id", "position", "task_id", "answer"]
 
 
@@ -460,7 +311,7 @@ def store_checks(db: Path, run_key: str, exported: pd.DataFrame, backup_to: Path
     backup is SQLite's online backup (:meth:`AnnotationStore.backup`), read back
     read-only.
     """
-    from saleval.annotate.store import AnnotationStore
+    from saleval.annotate.store_answers import AnnotationStore
 
     store = AnnotationStore(db, readonly=True)
     try:

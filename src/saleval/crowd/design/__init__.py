@@ -15,13 +15,13 @@ One module per concept, in layers (each imports only those before it):
   verified design, configured by :class:`saleval.config.crowd.StudyConfig`.
 """
 
+from saleval.config.crowd import DesignError
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.checks import Violation, assert_design, check_design
 from saleval.crowd.design.gold import GOLD_METHOD, gold_task_id, select_gold
 from saleval.crowd.design.rendering import render
 from saleval.crowd.design.study import StudyDesign, build_study, choose_methods
 from saleval.crowd.design.tasks import build_tasks, noisy_shown, task_id
-from saleval.crowd.errors import DesignError
 
 __all__ = [
     "GOLD_METHOD",

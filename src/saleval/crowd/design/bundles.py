@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from saleval.crowd.errors import DesignError
+from saleval.config.crowd import DesignError
 from saleval.crowd.seeding import seeded_rng
 
 

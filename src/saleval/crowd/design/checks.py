@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from saleval.config.crowd import DesignError
 from saleval.crowd.design.gold import GOLD_METHOD
-from saleval.crowd.errors import DesignError
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from saleval.config.crowd import DesignError
 from saleval.crowd.design.rendering import render
-from saleval.crowd.errors import DesignError
 from saleval.vocab import Target
 from saleval.words import word_spans
 

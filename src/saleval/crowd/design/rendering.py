@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from saleval.crowd.errors import DesignError
+from saleval.config.crowd import DesignError
 
 
 def render(words: Sequence[str], shown: Sequence[int] | set[int] | np.ndarray) -> str:

@@ -9,12 +9,12 @@ from typing import Any
 
 import pandas as pd
 
-from saleval.config.crowd import StudyConfig
+from saleval.config.crowd import DesignError, StudyConfig
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.checks import assert_design, check_design
 from saleval.crowd.design.gold import GOLD_METHOD, select_gold
 from saleval.crowd.design.tasks import build_tasks
-from saleval.crowd.errors import DesignError, SamplingError
+from saleval.crowd.errors import SamplingError
 from saleval.crowd.sampling import interleave, select_samples
 from saleval.crowd.seeding import seeded_rng
 

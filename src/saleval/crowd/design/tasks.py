@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from saleval.config.crowd import DesignError
 from saleval.crowd.design.rendering import render
-from saleval.crowd.errors import DesignError
 from saleval.crowd.seeding import seeded_rng
 from saleval.vocab import Target
 from saleval.words import rank_words

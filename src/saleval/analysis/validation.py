@@ -11,6 +11,9 @@ Every score comes from :mod:`saleval.analysis.scoring`, the code that scores any
   the real verdict), calibration (Brier score of that share), and the correlation of
   the two verdicts.
 
+:func:`published_ranking_agreement` sets a whole pipeline's scores beside the published
+crowd's on the same samples (``saleval-run`` reports it).
+
 The figures of the shipped calibration are in ``docs/simulated-crowd.md``.
 """
 
@@ -31,6 +34,8 @@ from sklearn.metrics import brier_score_loss, roc_auc_score
 
 from saleval.analysis import scoring
 from saleval.analysis.reports import SIMULATED, display_name
+from saleval.crowd.published import LU2024_READERS, published_verdicts
+from saleval.modeling.data import dataset_config
 from saleval.pipeline import tables
 
 VALIDATION_FILE = "validation.csv"
@@ -383,3 +388,28 @@ def upstream_simulation(
             nxt.extend(Path(p) for p in (info.get("parent_dirs") or {}).values())
         frontier = nxt
     return None
+
+
+def published_ranking_agreement(score_dir: str | Path) -> dict[str, Any] | None:
+    """Spearman's rho between a score run's method scores and the published crowd's on
+    the same samples, over the methods both have; None when the run's dataset is not one
+    of the published studies (``conf/dataset/lu2024_*.yaml``)."""
+    score_dir = Path(score_dir)
+    node = OmegaConf.select(OmegaConf.load(score_dir / "config.yaml"), "dataset")
+    if node is None or str(node.get("_target_")) not in LU2024_READERS:
+        return None
+    dc = dataset_config(node)
+    theirs = scoring.score(published_verdicts(dc), n_bootstrap=10, n_resamples=9).scores.set_index(
+        "method"
+    )
+    ours = tables.SCORES.read(score_dir).set_index("method")
+    common = [m for m in theirs.index if m in ours.index]
+    if len(common) < 3:
+        return {"methods": common, "spearman": None}
+    rho = stats.spearmanr(ours.loc[common, "score"], theirs.loc[common, "score"]).statistic
+    return {
+        "methods": common,
+        "spearman": float(rho),
+        "simulated": {m: float(ours.loc[m, "score"]) for m in common},
+        "published": {m: float(theirs.loc[m, "score"]) for m in common},
+    }

@@ -1,8 +1,0 @@
-"""Moved to :mod:`saleval.metrics.faithfulness`.
-
-This path re-exports it, so imports written before the move keep working
-(docs/architecture.md, *Every metric in one package*).
-"""
-
-from saleval.metrics.faithfulness import *  # noqa: F403
-from saleval.metrics.faithfulness import __all__ as __all__

@@ -1,0 +1,105 @@
+"""Where moved code lives now: one table from each old dotted address to its new one.
+
+A run records the code that built its parts by dotted path: ``_target_`` in its
+``config.yaml`` (a dataset reader, a model source, a crowd source, a method) and the
+modules of ``metrics.plugins``. Code that moves leaves those paths behind, so a stage
+that adopts an older run reads its config through :func:`rewrite_config`
+(:func:`saleval.pipeline.run_inputs.read_run_config`): one rule, "an old path maps to
+its new one", instead of a module kept at every old address (docs/architecture.md,
+*Old addresses*). A move adds a row here; nothing else changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: old dotted prefix (a module, or one name of a module) -> where it is now
+RENAMES: Mapping[str, str] = {
+    # the root modules grouped into packages (issue #27)
+    "saleval.data": "saleval.modeling.data",
+    "saleval.models": "saleval.modeling.models",
+    # every metric in one package
+    "saleval.faithfulness": "saleval.metrics.faithfulness",
+    "saleval.metrics_config": "saleval.metrics.config",
+    "saleval.metrics_registry": "saleval.metrics.registry",
+    "saleval.plausibility": "saleval.metrics.plausibility",
+    "saleval.shortcut.metrics": "saleval.metrics.shortcut",
+    # the crowd's schemas beside every other schema
+    "saleval.crowd.config": "saleval.config.crowd",
+    # layers that only point down (issue #38): scoring a simulated crowd is analysis
+    "saleval.crowd.validation": "saleval.analysis.validation",
+    "saleval.crowd.published.published_ranking_agreement": (
+        "saleval.analysis.validation.published_ranking_agreement"
+    ),
+    # the annotation store in its three layers, one module each
+    **{
+        f"saleval.annotate.store.{name}": f"saleval.annotate.{module}.{name}"
+        for module, names in {
+            "store_db": (
+                "SCHEMA_VERSION",
+                "SYNCHRONOUS",
+                "LeasePolicy",
+                "StoreDatabase",
+                "StoreError",
+                "utcnow",
+            ),
+            "store_leases": ("Assignment", "BundleRefused", "LeaseStore", "ResumeRequired"),
+            "store_answers": ("AnnotationStore", "AnswerRejected", "AnswerResult", "NextTask"),
+        }.items()
+        for name in names
+    },
+}
+
+#: the config keys whose values are dotted paths of code
+TARGET = "_target_"
+PLUGINS = ("metrics", "plugins")
+
+
+def renamed(path: str) -> str:
+    """Where ``path`` is now: its longest prefix (whole dotted parts) that the table
+    names, replaced; ``path`` itself when nothing of it moved.
+
+    >>> renamed("saleval.data.read_ag_news")
+    'saleval.modeling.data.read_ag_news'
+    >>> renamed("saleval.faithfulness.engine")
+    'saleval.metrics.faithfulness.engine'
+    >>> renamed("saleval.database.x"), renamed("saleval.modeling.data.read_imdb")
+    ('saleval.database.x', 'saleval.modeling.data.read_imdb')
+    """
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        new = RENAMES.get(".".join(parts[:n]))
+        if new is not None:
+            return ".".join([new, *parts[n:]])
+    return path
+
+
+def rewrite_config(node: Any, where: str = "") -> list[str]:
+    """Rewrite, in place, every ``_target_`` and ``metrics.plugins`` entry of a plain
+    config tree (dicts and lists) that names an old address; returns ``key: old -> new``
+    for each.
+
+    >>> cfg = {"dataset": {"_target_": "saleval.data.read_sst2"}, "metrics": {"plugins": ["x"]}}
+    >>> rewrite_config(cfg), cfg["dataset"]["_target_"]
+    (['dataset._target_: saleval.data.read_sst2 -> saleval.modeling.data.read_sst2'], \
+'saleval.modeling.data.read_sst2')
+    """
+    changes: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key == TARGET and isinstance(value, str) and renamed(value) != value:
+                node[key] = renamed(value)
+                changes.append(f"{path}: {value} -> {node[key]}")
+            elif tuple(path.split(".")) == PLUGINS and isinstance(value, list):
+                for i, module in enumerate(value):
+                    if isinstance(module, str) and renamed(module) != module:
+                        value[i] = renamed(module)
+                        changes.append(f"{path}[{i}]: {module} -> {value[i]}")
+            else:
+                changes.extend(rewrite_config(value, path))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            changes.extend(rewrite_config(value, f"{where}[{i}]"))
+    return changes
