@@ -280,6 +280,76 @@ def markdown(frame: pd.DataFrame, digits: int = 1) -> str:
     return "\n".join(lines)
 
 
+def why_people_are_right(
+    imdb: Published,
+    reads: dict[tuple[str, float], np.ndarray],
+    report: dict[str, Any],
+    args: argparse.Namespace,
+) -> list[str]:
+    """Section 1 of the module docstring: people, the former and the new simulated crowd by
+    the polar words shown; polar words per method; per-method bias; the report's lines
+    (``report["analysis"]`` gets the task AUCs and the k = 5 figures)."""
+    counts = polar_counts(imdb, args.data_root)
+    former = (FORMER["lapse"], FORMER["idk"], FORMER["temperature"])
+    w = tuple(report["workers"][k] for k in WORKER_KEYS)
+    r = report["datasets"]["imdb"]["reader"]
+    settings = {
+        "former (corpus reader)": (reads[FORMER["reader"]], former),  # type: ignore[index]
+        "new (lexicon reader)": (reads[(r["family"], r["setting"])], w),
+    }
+    expected = {
+        name: fast_crowd(probs, *ws, np.random.default_rng(0), replicates=args.replicates)
+        for name, (probs, ws) in settings.items()
+    }
+    by = counts.assign(people=imdb.real["correct"].to_numpy(), **expected)
+    by["shown"] = by["agree"].clip(upper=3).map(lambda n: "≥ 3" if n == 3 else str(n))
+    per_count = (100 * by.groupby("shown")[["people", *expected]].mean()).reset_index()
+    per_count.insert(1, "tasks", by.groupby("shown").size().to_numpy())
+    per_method = (
+        by.groupby("method")
+        .agg(
+            agree=("agree", "mean"),
+            disagree=("disagree", "mean"),
+            none=("agree", lambda a: 100 * (a == 0).mean()),
+        )
+        .reset_index()
+    )
+    cell = by.groupby(["method", "k"])
+    bias = pd.DataFrame(
+        {
+            name: (cell[name].mean() - cell["people"].mean()).groupby("method").mean() * 100
+            for name in expected
+        }
+    ).reset_index()
+    auc = {name: float(roc_auc_score(by["people"], by[name])) for name in expected}
+    k5 = by[(by["k"] == 5) & (by["agree"] == 0)][["people", *expected]].mean() * 100
+    report["analysis"] = {"task_auc": auc, "k5_no_polar": k5.round(1).to_dict()}
+    return [
+        "## People vs simulated crowds by polar words shown (IMDB, |weight| > 1, agreeing "
+        "with the label)",
+        markdown(per_count),
+        f"k = 5 with no such word: {k5.round(1).to_dict()}",
+        "## Polar words per task, by method (IMDB)",
+        markdown(per_method, 2),
+        "## Per-method bias, simulated minus real accuracy (points, mean over k)",
+        markdown(bias),
+        f"task AUC (expected accuracy vs the real verdict): {auc}",
+    ]
+
+
+def write_residuals(report: dict[str, Any], out: Path) -> str:
+    """``residuals.yaml`` in the form ``simulation.discrepancy.residuals`` takes."""
+    lines = ["residuals:"]
+    for d, kinds in report["residuals"].items():
+        lines.append(f"  {d}:")
+        for kind, errs in kinds.items():
+            inner = ", ".join(f"{m}: {v:.1f}" for m, v in errs.items())
+            lines.append(f"    {kind}: {{{inner}}}")
+    text = "\n".join(lines) + "\n"
+    (out / "residuals.yaml").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks crowd_reader", description=__doc__)
     ap.add_argument(
@@ -317,79 +387,15 @@ def main(argv: list[str] | None = None) -> int:
         }
         for d in DATASETS
     }
-    # 1. why people get a task right, before and after
-    imdb = studies["imdb"]
-    counts = polar_counts(imdb, args.data_root)
-    former = (FORMER["lapse"], FORMER["idk"], FORMER["temperature"])
-    w = tuple(report["workers"][k] for k in WORKER_KEYS)
-    r = report["datasets"]["imdb"]["reader"]
-    expected = {
-        "former (corpus reader)": fast_crowd(
-            reads["imdb"][FORMER["reader"]],
-            *former,
-            np.random.default_rng(0),
-            replicates=args.replicates,
-        ),  # type: ignore[index]
-        "new (lexicon reader)": fast_crowd(
-            reads["imdb"][(r["family"], r["setting"])],
-            *w,
-            np.random.default_rng(0),
-            replicates=args.replicates,
-        ),
-    }
-    by = counts.assign(
-        people=imdb.real["correct"].to_numpy(), **{k: v for k, v in expected.items()}
-    )
-    by["shown"] = by["agree"].clip(upper=3).map(lambda n: "≥ 3" if n == 3 else str(n))
-    per_count = (100 * by.groupby("shown")[["people", *expected]].mean()).reset_index()
-    per_count.insert(1, "tasks", by.groupby("shown").size().to_numpy())
-    per_method = (
-        by.groupby("method")
-        .agg(
-            agree=("agree", "mean"),
-            disagree=("disagree", "mean"),
-            none=("agree", lambda a: 100 * (a == 0).mean()),
-        )
-        .reset_index()
-    )
-    bias = pd.DataFrame(
-        {
-            name: (
-                by.groupby(["method", "k"])[name].mean()
-                - by.groupby(["method", "k"])["people"].mean()
-            )
-            .groupby("method")
-            .mean()
-            * 100
-            for name in expected
-        }
-    ).reset_index()
-    auc = {name: float(roc_auc_score(by["people"], by[name])) for name in expected}
-    k5 = by[(by["k"] == 5) & (by["agree"] == 0)][["people", *expected]].mean() * 100
-    report["analysis"] = {"task_auc": auc, "k5_no_polar": k5.round(1).to_dict()}
-    text = [
-        "## People vs simulated crowds by polar words shown (IMDB, |weight| > 1, agreeing with the label)",
-        markdown(per_count),
-        f"k = 5 with no such word: {k5.round(1).to_dict()}",
-        "## Polar words per task, by method (IMDB)",
-        markdown(per_method, 2),
-        "## Per-method bias, simulated minus real accuracy (points, mean over k)",
-        markdown(bias),
-        f"task AUC (expected accuracy vs the real verdict): {auc}",
+    text = why_people_are_right(studies["imdb"], reads["imdb"], report, args)
+    text += [
         "## Calibration",
         json.dumps({k: v for k, v in report.items() if k != "residuals"}, indent=2, default=float),
     ]
     print("\n\n".join(text), flush=True)
     (out / "report.md").write_text("\n\n".join(text) + "\n")
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
-    resid_lines = ["residuals:"]
-    for d, kinds in report["residuals"].items():
-        resid_lines.append(f"  {d}:")
-        for kind, errs in kinds.items():
-            inner = ", ".join(f"{m}: {v:.1f}" for m, v in errs.items())
-            resid_lines.append(f"    {kind}: {{{inner}}}")
-    (out / "residuals.yaml").write_text("\n".join(resid_lines) + "\n")
-    print("\n".join(resid_lines))
+    print(write_residuals(report, out))
     print(f"written to {out} ({time.perf_counter() - t0:.0f} s)")
     return 0
 
