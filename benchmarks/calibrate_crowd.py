@@ -23,6 +23,7 @@ import argparse
 import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,45 @@ from saleval.crowd.readers import BowReader, EmbeddingReader, shared_encoder
 from saleval.crowd.simulate import normalised_confidence, tempered
 from saleval.modeling.data import load_dataset
 
+KEY = ["sample_id", "method", "k"]
 DATASETS = {
     "imdb": ("IMDB.csv", ["negative", "positive"]),
     "ag_news": ("AGNEWS.csv", ["World", "Sports", "Business", "Sci/Tech"]),
 }
+
+
+@dataclass
+class Published:
+    """One published study: its tasks in the order of ``real`` (A per task), the reader's
+    training texts (study samples removed) and the label names. Both calibration
+    benchmarks read the published studies through :func:`load`."""
+
+    name: str
+    tasks: pd.DataFrame
+    real: pd.DataFrame
+    train: pd.DataFrame
+    labels: list[str]
+    excluded: int = 0  # study texts removed from the reader's training texts
+
+
+def load(name: str, root: Path) -> Published:
+    file, labels = DATASETS[name]
+    study = read_study(root / "published/lu2024" / file, labels, name)
+    ds_cfg = {
+        "name": name,
+        "label_names": labels,
+        "data_root": str(root),
+        "_target_": f"saleval.modeling.data.read_{name}",
+        "files": {"all": "imdb/imdb_small_3000.csv"}
+        if name == "imdb"
+        else {"test": "ag_news/test.csv"},
+    }
+    data = load_dataset(ds_cfg)
+    pool = pd.concat([data[s] for s in ("train", "validation", "test")], ignore_index=True)
+    train, excluded = exclude_texts(pool, study.samples["text"])
+    real = study.aggregated.sort_values(KEY).reset_index(drop=True)
+    tasks = study.tasks.set_index(KEY).loc[pd.MultiIndex.from_frame(real[KEY])].reset_index()
+    return Published(name, tasks, real, train, labels, excluded)
 
 
 # The reader settings tried per dataset (fields of the reader class); the worker grid is
@@ -187,26 +223,14 @@ def main() -> None:
     if max_train is None:
         max_train = (BowReader if args.reader == "bow" else EmbeddingReader)().max_train
     rows = []
-    for name, (file, labels) in DATASETS.items():
-        study = read_study(root / "published/lu2024" / file, labels, name)
-        ds_cfg = {
-            "name": name,
-            "label_names": labels,
-            "data_root": str(root),
-            "_target_": f"saleval.modeling.data.read_{name}",
-            "files": {"all": "imdb/imdb_small_3000.csv"}
-            if name == "imdb"
-            else {"test": "ag_news/test.csv"},
-        }
-        data = load_dataset(ds_cfg)
-        pool = pd.concat([data[s] for s in ("train", "validation", "test")], ignore_index=True)
-        train, n_excl = exclude_texts(pool, study.samples["text"])
+    for name, (_, labels) in DATASETS.items():
+        published = load(name, root)
+        train = published.train
+        n_excl = published.excluded
         if max_train and len(train) > max_train:  # as saleval.crowd.simulate.read_tasks draws
             train = train.sample(n=max_train, random_state=args.seed)
         print(f"{name}: {len(train)} training texts, {n_excl} study texts excluded", flush=True)
-        key = ["sample_id", "method", "k"]
-        real = study.aggregated.sort_values(key).reset_index(drop=True)
-        tasks = study.tasks.set_index(key).loc[pd.MultiIndex.from_frame(real[key])].reset_index()
+        real, tasks = published.real, published.tasks
         y = tasks["label"].to_numpy()
         for params, raw, n_enc in read_all(
             args.reader,

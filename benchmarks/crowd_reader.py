@@ -42,15 +42,12 @@ import pandas as pd
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from benchmarks.calibrate_crowd import DATASETS, fast_crowd, true_first
+from benchmarks.calibrate_crowd import DATASETS, KEY, Published, fast_crowd, load, true_first
 from saleval.analysis import scoring
 from saleval.crowd.lexicon import TOKEN_PATTERN, LexiconReader
-from saleval.crowd.published import exclude_texts, read_study
 from saleval.crowd.readers import BowReader
-from saleval.modeling.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = ["sample_id", "method", "k"]
 WORKER_KEYS = ("lapse", "idk", "temperature")
 
 
@@ -74,38 +71,6 @@ QUICK = Grid((1.0, 1.5), (1.0, 2.0), (0.15, 0.2), (0.0, 0.2), (1.0,))
 A_PRIORI = {"lexicon": 1.0, "corpus": 1.0}  # the other dataset's reader, cross-dataset
 DEFAULT_READER = {"imdb": "lexicon", "ag_news": "corpus"}  # what simulation/reader=auto picks
 FORMER = {"reader": ("corpus", 1.0), "lapse": 0.2, "idk": 0.2, "temperature": 1.0}
-
-
-@dataclass
-class Published:
-    """One published study: its tasks in the order of ``real`` (A per task), the reader's
-    training texts (study samples removed) and the label names."""
-
-    name: str
-    tasks: pd.DataFrame
-    real: pd.DataFrame
-    train: pd.DataFrame
-    labels: list[str]
-
-
-def load(name: str, root: Path) -> Published:
-    file, labels = DATASETS[name]
-    study = read_study(root / "published/lu2024" / file, labels, name)
-    ds_cfg = {
-        "name": name,
-        "label_names": labels,
-        "data_root": str(root),
-        "_target_": f"saleval.modeling.data.read_{name}",
-        "files": {"all": "imdb/imdb_small_3000.csv"}
-        if name == "imdb"
-        else {"test": "ag_news/test.csv"},
-    }
-    data = load_dataset(ds_cfg)
-    pool = pd.concat([data[s] for s in ("train", "validation", "test")], ignore_index=True)
-    train, _ = exclude_texts(pool, study.samples["text"])
-    real = study.aggregated.sort_values(KEY).reset_index(drop=True)
-    tasks = study.tasks.set_index(KEY).loc[pd.MultiIndex.from_frame(real[KEY])].reset_index()
-    return Published(name, tasks, real, train, labels)
 
 
 def readings(p: Published, root: Path, seed: int, g: Grid) -> dict[tuple[str, float], np.ndarray]:
