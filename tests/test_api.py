@@ -121,11 +121,12 @@ def test_explain_gives_the_explain_stages_tables(checkpoint: Path, stage_runs) -
         stage_pred[cols].sort_values("sample_id").reset_index(drop=True),
         check_dtype=False,
     )
-    # the stage's max_length (a checkpoint without a train run: 256) travels with the frame
-    assert words.attrs == {"max_length": 256, "model": "tiny-ag"}
+    # the stage's max_length (a checkpoint without a train run: 256, capped by the tiny
+    # BERT's 128 positions) travels with the frame
+    assert words.attrs == {"max_length": 128, "model": "tiny-ag"}
     # and an explain run read back is the same frame
     back = saleval.read_explanations(explain_dir)
-    assert back.attrs["max_length"] == 256
+    assert back.attrs["max_length"] == 128
     assert len(back) == len(words) and set(back.columns) >= set(words.columns) - {"label"}
 
 

@@ -139,14 +139,14 @@ def _independent_baseline(model, tok, batch: Batch, kind: str) -> torch.Tensor:
     """The baseline built by hand: non-special tokens → zero vector or the id's embedding."""
     emb = model.bert.embeddings
     with torch.no_grad():
-        x = emb(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids)
+        x = emb(input_ids=batch.input_ids, token_type_ids=torch.zeros_like(batch.input_ids))
         if kind == "zero":
             base = torch.zeros_like(x)
         else:
             token = {"pad": tok.pad_token_id, "mask": tok.mask_token_id, "unk": tok.unk_token_id}
             ids = batch.input_ids.clone()
             ids[~batch.keep_own] = token[kind]
-            base = emb(input_ids=ids, token_type_ids=batch.token_type_ids)
+            base = emb(input_ids=ids, token_type_ids=torch.zeros_like(ids))
     keep = batch.keep_own.unsqueeze(-1)
     return torch.where(keep, x, base)
 
@@ -168,10 +168,10 @@ def test_ig_completeness(baseline, output, model, tok, segs) -> None:
     ig = IntegratedGradientsMethod(baseline=baseline, n_steps=32, output=output)
     with torch.enable_grad():
         attr = ig.token_scores(texts).detach()
-    fwd = EmbeddingForward(model, "embeddings", output)
-    args = (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    fwd = EmbeddingForward(model, tok, "embeddings", output)
+    args = (batch.input_ids, batch.attention_mask)
     with torch.no_grad():
-        x = model.bert.embeddings(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids)
+        x = model.bert.embeddings(input_ids=batch.input_ids)
         fx = fwd(x, *args)[torch.arange(4), targets]
         fb = fwd(_independent_baseline(model, tok, batch, baseline), *args)[
             torch.arange(4), targets
@@ -210,14 +210,12 @@ def test_zero_all_baseline_is_captums_default_on_one_unpadded_text(kind, model, 
     ours = cls(baseline="zero_all", **settings)
     with torch.enable_grad():
         attr = ours.token_scores(texts).detach()
-    fwd = EmbeddingForward(model, "embeddings", "logits")
+    fwd = EmbeddingForward(model, tok, "embeddings", "logits")
     for i in range(4):
         n = int(batch.attention_mask[i].sum())
-        args = tuple(
-            t[i : i + 1, :n] for t in (batch.input_ids, batch.attention_mask, batch.token_type_ids)
-        )
+        args = tuple(t[i : i + 1, :n] for t in (batch.input_ids, batch.attention_mask))
         with torch.no_grad():
-            x = model.bert.embeddings(input_ids=args[0], token_type_ids=args[2])
+            x = model.bert.embeddings(input_ids=args[0])
         x.requires_grad_()
         if kind == "integrated_gradients":
             ref = IntegratedGradients(fwd).attribute(

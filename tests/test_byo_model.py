@@ -53,10 +53,11 @@ def test_a_plain_checkpoint_is_explained_and_measured(own_checkpoint: Path, make
     info = json.loads((run_dir / "run.json").read_text())
     assert info["parents"] == {}  # no train run upstream
     prov = info["provenance"]
+    # no max_length given and no train run: 256, capped by the tiny BERT's 128 positions
     assert (prov["dataset"], prov["model"], prov["max_length"]) == (
         "ag_news",
         "my-agnews-bert",
-        256,
+        128,
     )
     assert len(tables.PREDICTIONS.read(run_dir)) == 4
     m = make_cfg(

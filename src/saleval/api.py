@@ -287,7 +287,8 @@ def explain(
     None keeping the file's); None: the methods ``saleval-explain`` runs by default.
     ``target``: explain the model's ``prediction`` (no labels needed) or the ``gold``
     label (``labels`` required: class indices or names). ``max_length``: None takes the
-    train run's, else 256, as the explain stage does. ``seed``: None takes the explain
+    train run's, else 256, as the explain stage does; the model's position limit caps it
+    (:func:`saleval.modeling.interface.effective_max_length`). ``seed``: None takes the explain
     stage's default, so seeded methods (random, LIME) give the stage's numbers.
 
     Columns: ``sample_id, method, word_index, word, char_start, char_end, score, target``
@@ -296,12 +297,12 @@ def explain(
     records the token limit, which :func:`evaluate` re-segments with.
     """
     from saleval.attribution import explain_frame
-    from saleval.attribution.frame import DEFAULT_MAX_LENGTH
+    from saleval.modeling.interface import effective_max_length
     from saleval.modeling.models import label_names_of
 
     clf = load_model(model, device=device)
     df = _texts_frame(texts, labels, label_names_of(clf.model))
-    length = int(max_length or clf.max_length or DEFAULT_MAX_LENGTH)
+    length = effective_max_length(max_length or clf.max_length, clf.model, clf.tokenizer)
     attributions, predictions = explain_frame(
         clf.model,
         clf.tokenizer,

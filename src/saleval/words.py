@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from saleval.errors import UserError
+
 if TYPE_CHECKING:  # only a type here: the CLI imports this without loading transformers
     from transformers import PreTrainedTokenizerFast
 
@@ -202,6 +204,36 @@ def token_to_word_scores(
     return out
 
 
+class RemovalError(UserError, ValueError):
+    """A removal the tokenizer cannot perform (``mask`` without a mask token, ...)."""
+
+
+def removal_token(mode: str, tokenizer: PreTrainedTokenizerFast | None) -> int | None:
+    """The id a removed word's tokens become under ``mode`` (None for ``delete``).
+
+    Never a silent substitute: a tokenizer without the token (GPT-2 and Llama have no
+    ``[MASK]``) is an error naming the alternatives, not a quiet ``delete``.
+
+    >>> removal_token("delete", None) is None
+    True
+    """
+    if mode == "delete":
+        return None
+    if mode not in ("mask", "unk"):
+        raise RemovalError(f"removal must be delete, mask or unk; got {mode!r}")
+    if tokenizer is None:
+        raise ValueError(f"removal {mode} needs the tokenizer")
+    token = tokenizer.mask_token_id if mode == "mask" else tokenizer.unk_token_id
+    if token is None:
+        other = "unk" if mode == "mask" and tokenizer.unk_token_id is not None else None
+        options = "delete" + (f" or {other}" if other else "")
+        raise RemovalError(
+            f"removal: {mode} needs a {mode} token, and the tokenizer "
+            f"({type(tokenizer).__name__}) has none: use removal: {options}"
+        )
+    return int(token)
+
+
 def perturb_ids(
     seg: Segmentation,
     keep: Sequence[bool] | np.ndarray,
@@ -219,13 +251,7 @@ def perturb_ids(
     keep = np.asarray(keep, dtype=bool)
     if keep.shape[0] != seg.n_words:
         raise ValueError(f"keep has {keep.shape[0]} entries for {seg.n_words} words")
-    replacement: int | None = None
-    if mode in ("mask", "unk"):
-        if tokenizer is None:
-            raise ValueError(f"mode={mode} needs the tokenizer")
-        replacement = tokenizer.mask_token_id if mode == "mask" else tokenizer.unk_token_id
-    elif mode != "delete":
-        raise ValueError(f"removal mode must be delete, mask or unk; got {mode!r}")
+    replacement = removal_token(mode, tokenizer)
     out: list[int] = []
     for tok, w, sp in zip(seg.input_ids, seg.token_word, seg.special):
         if w >= 0:

@@ -34,6 +34,7 @@ from saleval.modeling.inference import (
     length_groups,
     n_labels_of,
 )
+from saleval.modeling.interface import ModelInterface, check_padding, interface
 from saleval.words import REDUCERS, Segmentation, token_to_word_scores
 
 
@@ -57,35 +58,53 @@ def register(name: str) -> Callable[[type[Attributor]], type[Attributor]]:
 
 @dataclass
 class Batch:
-    """Right-padded token ids of a list of segmentations, on the model's device."""
+    """Right-padded token ids of a list of segmentations, on the model's device, and how
+    the model is fed them (:class:`saleval.modeling.interface.ModelInterface`)."""
 
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long: 1 real token, 0 padding
-    token_type_ids: torch.Tensor  # (B, T) long zeros: single-segment inputs
     keep_own: torch.Tensor  # (B, T) bool: special tokens and padding (baselines keep these)
     lengths: list[int]
     texts: list[str]
+    interface: ModelInterface
 
     @classmethod
     def from_segs(
-        cls, segs: Sequence[Segmentation], pad_token_id: int, device: torch.device
+        cls, segs: Sequence[Segmentation], interface: ModelInterface, device: torch.device
     ) -> Batch:
-        width = max(s.n_tokens for s in segs)
-        count_padding([s.n_tokens for s in segs], width)
-        ids = torch.full((len(segs), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(segs), width), dtype=torch.long)
-        keep = torch.ones((len(segs), width), dtype=torch.bool)
+        count_padding([s.n_tokens for s in segs], max(s.n_tokens for s in segs))
+        ids, mask = interface.pad([s.input_ids for s in segs])
+        keep = torch.ones(ids.shape, dtype=torch.bool)
         for i, s in enumerate(segs):
-            ids[i, : s.n_tokens] = torch.as_tensor(s.input_ids, dtype=torch.long)
-            mask[i, : s.n_tokens] = 1
             keep[i, : s.n_tokens] = torch.as_tensor(s.special, dtype=torch.bool)
         return cls(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
-            token_type_ids=torch.zeros_like(ids).to(device),
             keep_own=keep.to(device),
             lengths=[s.n_tokens for s in segs],
             texts=[s.text for s in segs],
+            interface=interface,
+        )
+
+    def inputs(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments for this batch (or for ``input_ids`` and
+        ``attention_mask`` of the same model, e.g. expanded over IG's steps)."""
+        ids = self.input_ids if input_ids is None else input_ids
+        mask = self.attention_mask if attention_mask is None else attention_mask
+        return self.interface.inputs(ids, mask)
+
+    def rows(self, idx: torch.Tensor) -> Batch:
+        """The examples ``idx`` of this batch."""
+        keep = idx.tolist()
+        return Batch(
+            input_ids=self.input_ids[idx],
+            attention_mask=self.attention_mask[idx],
+            keep_own=self.keep_own[idx],
+            lengths=[self.lengths[i] for i in keep],
+            texts=[self.texts[i] for i in keep],
+            interface=self.interface,
         )
 
 
@@ -106,9 +125,9 @@ class Texts:
 
     @cached_property
     def padded(self) -> Batch:
-        """The texts' token ids, right-padded (:class:`Batch`)."""
-        pad = int(self.tokenizer.pad_token_id or 0)
-        return Batch.from_segs(self.segs, pad, model_device(self.model))
+        """The texts' token ids, right-padded with the model's own pad id (:class:`Batch`)."""
+        iface = interface(self.model, self.tokenizer)
+        return Batch.from_segs(self.segs, iface, model_device(self.model))
 
     @cached_property
     def target_ids(self) -> torch.Tensor:
@@ -203,6 +222,10 @@ class Attributor(abc.ABC):
             if not 0 <= int(t) < n_labels:
                 raise AttributionError(f"example {i}: target {t} outside 0..{n_labels - 1}")
         model.eval()
+        # the model's padding checked and the method's settings checked against this model
+        # before any work (both remembered per model): one line, not a failure mid-run
+        check_padding(model, tokenizer, [s.input_ids for s in segs])
+        self.prepare(model, tokenizer)
         out: list[np.ndarray | None] = [None] * len(segs)
         groups = length_groups([s.n_tokens for s in segs], self.batch_size, self.max_padding)
         # methods that read only the logits run the fused attention kernels and the last
@@ -230,6 +253,13 @@ class Attributor(abc.ABC):
         return out  # type: ignore[return-value]
 
     __call__ = attribute
+
+    def prepare(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
+        """Check this method's settings against ``model`` and ``tokenizer`` before any work
+        (a removal token the tokenizer lacks, a query the model has no row for); raise an
+        :class:`AttributionError` naming the setting and the alternatives. Nothing to check
+        by default."""
+        return None
 
     @abc.abstractmethod
     def word_scores(self, texts: Texts) -> list[np.ndarray]:

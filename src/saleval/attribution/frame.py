@@ -61,12 +61,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
 from saleval.modeling.inference import n_labels_of, predict_proba
+from saleval.modeling.interface import DEFAULT_MAX_LENGTH
 from saleval.modeling.models import label_names_of
 from saleval.vocab import Target
 from saleval.words import Segmentation, segment
-
-#: the token limit when neither the caller nor the model's train run gives one
-DEFAULT_MAX_LENGTH = 256
 
 #: one phase's per-batch function: example indices -> (one output per example, diagnostics)
 _BatchFn = Callable[[list[int]], tuple[list[Any], dict[str, list[float]]]]
@@ -197,11 +195,10 @@ class _Job:
         """Probabilities, then every method's scores (full, in example order) on every rank,
         with each method's wall time and per-example diagnostics."""
         order = [int(i) for i in np.argsort([s.n_tokens for s in self.segs], kind="stable")]
-        pad = int(self.tokenizer.pad_token_id or 0)
 
         def _predict(idx: list[int]) -> tuple[list[Any], dict[str, list[float]]]:
-            with torch.no_grad():
-                p = predict_proba(model, [self.segs[i].input_ids for i in idx], pad_token_id=pad)
+            seqs = [self.segs[i].input_ids for i in idx]
+            p = predict_proba(model, seqs, tokenizer=self.tokenizer)
             return list(p), {}
 
         rows, _, _ = _phase(_predict, order, self.batch_size, rank, world, "predict", self.progress)

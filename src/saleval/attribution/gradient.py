@@ -1,10 +1,13 @@
 """Gradient-family methods on the embedding layer (docs/methods.md): Captum, whole padded batches.
 
-All four attribute to the output of one embedding layer — by default the model's
-embeddings module (word + position + token-type embeddings after LayerNorm, as in
-the original crowd study), or ``layer: word_embeddings``. :class:`EmbeddingForward`
-runs the classifier with that layer's output replaced by a given tensor (a forward
-hook, which is also how Captum's ``Layer*`` methods work internally), so Captum's
+All four attribute to one tensor of the model's forward (docs/methods.md#embeddings) — by
+default "the embeddings", the input to the first block as the model's own modules build
+it (for BERT: word + position + token-type embeddings after LayerNorm, as in the original
+crowd study; for GPT-2 word + position; for Llama the token embeddings), or ``layer:
+word_embeddings``, the output of ``get_input_embeddings()``
+(:func:`saleval.modeling.interface.embedding_point`, one definition for every family).
+:class:`EmbeddingForward` runs the classifier with that tensor replaced by a given one (a
+forward hook, which is also how Captum's ``Layer*`` methods work internally), so Captum's
 ``Saliency``, ``InputXGradient``, ``IntegratedGradients`` and ``DeepLift`` see the
 embeddings as their input. Working on the tensor rather than through
 ``LayerIntegratedGradients``/``LayerDeepLift`` lets baselines live in embedding
@@ -41,8 +44,9 @@ from saleval.attribution.base import (
     one_of,
     register,
 )
+from saleval.modeling.interface import EMBEDDING_LAYERS as LAYERS
+from saleval.modeling.interface import InterfaceError, embedding_point, interface
 
-LAYERS = ("embeddings", "word_embeddings")
 OUTPUTS = ("logits", "probs")
 BASELINES = ("zero", "zero_all", "pad", "mask", "unk")
 REDUCTIONS = ("l1", "l2", "mean", "sum")
@@ -62,63 +66,44 @@ IG_METHODS = (
 )
 
 
-def embedding_layer(model: PreTrainedModel, layer: str) -> nn.Module:
-    """The module whose output the gradient methods attribute to."""
-    if layer == "word_embeddings":
-        return model.get_input_embeddings()
-    if layer == "embeddings":
-        base = getattr(model, "base_model", model)
-        emb = getattr(base, "embeddings", None)
-        if not isinstance(emb, nn.Module):
-            raise AttributionError(
-                f"{type(model).__name__} has no embeddings module; use layer: word_embeddings"
-            )
-        return emb
-    raise AttributionError(f"layer must be one of {LAYERS}, got {layer!r}")
-
-
 class EmbeddingForward(nn.Module):
-    """``f(embeds, ids, mask, types)``: the classifier with ``layer``'s output set to ``embeds``.
+    """``f(embeds, ids, mask)``: the classifier with its ``layer`` tensor set to ``embeds``.
 
-    ``output``: ``logits`` or ``probs`` (softmax). The softmax is functional on
-    purpose: an ``nn.Softmax`` module would get DeepLIFT's rescale rule.
+    ``layer`` (:func:`saleval.modeling.interface.embedding_point`): ``embeddings``, the input
+    to the first block, or ``word_embeddings``. The model is fed as its tokenizer feeds
+    it (:class:`saleval.modeling.interface.ModelInterface`); ``input_ids`` still reach it, so
+    a decoder head finds its last non-pad token. ``output``: ``logits`` or ``probs``
+    (softmax). The softmax is functional on purpose: an ``nn.Softmax`` module would get
+    DeepLIFT's rescale rule.
     """
 
-    def __init__(self, model: PreTrainedModel, layer: str = "embeddings", output: str = "logits"):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast | None = None,
+        layer: str = "embeddings",
+        output: str = "logits",
+    ):
         super().__init__()
         one_of("output", output, OUTPUTS)
+        one_of("layer", layer, LAYERS)
         self.model = model
-        self.layer = embedding_layer(model, layer)
+        self.interface = interface(model, tokenizer)
+        try:
+            self.point = embedding_point(model, tokenizer, layer)
+        except InterfaceError as err:
+            raise AttributionError(str(err)) from err
         self.output = output
 
-    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        """The layer's own output for ``input_ids`` (no gradient)."""
-        captured: list[torch.Tensor] = []
-        handle = self.layer.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
-        try:
-            with torch.no_grad():
-                if isinstance(self.layer, nn.Embedding):
-                    self.layer(input_ids)
-                else:
-                    self.layer(input_ids=input_ids, token_type_ids=token_type_ids)
-        finally:
-            handle.remove()
-        return captured[0]
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The layer's own tensor for ``input_ids`` (no gradient)."""
+        return self.point.capture(self.model, self.interface.inputs(input_ids, attention_mask))
 
     def forward(
-        self,
-        embeds: torch.Tensor,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor,
+        self, embeds: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        handle = self.layer.register_forward_hook(lambda m, i, o: embeds)
-        try:
-            logits = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).logits
-        finally:
-            handle.remove()
+        with self.point.replaced(embeds):
+            logits = self.model(**self.interface.inputs(input_ids, attention_mask)).logits
         return torch.softmax(logits, dim=-1) if self.output == "probs" else logits
 
 
@@ -144,7 +129,7 @@ def make_baseline(
     if token is None:
         raise AttributionError(f"baseline {kind}: the tokenizer has no {kind} token")
     ids = torch.where(batch.keep_own, batch.input_ids, torch.full_like(batch.input_ids, token))
-    base = fwd.embed(ids, batch.token_type_ids)
+    base = fwd.embed(ids, batch.attention_mask)
     return torch.where(keep, embeds, base)
 
 
@@ -152,9 +137,9 @@ def captum_attribute(
     algorithm: Any, inputs: torch.Tensor, batch: Batch, targets: torch.Tensor, **kw: Any
 ) -> Any:
     """``algorithm.attribute`` (a Captum algorithm over an :class:`EmbeddingForward`) on
-    ``inputs``, embeddings of ``batch``, for ``targets``; the batch's ids, mask and token
-    types pass through to the forward."""
-    args = (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    ``inputs``, embeddings of ``batch``, for ``targets``; the batch's ids and mask pass
+    through to the forward."""
+    args = (batch.input_ids, batch.attention_mask)
     return algorithm.attribute(inputs, target=targets, additional_forward_args=args, **kw)
 
 
@@ -171,16 +156,7 @@ class BaselinePath:
 
     def rows(self, idx: torch.Tensor) -> BaselinePath:
         """The path of the examples ``idx`` only."""
-        keep = idx.tolist()
-        b = self.batch
-        sub = Batch(
-            input_ids=b.input_ids[idx],
-            attention_mask=b.attention_mask[idx],
-            token_type_ids=b.token_type_ids[idx],
-            keep_own=b.keep_own[idx],
-            lengths=[b.lengths[i] for i in keep],
-            texts=[b.texts[i] for i in keep],
-        )
+        sub = self.batch.rows(idx)
         return BaselinePath(self.fwd, self.embeds[idx], self.base[idx], sub, self.targets[idx])
 
     def attribute(self, algorithm: Any, inputs: torch.Tensor | None = None, **kw: Any) -> Any:
@@ -192,7 +168,7 @@ class BaselinePath:
     def output_gap(self) -> torch.Tensor:
         """f(x) − f(baseline) at each example's target: what completeness compares with."""
         b = self.batch
-        args = (b.input_ids, b.attention_mask, b.token_type_ids)
+        args = (b.input_ids, b.attention_mask)
         with torch.no_grad():
             rows = torch.arange(len(self.targets), device=self.targets.device)
             at = self.targets
@@ -208,11 +184,15 @@ class _EmbeddingMethod(TokenAttributor):
         self.layer = one_of("layer", layer, LAYERS)
         self.output = one_of("output", output, OUTPUTS)
 
+    def prepare(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
+        """Find ``layer`` in this model once, before any work (an unsupported model is one line)."""
+        EmbeddingForward(model, tokenizer, self.layer, self.output)
+
     def _setup(self, texts: Texts) -> tuple[EmbeddingForward, torch.Tensor]:
         """The forward over embeddings and the batch's embeddings, requiring grad."""
-        fwd = EmbeddingForward(texts.model, self.layer, self.output)
+        fwd = EmbeddingForward(texts.model, texts.tokenizer, self.layer, self.output)
         batch = texts.padded
-        return fwd, fwd.embed(batch.input_ids, batch.token_type_ids).requires_grad_()
+        return fwd, fwd.embed(batch.input_ids, batch.attention_mask).requires_grad_()
 
 
 class _BaselineMethod(_EmbeddingMethod):

@@ -22,6 +22,7 @@ from captum.attr import Lime as CaptumLimeImpl
 from captum.attr._core.lime import get_exp_kernel_similarity_function
 from lime.lime_base import LimeBase
 from sklearn.metrics.pairwise import pairwise_distances
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import (
     AttributionError,
@@ -41,7 +42,7 @@ from saleval.modeling.inference import (
     use_bf16,
 )
 from saleval.vocab import Removal
-from saleval.words import perturb_ids, rank_words
+from saleval.words import RemovalError, perturb_ids, rank_words, removal_token
 
 DISTANCES = ("cosine", "euclidean")
 
@@ -73,6 +74,13 @@ class _Perturbation(Attributor):
         self.max_batch = int(max_batch)
         self.bf16 = parse_bf16(bf16)
 
+    def prepare(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
+        """``removal`` must be possible with this tokenizer (no silent ``delete`` for ``mask``)."""
+        try:
+            removal_token(self.removal, tokenizer)
+        except RemovalError as err:
+            raise AttributionError(f"{self.name or self.registry_name}: {err}") from err
+
     def _forward_each(
         self, texts: Texts, seqs: Sequence[Sequence[list[int]]], probs: bool = True
     ) -> list[np.ndarray]:
@@ -86,7 +94,7 @@ class _Perturbation(Attributor):
         values = forward_logits(
             model,
             [seq for each in seqs for seq in each],
-            pad_token_id=int(texts.tokenizer.pad_token_id or 0),
+            tokenizer=texts.tokenizer,
             max_tokens=self.max_tokens,
             max_batch=self.max_batch,
             bf16=self.bf16,
@@ -293,9 +301,13 @@ class CaptumLime(TokenAttributor):
         self.output = output
         self.seed = int(seed)
 
+    def prepare(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
+        """Find ``layer`` in this model before any work."""
+        EmbeddingForward(model, tokenizer, self.layer, self.output)
+
     def token_scores(self, texts: Texts) -> torch.Tensor:
         batch, targets = texts.padded, texts.target_ids
-        fwd = EmbeddingForward(texts.model, self.layer, self.output)
+        fwd = EmbeddingForward(texts.model, texts.tokenizer, self.layer, self.output)
         lime = CaptumLimeImpl(
             fwd,
             interpretable_model=SkLearnLinearRegression(),
@@ -304,14 +316,14 @@ class CaptumLime(TokenAttributor):
         out = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
         for i, n in enumerate(batch.lengths):
             ids = batch.input_ids[i : i + 1, :n]
-            types = batch.token_type_ids[i : i + 1, :n]
-            embeds = fwd.embed(ids, types)
+            mask = batch.attention_mask[i : i + 1, :n]
+            embeds = fwd.embed(ids, mask)
             with _torch_seed(sample_rng(self.seed, batch.texts[i])), torch.no_grad():
                 attr = lime.attribute(
                     embeds,
                     baselines=0.0,
                     target=int(targets[i]),
-                    additional_forward_args=(ids, batch.attention_mask[i : i + 1, :n], types),
+                    additional_forward_args=(ids, mask),
                     n_samples=self.n_samples,
                     perturbations_per_eval=self.perturbations_per_eval,
                 )

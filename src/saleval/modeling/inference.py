@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 
 def n_labels_of(model: PreTrainedModel) -> int:
@@ -330,39 +330,58 @@ def autocast(device: torch.device, bf16: object) -> contextlib.AbstractContextMa
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-@torch.inference_mode()
 def forward_logits(
     model: PreTrainedModel,
     sequences: Sequence[Sequence[int]],
     *,
-    pad_token_id: int = 0,
+    tokenizer: PreTrainedTokenizerFast | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_batch: int = 512,
     bf16: BF16 = False,
     progress: bool = False,
     desc: str = "forward",
 ) -> np.ndarray:
-    """Logits (float32, caller's order) for every id sequence; ``bf16`` per :func:`use_bf16`."""
+    """Logits (float32, caller's order) for every id sequence; ``bf16`` per :func:`use_bf16`.
+
+    The model is fed as ``tokenizer`` feeds it and right-padded with its own pad id
+    (:func:`saleval.modeling.interface.interface`); that padding leaves every text's logits
+    as they are alone is checked once per model first
+    (:func:`saleval.modeling.interface.check_padding`).
+    """
+    from saleval.modeling.interface import check_padding
+
+    check_padding(model, tokenizer, sequences)
+    return _forward_logits(model, sequences, tokenizer, max_tokens, max_batch, bf16, progress, desc)
+
+
+@torch.inference_mode()
+def _forward_logits(
+    model: PreTrainedModel,
+    sequences: Sequence[Sequence[int]],
+    tokenizer: PreTrainedTokenizerFast | None,
+    max_tokens: int,
+    max_batch: int,
+    bf16: BF16,
+    progress: bool,
+    desc: str,
+) -> np.ndarray:
+    from saleval.modeling.interface import interface
+
     device = next(model.parameters()).device
     lengths = [len(s) for s in sequences]
     n_labels = n_labels_of(model)
     out = np.empty((len(sequences), n_labels), dtype=np.float32)
     if not sequences:
         return out
+    feed = interface(model, tokenizer)
     batches = list(length_batches(lengths, max_tokens, max_batch))
     bf16 = use_bf16(device, bf16)  # resolve `auto` once, not per batch
     with attention_implementation(model, "sdpa"), cls_only_last_layer(model):
         for idx in tqdm(batches, desc=desc, disable=not progress, leave=False):
-            width = max(lengths[i] for i in idx)
-            count_padding([lengths[i] for i in idx], width)
-            ids = torch.full((len(idx), width), pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                seq = torch.as_tensor(sequences[i], dtype=torch.long)
-                ids[row, : len(seq)] = seq
-                mask[row, : len(seq)] = 1
+            count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
+            ids, mask = feed.pad([sequences[i] for i in idx], device)
             with autocast(device, bf16):
-                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+                logits = model(**feed.inputs(ids, mask)).logits
             out[idx] = logits.float().cpu().numpy()
     return out
 

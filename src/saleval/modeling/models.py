@@ -14,6 +14,7 @@ A trained model is a ``model/`` dir written by ``save_pretrained`` in a train ru
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -182,17 +183,47 @@ class RandomSource(ModelSource):
         return BertForSequenceClassification(conf)
 
 
+PRETRAINED_TARGET = "saleval.modeling.models.PretrainedSource"
+
+
+def source_target(mc: ModelConfig) -> str:
+    """The source class a model node means: ``model.pretrained`` set means that checkpoint,
+    whatever the group's own ``_target_`` (``model=minilm model.pretrained=<dir>`` trains
+    ``<dir>``, never the embedded MiniLM)."""
+    return PRETRAINED_TARGET if mc.pretrained else mc._target_
+
+
+def use_checkpoint(node: Any) -> str | None:
+    """Point a composed ``model`` node at ``model.pretrained`` when its group names another
+    source: ``_target_`` becomes :class:`PretrainedSource` and ``name`` the checkpoint's
+    (:func:`checkpoint_name`), so the run's config, provenance and run name say which model
+    was trained. Returns a one-line note of the change (None when there is none)."""
+    mc = model_config(node)
+    if not mc.pretrained or mc._target_ == PRETRAINED_TARGET:
+        return None
+    before = f"model={mc.name}"
+    node._target_ = PRETRAINED_TARGET
+    node.name = checkpoint_name(mc.pretrained)
+    for key in ("package", "tokenizer_package"):
+        node[key] = None
+    node.config = {}
+    return f"model.pretrained={mc.pretrained}: training that checkpoint ({before}'s own weights unused)"
+
+
 def model_source(cfg: ModelConfig | Mapping[str, Any] | Any) -> ModelSource:
-    """The :class:`ModelSource` that ``model._target_`` names, for this config."""
+    """The :class:`ModelSource` that ``model._target_`` names, for this config (or
+    :class:`PretrainedSource` where ``model.pretrained`` is set: :func:`source_target`)."""
     mc = model_config(cfg)
     try:
-        cls = get_class(mc._target_)
+        cls = get_class(source_target(mc))
     except Exception as err:
-        raise ModelError(f"model._target_={mc._target_!r} is not a class: {err}") from err
+        raise ModelError(f"model._target_={source_target(mc)!r} is not a class: {err}") from err
     if not (isinstance(cls, type) and issubclass(cls, ModelSource)):
         raise ModelError(
             f"model._target_={mc._target_!r} is not a saleval.modeling.models.ModelSource"
         )
+    if source_target(mc) != mc._target_:
+        mc = dataclasses.replace(mc, _target_=source_target(mc))
     return cls(mc)
 
 
@@ -224,6 +255,36 @@ def build_model(
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     return model_source(cfg).build(kwargs, seed)
+
+
+def prepare_for_training(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> dict[str, str]:
+    """Make a fresh classifier trainable in padded batches; returns what was set (recorded
+    in the train run's ``metrics.json``).
+
+    A decoder checkpoint (GPT-2, Llama) usually has no pad token, and its head finds the
+    token it reads by ``config.pad_token_id``: the tokenizer's pad token becomes its eos
+    token where it has none (the usual choice), and the config's pad id the tokenizer's.
+    Both are saved with the trained model, so every later stage pads the same way.
+    """
+    notes: dict[str, str] = {}
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(
+                f"{type(model).__name__}: the tokenizer has neither a pad nor an eos token, so "
+                "batches cannot be padded: add a pad token to the checkpoint's tokenizer"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+        notes["pad_token"] = (
+            f"{tokenizer.eos_token} (the eos token; the tokenizer had no pad token)"
+        )
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+        notes["config_pad_token_id"] = f"{tokenizer.pad_token_id} (the tokenizer's pad token)"
+    for key, note in notes.items():
+        log.info("%s: %s set to %s", type(model).__name__, key, note)
+    return notes
 
 
 def load_trained(
@@ -279,34 +340,22 @@ def align_labels(model: PreTrainedModel, label_names: Sequence[str], where: str)
 
     A checkpoint's ``id2label`` equal to the dataset's labels: nothing to do. The same
     names in another order: the output layer's rows are permuted (and ``id2label``
-    rewritten) so class *i* is the dataset's label *i* for every later table. Names that
+    rewritten) so class *i* is the dataset's label *i* for every later table; the layer
+    is found through the model, whatever its name (:func:`output_layer`). Names that
     Transformers gives unnamed classes (``LABEL_0``, ``LABEL_1``, ...) are taken in the
     dataset's order, with a warning. Anything else is an error naming both lists.
     """
-    import logging
-
     ours = [str(n) for n in label_names]
     theirs = label_names_of(model)
     if theirs == ours:
         return
     if theirs == [f"LABEL_{i}" for i in range(len(theirs))] and len(theirs) == len(ours):
-        logging.getLogger(__name__).warning(
+        log.warning(
             "%s: the checkpoint names its classes %s; taking them as the dataset's %s in "
             "that order", where, theirs, ours,
         )  # fmt: skip
     elif sorted(theirs) == sorted(ours):
-        head = _output_layer(model)
-        if head is None:
-            raise ModelError(
-                f"{where}: the checkpoint's labels {theirs} are the dataset's {ours} in another "
-                "order, and its output layer is not a plain Linear to permute: re-save it "
-                "with id2label in the dataset's order"
-            )
-        order = torch.tensor([theirs.index(n) for n in ours])
-        with torch.no_grad():
-            head.weight.copy_(head.weight[order])
-            if head.bias is not None:
-                head.bias.copy_(head.bias[order])
+        _permute_classes(model, [theirs.index(n) for n in ours], theirs, ours, where)
     else:
         raise ModelError(
             f"{where}: the checkpoint's labels {theirs} differ from the dataset's {ours}; "
@@ -316,15 +365,65 @@ def align_labels(model: PreTrainedModel, label_names: Sequence[str], where: str)
     model.config.label2id = {n: i for i, n in enumerate(ours)}
 
 
-def _output_layer(model: PreTrainedModel) -> torch.nn.Linear | None:
-    """The Linear that produces the class logits (BERT: ``classifier``; RoBERTa-style
-    heads: ``classifier.out_proj``), or None when the head is something else."""
+def output_layer(model: PreTrainedModel) -> torch.nn.Linear | None:
+    """The Linear whose rows are the classes, found through the model: of the Linears with
+    one output per class (BERT's ``classifier``, RoBERTa's ``classifier.out_proj``, a
+    decoder's ``score``, ...), the last one a forward pass runs. None when there is none."""
+    from saleval.modeling.interface import interface, probe_ids
+
     n = len(label_names_of(model))
-    head = getattr(model, "classifier", None)
-    for cand in (head, getattr(head, "out_proj", None)):
-        if isinstance(cand, torch.nn.Linear) and cand.out_features == n:
-            return cand
-    return None
+    cands = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == n]
+    if not cands:
+        return None
+    ran: list[torch.nn.Module] = []
+    hooks = [c.register_forward_hook(lambda m, i, o: ran.append(m)) for c in cands]
+    try:
+        with torch.no_grad():
+            ids = probe_ids(model, 4)
+            model(**interface(model, None).inputs(ids, torch.ones_like(ids)))
+    finally:
+        for h in hooks:
+            h.remove()
+    return cast(torch.nn.Linear, ran[-1]) if ran else None
+
+
+def _permute_classes(
+    model: PreTrainedModel, order: list[int], theirs: list[str], ours: list[str], where: str
+) -> None:
+    """Reorder the output layer's rows so class *i* is ``theirs[order[i]]``, and check on a
+    forward pass that the logits moved exactly so (else restore them and fail)."""
+    from saleval.modeling.interface import interface, probe_ids
+
+    head = output_layer(model)
+    if head is None:
+        raise ModelError(
+            f"{where}: the checkpoint's labels {theirs} are the dataset's {ours} in another "
+            "order, and it has no linear output layer with one row per class to permute: "
+            "re-save it with id2label in the dataset's order"
+        )
+    ids = probe_ids(model, 4)
+    feed = interface(model, None).inputs(ids, torch.ones_like(ids))
+    index = torch.tensor(order, device=head.weight.device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        before = model(**feed).logits
+        weight = head.weight.detach().clone()
+        bias = None if head.bias is None else head.bias.detach().clone()
+        head.weight.copy_(weight[index])
+        if bias is not None and head.bias is not None:
+            head.bias.copy_(bias[index])
+        after = model(**feed).logits
+        if not torch.allclose(after, before[:, index], atol=1e-5, rtol=1e-4):
+            head.weight.copy_(weight)
+            if bias is not None and head.bias is not None:
+                head.bias.copy_(bias)
+            raise ModelError(
+                f"{where}: the checkpoint's labels {theirs} are the dataset's {ours} in another "
+                f"order, but permuting its output layer did not permute its logits: re-save it "
+                "with id2label in the dataset's order"
+            )
+    model.train(was_training)
 
 
 def label_names_of(model: PreTrainedModel) -> list[str]:

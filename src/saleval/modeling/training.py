@@ -21,10 +21,11 @@ import pandas as pd
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, TQDMProgressBar
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from transformers.optimization import get_linear_schedule_with_warmup
 
 from saleval.config.trainer import LoaderConfig, TrainerConfig
+from saleval.modeling.interface import ModelInterface, basic_interface
 from saleval.schema import to_schema
 
 
@@ -32,8 +33,8 @@ class TokenizedTexts(torch.utils.data.Dataset):
     def __init__(self, df: pd.DataFrame, tokenizer: PreTrainedTokenizerFast, max_length: int):
         enc = tokenizer(df["text"].tolist(), truncation=True, max_length=max_length)
         self.items = [
-            {"input_ids": ids, "attention_mask": am, "labels": int(y)}
-            for ids, am, y in zip(enc["input_ids"], enc["attention_mask"], df["label"].tolist())
+            {"input_ids": ids, "labels": int(y)}
+            for ids, y in zip(enc["input_ids"], df["label"].tolist())
         ]
 
     def __len__(self) -> int:
@@ -41,6 +42,21 @@ class TokenizedTexts(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.items[i]
+
+
+class Collate:
+    """A batch of :class:`TokenizedTexts` items as the model takes it: right-padded with the
+    model's own pad id and fed as its tokenizer feeds it
+    (:class:`saleval.modeling.interface.ModelInterface`), the same way every later stage
+    feeds the model, plus ``labels``."""
+
+    def __init__(self, interface: ModelInterface) -> None:
+        self.interface = interface
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        ids, mask = self.interface.pad([it["input_ids"] for it in items])
+        labels = torch.as_tensor([int(it["labels"]) for it in items], dtype=torch.long)
+        return {**self.interface.inputs(ids, mask), "labels": labels}
 
 
 def length_sorted_indices(ds: TokenizedTexts) -> list[int]:
@@ -118,6 +134,7 @@ class TextDataModule(L.LightningDataModule):
         num_workers: int = 0,
         length_grouped: bool = True,
         seed: int = 0,
+        interface: ModelInterface | None = None,
     ) -> None:
         super().__init__()
         self.length_grouped = length_grouped
@@ -128,7 +145,8 @@ class TextDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
-        self.collate = DataCollatorWithPadding(tokenizer)
+        # without the model: what the tokenizer produces, padded with its pad id
+        self.collate = Collate(interface or basic_interface(tokenizer))
         self.ds: dict[str, TokenizedTexts] = {}
 
     @classmethod
@@ -139,8 +157,11 @@ class TextDataModule(L.LightningDataModule):
         max_length: int,
         loader: LoaderConfig | Mapping[str, Any] | Any,
         seed: int = 0,
+        interface: ModelInterface | None = None,
     ) -> TextDataModule:
-        """The data module with the batch sizes and workers of ``trainer.loader``."""
+        """The data module with the batch sizes and workers of ``trainer.loader``; batches
+        are fed as ``interface`` says (the model's, from
+        :func:`saleval.modeling.interface.interface`)."""
         lc = to_schema(LoaderConfig, loader)
         return cls(
             splits,
@@ -151,6 +172,7 @@ class TextDataModule(L.LightningDataModule):
             num_workers=lc.num_workers,
             length_grouped=lc.length_grouped,
             seed=seed,
+            interface=interface,
         )
 
     def setup(self, stage: str | None = None) -> None:

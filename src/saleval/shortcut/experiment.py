@@ -31,7 +31,14 @@ from saleval.metrics.shortcut import (
     precision_interval,
 )
 from saleval.modeling.data import load_dataset
-from saleval.modeling.models import MODEL_DIR, build_model, load_tokenizer, load_trained
+from saleval.modeling.interface import interface
+from saleval.modeling.models import (
+    MODEL_DIR,
+    build_model,
+    load_tokenizer,
+    load_trained,
+    prepare_for_training,
+)
 from saleval.modeling.training import TextDataModule, fit
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import fingerprint
@@ -109,11 +116,13 @@ def train_classifier(
     L.seed_everything(int(cfg.seed), workers=True)
     model = build_model(cfg.model, label_names, seed=int(cfg.seed))
     extend_vocabulary(tokenizer, rule, model)
+    prepare_for_training(model, tokenizer)
     dm = TextDataModule.from_config(
         {s: df[["sample_id", "text", "label"]] for s, df in splits.items()},
         tokenizer,
         int(cfg.model.max_length),
         cfg.trainer.loader,
+        interface=interface(model, tokenizer),
     )
     t0 = time.perf_counter()
     metrics = fit(model, dm, cfg.trainer, workdir)

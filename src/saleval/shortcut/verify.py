@@ -149,7 +149,7 @@ def accuracy(
     was_training = model.training
     model.eval()
     try:
-        proba = predict_proba(model, ids, pad_token_id=int(tokenizer.pad_token_id or 0), **kwargs)
+        proba = predict_proba(model, ids, tokenizer=tokenizer, **kwargs)
     finally:
         model.train(was_training)
     pred = proba.argmax(axis=1)

@@ -93,9 +93,7 @@ def filter_population(
     if population == Population.all:
         return df
     ids = tokenizer(df["text"].astype(str).tolist(), truncation=True, max_length=max_length)
-    pred = predict_proba(
-        model, ids["input_ids"], pad_token_id=int(tokenizer.pad_token_id or 0)
-    ).argmax(1)
+    pred = predict_proba(model, ids["input_ids"], tokenizer=tokenizer).argmax(1)
     right = pred == df["label"].to_numpy()
     return df[right if population == Population.correct else ~right].reset_index(drop=True)
 
@@ -206,6 +204,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.analysis import views
     from saleval.attribution import explain_frame
     from saleval.attribution.base import method_name
+    from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained
 
     spec = given_input(cfg, "model")
@@ -228,8 +227,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
         trained = st.parent_provenance["model"].max_length if run else None
-        max_length = int(cfg.max_length or trained or 256)
+        max_length = effective_max_length(cfg.max_length or trained, model, tokenizer)
         st.provide(max_length=max_length)
+        st.set_tags(model_tags(model, tokenizer))
         pool = filter_population(
             model, tokenizer, data[cfg.data.split], cfg.data.population, max_length
         )

@@ -20,16 +20,19 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from saleval.cli import hydra_main
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tracking
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
+
+log = logging.getLogger(__name__)
 
 
 def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -53,21 +56,38 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     import lightning as L
 
-    from saleval.modeling.models import MODEL_DIR, build_model, load_tokenizer
+    from saleval.modeling.interface import effective_max_length, interface, model_tags
+    from saleval.modeling.models import (
+        MODEL_DIR,
+        build_model,
+        load_tokenizer,
+        prepare_for_training,
+        use_checkpoint,
+    )
     from saleval.modeling.training import TextDataModule, fit
 
+    with open_dict(cfg):  # model.pretrained=<dir> trains <dir>, whatever the model group
+        note = use_checkpoint(cfg.model)
+    if note:
+        log.info(note)
     with Stage(cfg, "train") as st:
         t0 = time.perf_counter()
         L.seed_everything(int(cfg.seed), workers=True)
         data = load_dataset(cfg.dataset)
         tokenizer = load_tokenizer(cfg.model)
         model = build_model(cfg.model, data.label_names, seed=int(cfg.seed))
+        set_up = prepare_for_training(model, tokenizer)
+        # the checkpoint's position limit caps model.max_length
+        max_length = effective_max_length(int(cfg.model.max_length), model, tokenizer)
+        st.provide(max_length=max_length)
+        st.set_tags(model_tags(model, tokenizer))
         dm = TextDataModule.from_config(
             {s: data[s] for s in ("train", "validation", "test")},
             tokenizer,
-            int(cfg.model.max_length),
+            max_length,
             cfg.trainer.loader,
             seed=int(cfg.seed),
+            interface=interface(model, tokenizer),
         )
         result = fit(model, dm, cfg.trainer, st.run_dir)
         if not st.is_main:  # a DDP rank > 0 (trainer=ddp): rank 0 saves and logs the model
@@ -81,6 +101,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "n_test": len(data["test"]),
             "seconds": time.perf_counter() - t0,
             "data_source": data.source,
+            **({"max_length": max_length} if max_length != int(cfg.model.max_length) else {}),
+            **set_up,
         }
         write_json(st.path("metrics.json"), metrics)
         for split in ("train", "validation", "test"):

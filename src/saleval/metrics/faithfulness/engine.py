@@ -32,7 +32,7 @@ from saleval.metrics.faithfulness.formulas import (
 )
 from saleval.metrics.registry import Metric, registered
 from saleval.vocab import Removal
-from saleval.words import Segmentation, rank_words
+from saleval.words import Segmentation, rank_words, removal_token
 
 if TYPE_CHECKING:  # types only: the metrics register without loading torch (saleval.cli)
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -109,14 +109,14 @@ class ProbabilityCache:
     def __init__(
         self,
         model: PreTrainedModel,
-        pad_token_id: int,
+        tokenizer: PreTrainedTokenizerFast | None,
         config: MetricsConfig,
         progress: bool = False,
     ) -> None:
         from saleval.modeling.inference import parse_bf16
 
         self.model = model
-        self.pad_token_id = pad_token_id
+        self.tokenizer = tokenizer
         self.config = config
         self.bf16 = parse_bf16(config.inference.bf16, "metrics.inference.bf16")
         self.progress = progress
@@ -142,7 +142,7 @@ class ProbabilityCache:
             probs = predict_proba(
                 self.model,
                 [sequences[i] for i in first.values()],
-                pad_token_id=self.pad_token_id,
+                tokenizer=self.tokenizer,
                 max_tokens=self.config.inference.max_tokens,
                 max_batch=self.config.inference.max_batch,
                 bf16=self.bf16,
@@ -274,8 +274,9 @@ def evaluate(
                 f"metric(s) {unknown} not registered; registered: {[m.info.name for m in chosen]}"
             )
         chosen = [m for m in chosen if m.info.name in set(metrics)]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    cache = ProbabilityCache(model, int(pad), config, progress=progress)
+    if config.removal != Removal.delete:  # a removal the tokenizer cannot make: before any work
+        removal_token(config.removal, tokenizer)
+    cache = ProbabilityCache(model, tokenizer, config, progress=progress)
     rows = _Rows()
     timings: list[dict[str, Any]] = []
 
