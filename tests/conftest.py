@@ -99,6 +99,20 @@ def tiny_train_run(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) ->
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random classifier of every family saleval supports, with a fast tokenizer
+    trained here on SST-2 sentences (:mod:`saleval.testing.families`), built once per
+    session: ``{family: save_pretrained dir}``."""
+    import pandas as pd
+
+    from saleval.testing.families import FAMILIES, build_checkpoint
+
+    corpus = pd.read_csv(DATA_ROOT / "sst2" / "train.tsv", sep="\t")["text"].head(2000)
+    root = tmp_path_factory.mktemp("families")
+    return {f: build_checkpoint(f, root / f"my-{f}", corpus.tolist()) for f in FAMILIES}
+
+
 @dataclass
 class FinishedPipeline:
     """A finished ``saleval-run profile=smoke``: what it returned and printed."""

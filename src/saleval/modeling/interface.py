@@ -27,7 +27,7 @@ import inspect
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -112,7 +112,7 @@ def interface(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None)
     Inputs are those the tokenizer produces that the model's forward names; without a
     tokenizer, ids and mask only (every family's defaults then apply).
     """
-    names = ("input_ids", "attention_mask")
+    names: tuple[str, ...] = ("input_ids", "attention_mask")
     if tokenizer is not None:
         produced = tuple(getattr(tokenizer, "model_input_names", names))
         takes = _forward_params(model)
@@ -144,7 +144,8 @@ def probe_ids(model: PreTrainedModel, n: int) -> torch.Tensor:
         getattr(model.config, k, None)
         for k in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
     }
-    vocab = int(model.get_input_embeddings().weight.shape[0])
+    table = model.get_input_embeddings()
+    vocab = int(cast(torch.Tensor, table.weight).shape[0])
     ids = [i for i in range(vocab // 2, vocab) if i not in special][:n]
     return torch.as_tensor(ids, dtype=torch.long, device=_device(model)).unsqueeze(0)
 

@@ -16,13 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 #: tokenizer vocabulary size: large enough that common SST-2 words are single tokens,
 #: small enough that rare ones split into pieces (so word merging is exercised)
 VOCAB = 600
 #: the layer sizes of every tiny model
 HIDDEN, LAYERS, HEADS, FFN, POSITIONS = 32, 2, 4, 64, 128
+#: the weights' standard deviation: ten times the usual 0.02, so that a random model's
+#: logits differ between texts by more than float noise (tests compare such differences)
+INIT = 0.2
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ def _size(**extra: Any) -> dict[str, Any]:
         "num_attention_heads": HEADS,
         "intermediate_size": FFN,
         "max_position_embeddings": POSITIONS,
+        "initializer_range": INIT,
         **extra,
     }
 
@@ -88,9 +92,10 @@ def _deberta_v2(tok: Any, n: int) -> Any:
         position_biased_input=False,
         max_relative_positions=-1,
         type_vocab_size=0,
-        conv_kernel_size=3,  # the convolution after the first layer also reads the embeddings
-        pooler_hidden_size=HIDDEN,
         **_size(),
+        # the convolution after the first layer also reads the embeddings; the config takes
+        # these through its **kwargs, which the stubs do not show
+        **cast(dict[str, Any], {"conv_kernel_size": 3, "pooler_hidden_size": HIDDEN}),
     )
     return DebertaV2ForSequenceClassification(conf)
 
@@ -107,6 +112,7 @@ def _distilbert(tok: Any, n: int) -> Any:
         n_heads=HEADS,
         hidden_dim=FFN,
         max_position_embeddings=POSITIONS,
+        initializer_range=INIT,
     )
     return DistilBertForSequenceClassification(conf)
 
@@ -128,7 +134,7 @@ def _modernbert(tok: Any, n: int) -> Any:
         **_special(tok),
         **_labels(n),
         vocab_size=len(tok),
-        global_attn_every_n_layers=2,
+        layer_types=["full_attention", "sliding_attention"],
         local_attention=16,
         classifier_pooling="mean",  # reads every position: attention's `output` query = `all`
         **_size(),
@@ -174,97 +180,95 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def train_tokenizer(family: str, corpus: Iterable[str]) -> Any:
-    """A fast tokenizer of ``family``'s kind, trained on ``corpus``, with its special tokens
-    and post-processor (what the family's own tokenizer adds around a text)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers as tt
-    from transformers import PreTrainedTokenizerFast
+#: each family's special tokens, as its own tokenizer names them (the first is trained first)
+_SPECIALS: dict[str, dict[str, str]] = {
+    # GPT-2: one token serves as bos, eos and unk; a fine-tuned classifier pads with it too
+    "gpt2": dict.fromkeys(("bos_token", "eos_token", "unk_token", "pad_token"), "<|endoftext|>"),
+    "llama": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>"},
+    "bpe": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
+            "mask_token": "<mask>", "cls_token": "<s>", "sep_token": "</s>"},
+    "wordpiece": {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
+                  "sep_token": "[SEP]", "mask_token": "[MASK]"},
+}  # fmt: skip
+#: the families whose tokenizer returns token type ids (their models take them)
+_TOKEN_TYPES = ("deberta_v2", "electra")
 
+
+def _specials(family: str) -> dict[str, str]:
     kind = FAMILIES[family].tokenizer
-    texts = list(corpus)
-    if family in ("gpt2",):
-        specials = ["<|endoftext|>"]
-    elif family == "llama":
-        specials = ["<unk>", "<s>", "</s>"]
-    elif kind == "bpe":
-        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    else:
-        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    if family in _SPECIALS:
+        return _SPECIALS[family]
+    return _SPECIALS["bpe" if kind == "bpe" else "wordpiece"]
+
+
+def _model(kind: str, unk: str) -> tuple[Any, Any]:
+    """An untrained tokenizer of ``kind`` and its trainer's class and options."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import trainers as tt
+
     if kind == "bpe":
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        trainer: Any = tt.BpeTrainer(
-            vocab_size=VOCAB,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        return tk, lambda sp: tt.BpeTrainer(
+            vocab_size=VOCAB, special_tokens=sp, initial_alphabet=alphabet
         )
-    elif kind == "unigram":
+    if kind == "unigram":
         tk = Tokenizer(models.Unigram())
         tk.normalizer = normalizers.Replace(" ", "▁")
         tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
         tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-        trainer = tt.UnigramTrainer(
-            vocab_size=VOCAB,
-            special_tokens=specials,
-            unk_token=specials[0] if family == "llama" else "[UNK]",
-        )
-    else:
-        tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tk.decoder = decoders.WordPiece()
-        trainer = tt.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials)
-    tk.train_from_iterator(texts, trainer)
-    names: dict[str, str] = {}
+        return tk, lambda sp: tt.UnigramTrainer(vocab_size=VOCAB, special_tokens=sp, unk_token=unk)
+    tk = Tokenizer(models.WordPiece(unk_token=unk))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece()
+    return tk, lambda sp: tt.WordPieceTrainer(vocab_size=VOCAB, special_tokens=sp)
+
+
+def _post_processor(family: str, tk: Any, names: dict[str, str]) -> Any:
+    """What the family's tokenizer adds around one text: ``[CLS] x [SEP]``, ``<s> x </s>``,
+    Llama's ``<s> x``, nothing for GPT-2."""
+    from tokenizers import processors
+
+    def tid(token: str) -> int:
+        found = tk.token_to_id(token)
+        if found is None:
+            raise ValueError(f"{family}: the trained tokenizer lacks {token!r}")
+        return int(found)
+
     if family == "gpt2":
-        names = {
-            "bos_token": specials[0],
-            "eos_token": specials[0],
-            "unk_token": specials[0],
-            "pad_token": specials[0],
-        }
-    elif family == "llama":
-        names = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>"}
-        tk.post_processor = processors.TemplateProcessing(
-            single="<s> $A", special_tokens=[("<s>", tk.token_to_id("<s>"))]
+        return None
+    if family == "llama":
+        bos = names["bos_token"]
+        return processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tid(bos))])
+    if FAMILIES[family].tokenizer == "bpe":
+        sep, cls = names["sep_token"], names["cls_token"]
+        return processors.RobertaProcessing(
+            (sep, tid(sep)), (cls, tid(cls)), trim_offsets=True, add_prefix_space=False
         )
-    elif kind == "bpe":
-        names = {
-            "bos_token": "<s>",
-            "eos_token": "</s>",
-            "cls_token": "<s>",
-            "sep_token": "</s>",
-            "pad_token": "<pad>",
-            "unk_token": "<unk>",
-            "mask_token": "<mask>",
-        }
-        tk.post_processor = processors.RobertaProcessing(
-            ("</s>", tk.token_to_id("</s>")),
-            ("<s>", tk.token_to_id("<s>")),
-            trim_offsets=True,
-            add_prefix_space=False,
-        )
-    else:
-        names = {
-            "pad_token": "[PAD]",
-            "unk_token": "[UNK]",
-            "cls_token": "[CLS]",
-            "sep_token": "[SEP]",
-            "mask_token": "[MASK]",
-        }
-        tk.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            special_tokens=[("[CLS]", tk.token_to_id("[CLS]")), ("[SEP]", tk.token_to_id("[SEP]"))],
-        )
-    # what each family's own tokenizer returns: token types only where the model has them
-    types = family in ("deberta_v2", "electra")
-    inputs = (
-        ["input_ids", "token_type_ids", "attention_mask"]
-        if types
-        else ["input_ids", "attention_mask"]
+    cls, sep = names["cls_token"], names["sep_token"]
+    return processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", special_tokens=[(cls, tid(cls)), (sep, tid(sep))]
     )
+
+
+def train_tokenizer(family: str, corpus: Iterable[str]) -> Any:
+    """A fast tokenizer of ``family``'s kind, trained on ``corpus``, with its special tokens,
+    its post-processor and the inputs it returns (token type ids only where the family's
+    own tokenizer makes them)."""
+    from transformers import PreTrainedTokenizerFast
+
+    names = _specials(family)
+    tk, trainer = _model(FAMILIES[family].tokenizer, names["unk_token"])
+    tk.train_from_iterator(list(corpus), trainer(list(dict.fromkeys(names.values()))))
+    post = _post_processor(family, tk, names)
+    if post is not None:
+        tk.post_processor = post
+    inputs = ["input_ids", "attention_mask"]
+    if family in _TOKEN_TYPES:
+        inputs.insert(1, "token_type_ids")
     return PreTrainedTokenizerFast(
         tokenizer_object=tk, model_max_length=POSITIONS, model_input_names=inputs, **names
     )
