@@ -266,6 +266,25 @@ def test_mask_removal_without_a_mask_token_is_refused(family, family_checkpoints
         evaluate(model, tok, [], MetricsConfig(ks=[1], removal="mask"))
 
 
+def test_the_explain_stage_refuses_before_any_work(family_checkpoints, make_cfg) -> None:
+    """A setting the model cannot honour stops ``saleval-explain`` in one line (a
+    :class:`~saleval.errors.UserError`, printed as one line by the console script) before
+    the first method runs: no table is written."""
+    from saleval.errors import UserError
+    from saleval.stages import explain
+
+    cfg = make_cfg(
+        "explain",
+        [f"inputs.model={family_checkpoints['gpt2']}", "dataset=sst2", "dataset.max_test=40",
+         "data.n_samples=4", "data.population=all", "progress=false",
+         "method.lime.removal=mask"],
+    )  # fmt: skip
+    with pytest.raises(UserError, match=r"^lime: removal: mask needs a mask token") as err:
+        explain.run(cfg)
+    assert "\n" not in str(err.value)
+    assert not list(Path(cfg.run_dir).glob("*.parquet"))
+
+
 def test_a_decoder_without_a_pad_id_is_one_line_and_training_sets_it(
     family_checkpoints, tmp_path, make_cfg
 ) -> None:

@@ -61,7 +61,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
 from saleval.modeling.inference import n_labels_of, predict_proba
-from saleval.modeling.interface import DEFAULT_MAX_LENGTH
+from saleval.modeling.interface import DEFAULT_MAX_LENGTH, check_padding
 from saleval.modeling.models import label_names_of
 from saleval.vocab import Target
 from saleval.words import Segmentation, segment
@@ -395,6 +395,12 @@ def explain_frame(
         seen[name] = key
         attributors.append((name, build_method(cfg, key)))
     model.eval()
+    # before any work: a padded batch must give each text its own logits, and every method's
+    # settings must suit this model (a removal token it lacks, a query it has no row for);
+    # one line here rather than a failure after the earlier methods ran
+    check_padding(model, tokenizer, [s.input_ids for s in segs])
+    for _, a in attributors:
+        a.prepare(model, tokenizer)
     job = _Job(tokenizer, segs, labels, target, int(batch_size), attributors, progress)
     if trainer is None:
         result = job.run(model)
