@@ -107,7 +107,7 @@ def padded_share(calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> flo
 
 def replay(model: Any, calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> Timing:
     """Plain :func:`saleval.modeling.inference.forward_logits` over the recorded calls."""
-    keep = ("pad_token_id", "max_tokens", "max_batch", "bf16")
+    keep = ("tokenizer", "max_tokens", "max_batch", "bf16")
 
     def run() -> None:
         for seqs, kw in calls:
