@@ -251,7 +251,7 @@ def test_decoder_attention_is_not_a_position_ramp(family, family_checkpoints) ->
 
 
 @pytest.mark.parametrize("family", DECODERS)
-def test_mask_removal_without_a_mask_token_is_refused(family, family_checkpoints) -> None:
+def test_a_removal_the_model_cannot_take_is_refused(family, family_checkpoints) -> None:
     from saleval.metrics.config import MetricsConfig
     from saleval.metrics.faithfulness import evaluate
     from saleval.words import RemovalError
@@ -264,6 +264,15 @@ def test_mask_removal_without_a_mask_token_is_refused(family, family_checkpoints
             build_method({"kind": kind, "removal": "mask"}).attribute(model, tok, segs, [0, 0])
     with pytest.raises(RemovalError, match="removal: mask needs a mask token"):
         evaluate(model, tok, [], MetricsConfig(ks=[1], removal="mask"))
+    if tok.unk_token_id == tok.pad_token_id:  # GPT-2: one token is eos, unk and pad
+        with pytest.raises(AttributionError, match="also GPT2ForSequenceClassification's pad"):
+            build_method({"kind": "occlusion", "removal": "unk"}).attribute(
+                model, tok, segs, [0, 0]
+            )
+        with pytest.raises(InterfaceError, match="removal: delete"):
+            evaluate(model, tok, [], MetricsConfig(ks=[1], removal="unk"))
+    else:  # Llama: <unk> is a token of its own, and removal by it works
+        build_method({"kind": "occlusion", "removal": "unk"}).attribute(model, tok, segs, [0, 0])
 
 
 def test_the_explain_stage_refuses_before_any_work(family_checkpoints, make_cfg) -> None:

@@ -41,6 +41,7 @@ from saleval.modeling.inference import (
     parse_bf16,
     use_bf16,
 )
+from saleval.modeling.interface import InterfaceError, check_replacement
 from saleval.vocab import Removal
 from saleval.words import RemovalError, perturb_ids, rank_words, removal_token
 
@@ -76,10 +77,13 @@ class _Perturbation(Attributor):
 
     def prepare(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
         """``removal`` must be possible with this tokenizer (no silent ``delete`` for ``mask``)."""
+        name = self.name or self.registry_name
         try:
-            removal_token(self.removal, tokenizer)
-        except RemovalError as err:
-            raise AttributionError(f"{self.name or self.registry_name}: {err}") from err
+            token = removal_token(self.removal, tokenizer)
+            if token is not None:
+                check_replacement(model, tokenizer, token, f"removal: {self.removal}")
+        except (RemovalError, InterfaceError) as err:
+            raise AttributionError(f"{name}: {err}") from err
 
     def _forward_each(
         self, texts: Texts, seqs: Sequence[Sequence[list[int]]], probs: bool = True

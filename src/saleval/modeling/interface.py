@@ -512,3 +512,21 @@ def model_tags(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None
         "model.pad_token_id": str(iface.pad_token_id),
         "model.reads": classifier_reads(model, tokenizer),
     }
+
+
+def check_replacement(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None, token_id: int, what: str
+) -> None:
+    """Refuse a replacement token that a decoder head would take for padding.
+
+    GPT-2's one special token is its eos, unk and (as fine-tuned) pad token at once: words
+    replaced by it would make the head skip them when it looks for its last non-pad token,
+    so the "removed" text would be read at another position. ``what`` names the setting.
+    """
+    pad = interface(model, tokenizer).pad_token_id
+    if int(token_id) == pad and is_decoder(model, tokenizer):
+        raise InterfaceError(
+            f"{what}: its token (id {token_id}) is also {type(model).__name__}'s pad token, "
+            "and a decoder head skips padding when it looks for its last token: use "
+            "removal: delete"
+        )

@@ -274,8 +274,12 @@ def evaluate(
                 f"metric(s) {unknown} not registered; registered: {[m.info.name for m in chosen]}"
             )
         chosen = [m for m in chosen if m.info.name in set(metrics)]
-    if config.removal != Removal.delete:  # a removal the tokenizer cannot make: before any work
-        removal_token(config.removal, tokenizer)
+    if config.removal != Removal.delete:  # a removal the model cannot take: before any work
+        from saleval.modeling.interface import check_replacement
+
+        token = removal_token(config.removal, tokenizer)
+        assert token is not None
+        check_replacement(model, tokenizer, token, f"metrics.removal: {config.removal}")
     cache = ProbabilityCache(model, tokenizer, config, progress=progress)
     rows = _Rows()
     timings: list[dict[str, Any]] = []
