@@ -198,7 +198,7 @@ def test_ig_is_complete_against_the_plain_model(family, family_checkpoints) -> N
     model, tok = _load(family_checkpoints[family])
     ig = build_method(
         {"kind": "integrated_gradients", "layer": "word_embeddings", "baseline": "unk",
-         "n_steps": 64}
+         "n_steps": 256}
     )  # fmt: skip
     for text, t in zip(TEXTS[:4], [1, 0, 1, 0]):
         seg = segment(text, tok, 64)

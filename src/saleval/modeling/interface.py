@@ -160,8 +160,9 @@ def classifier_reads(
     """Which positions of the last hidden state ``model``'s logits depend on.
 
     Found through the model, not from its class: one text at a time (no padding), the
-    gradient of the logits with respect to the last hidden state is non-zero exactly at
-    the positions the head reads. The first token → ``first`` (BERT-style ``[CLS]``
+    gradient of the logits with respect to the last block's output is non-zero exactly at
+    the positions the head reads (what follows the blocks — a final norm, the head — works
+    per position or reads positions, never mixes them). The first token → ``first`` (BERT-style ``[CLS]``
     pooling), the last → ``last`` (decoders: the last non-pad token), every token →
     ``mean`` (mean pooling). Anything else is an :class:`InterfaceError`. Remembered per
     model.
@@ -169,28 +170,33 @@ def classifier_reads(
     if model in _READS:
         return _READS[model]
     iface = interface(model, tokenizer)
+    blocks = _blocks(model)
+    if blocks is None or not len(blocks):
+        raise InterfaceError(
+            f"{type(model).__name__}: no list of {getattr(model.config, 'num_hidden_layers', '?')} "
+            "blocks found, so saleval cannot tell which position its classifier reads"
+        )
     seen = []
     was_training = model.training
     model.eval()
     try:
         for n in (3, 6):
             ids = probe_ids(model, n)
-            with torch.enable_grad():
-                out = model(**iface.inputs(ids, torch.ones_like(ids)), output_hidden_states=True)
-                last = (out.hidden_states or (None,))[-1]
-                if last is None or not last.requires_grad:
+            with torch.enable_grad(), _captured_output(blocks[-1]) as last:
+                out = model(**iface.inputs(ids, torch.ones_like(ids)))
+                if not last or not last[0].requires_grad:
                     raise InterfaceError(
-                        f"{type(model).__name__}: its hidden states carry no gradient, so "
-                        "saleval cannot tell which position its classifier reads"
+                        f"{type(model).__name__}: its last block's output carries no gradient, "
+                        "so saleval cannot tell which position its classifier reads"
                     )
-                last.retain_grad()
+                last[0].retain_grad()
                 out.logits.sum().backward()
-            grad = last.grad
+            grad = last[0].grad
             model.zero_grad(set_to_none=True)
             if grad is None:
                 raise InterfaceError(
-                    f"{type(model).__name__}: its logits do not depend on its last hidden "
-                    "state as returned, so saleval cannot tell which position it reads"
+                    f"{type(model).__name__}: its logits do not depend on its last block's "
+                    "output, so saleval cannot tell which position it reads"
                 )
             used = (grad[0].abs().sum(-1) > 0).tolist()
             if used == [True] + [False] * (n - 1):
@@ -212,6 +218,23 @@ def classifier_reads(
     reads: Reads = seen[0]  # type: ignore[assignment]
     _READS[model] = reads
     return reads
+
+
+@contextlib.contextmanager
+def _captured_output(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Inside, the list holds ``module``'s output (its first element when a tuple) once it
+    has run. A hook of saleval's own, removed after: transformers' ``output_hidden_states``
+    would install hooks for good that no process can pickle (``ddp_spawn``)."""
+    got: list[torch.Tensor] = []
+
+    def hook(m: nn.Module, i: Any, o: Any) -> None:
+        got.append(o[0] if isinstance(o, tuple | list) else o)
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield got
+    finally:
+        handle.remove()
 
 
 def is_decoder(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None = None) -> bool:
@@ -388,8 +411,8 @@ def embedding_point(
 
     ``word_embeddings``: the output of ``get_input_embeddings()``. ``embeddings``: the input
     to the first block — the tensor the model returns as ``hidden_states[0]`` — found by
-    running the model once: the outermost module outside the blocks whose output *is*
-    that tensor (BERT, RoBERTa, DeBERTa, DistilBERT, ModernBERT: the embeddings module;
+    running the model once with hooks of its own (removed after): the outermost module
+    outside the blocks whose output *is* that tensor (BERT, RoBERTa, DeBERTa, DistilBERT, ModernBERT: the embeddings module;
     ELECTRA: its projection; GPT-2: the dropout after word + position embeddings; Llama:
     the token embeddings), or else the first block, whose input is replaced.
     """
@@ -429,22 +452,21 @@ def _first_block_input(
     ids = probe_ids(model, 4)
     try:
         with torch.no_grad():
-            out = model(**iface.inputs(ids, torch.ones_like(ids)), output_hidden_states=True)
+            model(**iface.inputs(ids, torch.ones_like(ids)))
     finally:
         for h in hooks:
             h.remove()
-    states = out.hidden_states
-    if not states:
+    if not started:
         raise InterfaceError(
-            f"{cls} returns no hidden states, so saleval cannot find the input of its first "
-            "block: use layer: word_embeddings"
+            f"{cls}: no list of blocks found whose first block runs, so saleval cannot find "
+            "the input of its first block: use layer: word_embeddings"
         )
-    first = states[0]
+    first = started[0][1]
     producers = [m for m, o in finished if o is first and id(m) not in inside and m is not model]
     if producers:
         mod = producers[-1]  # the outermost: it finishes after the modules inside it
         return EmbeddingPoint(mod, f"{names.get(id(mod), '?')} (output)", "output")
-    if started and started[0][1] is first:
+    if isinstance(first, torch.Tensor):
         return EmbeddingPoint(started[0][0], "the first block's input", "input")
     raise InterfaceError(
         f"{cls}: cannot locate the input of its first block (no module outputs it); use "

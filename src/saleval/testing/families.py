@@ -214,12 +214,12 @@ def _model(kind: str, unk: str) -> tuple[Any, Any]:
         return tk, lambda sp: tt.BpeTrainer(
             vocab_size=VOCAB, special_tokens=sp, initial_alphabet=alphabet
         )
-    if kind == "unigram":
-        tk = Tokenizer(models.Unigram())
+    if kind == "unigram":  # its pieces come from a BPE run (see _canonical)
+        tk = Tokenizer(models.BPE(unk_token=unk))
         tk.normalizer = normalizers.Replace(" ", "▁")
         tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
         tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-        return tk, lambda sp: tt.UnigramTrainer(vocab_size=VOCAB, special_tokens=sp, unk_token=unk)
+        return tk, lambda sp: tt.BpeTrainer(vocab_size=VOCAB, special_tokens=sp)
     tk = Tokenizer(models.WordPiece(unk_token=unk))
     tk.normalizer = normalizers.BertNormalizer(lowercase=True)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -254,6 +254,41 @@ def _post_processor(family: str, tk: Any, names: dict[str, str]) -> Any:
     )
 
 
+def _canonical(tk: Any, specials: list[str], kind: str) -> Any:
+    """``tk`` with the same vocabulary and ids in every run.
+
+    The WordPiece and Unigram trainers number tokens of equal frequency in whatever order
+    their threads met them (and Unigram's EM moves its scores run to run); fixed ids make
+    every session's checkpoints the same. WordPiece: the special tokens first, then the
+    rest by spelling. Unigram: the pieces of a BPE run over ``▁``-marked words (whose
+    merges are deterministic), scored by merge rank as a Zipf law (log 1/(rank + 2)), so
+    the tokenizer is a Unigram model with ``▁`` (a SentencePiece-style vocabulary) whose
+    pieces do not depend on threads.
+    """
+    import json
+    import math
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tk.to_str())
+    model = spec["model"]
+    if kind == "wordpiece":
+        order = [*specials, *sorted(t for t in model["vocab"] if t not in specials)]
+        model["vocab"] = {t: i for i, t in enumerate(order)}
+    elif kind == "unigram":
+        by_id = sorted(model["vocab"], key=lambda t: model["vocab"][t])
+        order = [*specials, *(t for t in by_id if t not in specials)]
+        vocab = [[t, 0.0 if t in specials else math.log(1 / (r + 2))] for r, t in enumerate(order)]
+        spec["model"] = {"type": "Unigram", "unk_id": order.index(model["unk_token"]),
+                         "vocab": vocab, "byte_fallback": False}  # fmt: skip
+    else:  # byte-level BPE: deterministic already
+        return tk
+    ids = {t: i for i, t in enumerate(order)}
+    for added in spec.get("added_tokens", []):
+        added["id"] = ids[added["content"]]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def train_tokenizer(family: str, corpus: Iterable[str]) -> Any:
     """A fast tokenizer of ``family``'s kind, trained on ``corpus``, with its special tokens,
     its post-processor and the inputs it returns (token type ids only where the family's
@@ -262,7 +297,9 @@ def train_tokenizer(family: str, corpus: Iterable[str]) -> Any:
 
     names = _specials(family)
     tk, trainer = _model(FAMILIES[family].tokenizer, names["unk_token"])
-    tk.train_from_iterator(list(corpus), trainer(list(dict.fromkeys(names.values()))))
+    specials = list(dict.fromkeys(names.values()))
+    tk.train_from_iterator(list(corpus), trainer(specials))
+    tk = _canonical(tk, specials, FAMILIES[family].tokenizer)
     post = _post_processor(family, tk, names)
     if post is not None:
         tk.post_processor = post
