@@ -198,7 +198,7 @@ def pipeline_command(
     profile: str, stages: dict[str, list[str]], root: Path, extra: Sequence[str] = ()
 ) -> list[str]:
     """``saleval-run profile=<profile>`` with every stage's list given in full, in ``root``."""
-    cmd = [sys.executable, "-c", RUN_CLI, f"profile={profile}", "reuse=false",
+    cmd = [sys.executable, "-c", RUN_CLI, f"profile={profile}",
            f"paths.output_root={root}", f"run_dir={root / 'run'}"]  # fmt: skip
     cmd += [f"profile.stages.{s}={hydra_list(v)}" for s, v in sorted(stages.items())]
     return cmd + list(extra)
@@ -430,14 +430,15 @@ def missing_distributions(modules: Sequence[str]) -> list[str]:
 
 def step_env() -> dict[str, str]:
     """The steps' environment: offline, unbuffered, and each step its own MLflow store
-    under its output root (a tracking server set for the shell is not this check's)."""
+    under its output root (a tracking server set for the shell is not this check's). Stage
+    and method reuse stay as ``make run`` has them: the work folder starts empty, so
+    nothing is there to reuse, and every stage and method is computed and timed."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
-        SALEVAL_METHOD_REUSE="0",  # every method computed: this measures them
     )
     return env
 

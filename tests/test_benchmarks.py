@@ -306,3 +306,14 @@ def test_gpu_pack_round_trip(tmp_path: Path, monkeypatch) -> None:
     assert sorted(p.name for p in where["data"].iterdir()) == sorted(gpu_pack.DATA_DIRS)
     assert (where["data"] / "imdb" / "x.csv").read_text() == "imdb\n"
     sys.modules.pop("fakeminilm", None)
+
+
+def test_gpu_check_examples_run() -> None:
+    """The examples in the GPU check's docstrings (benchmarks/ is outside the doctest paths)."""
+    import doctest
+
+    from benchmarks import gpu, gpu_pack
+
+    for module in (gpu, gpu_pack):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
