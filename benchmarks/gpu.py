@@ -628,6 +628,7 @@ def check(
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     env, gpu = environment()
     print("\n".join(env), flush=True)
+    print(f"[gpu-check] run dirs and MLflow stores in {work} (kept; not returned)", flush=True)
     if not dry_run and not gpu:
         why = "torch sees no GPU: nothing to measure (--dry-run runs the steps on the CPU)"
         write_summary(out, [*env, why], [], {}, {}, dry_run, started)
