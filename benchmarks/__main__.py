@@ -15,6 +15,9 @@ ON_REQUEST = {
     "cheaper_variants": "benchmarks.cheaper_variants",
     "training_options": "benchmarks.training_options",
     "crowd_reader": "benchmarks.crowd_reader",
+    # issue #44: the GPU check (benchmarks/gpu_check.sh on a lent GPU; --dry-run on a CPU)
+    "gpu": "benchmarks.gpu",
+    "gpu_pack": "benchmarks.gpu_pack",
 }
 
 

@@ -42,8 +42,9 @@ class Setup:
     method_cfg: dict[str, dict[str, Any]]
 
 
-def setup(n: int) -> Setup:
-    """The model as the explain stage loads it (eager attention), texts, predicted classes."""
+def setup(n: int, device: str | torch.device = "cpu") -> Setup:
+    """The model as the explain stage loads it (eager attention), texts, predicted classes;
+    the model on ``device`` (every method and metric runs where the model is)."""
     cfg = compose(["dataset=ag_news"])  # explain: the dataset and every method's config
     model_cfg = compose(["model=minilm"], "train").model  # the explain root has no model node
     data = load_dataset(cfg.dataset)
@@ -51,6 +52,7 @@ def setup(n: int) -> Setup:
     tok = load_tokenizer(model_cfg)
     torch.manual_seed(0)
     model = build_model(model_cfg, data.label_names, attn_implementation="eager", seed=0).eval()
+    torch.nn.Module.to(model, torch.device(device))  # in place (transformers' typed `to`)
     segs = [segment(t, tok, int(model_cfg.max_length)) for t in texts]
     targets = inference.forward_logits(model, [s.input_ids for s in segs]).argmax(1).tolist()
     methods = OmegaConf.to_container(cfg.method, resolve=True)
@@ -63,7 +65,8 @@ class Timing:
     """Wall and CPU seconds (this process, all threads) for ``n`` examples.
 
     CPU time is the steadier figure on a shared machine: wall time there depends on
-    the neighbours' load.
+    the neighbours' load. On a GPU, wall time is the figure: CPU time there counts the
+    host's work and its waiting for the device.
     """
 
     wall: float
@@ -78,9 +81,18 @@ class Timing:
         return Timing(self.wall + other.wall, self.cpu + other.cpu, self.n)
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work, so a clock read after it counts that work (CUDA
+    kernels run asynchronously: without this a timer sees only their launch)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(fn: Callable[[], Any], n: int) -> tuple[Timing, Any]:
+    synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
+    synchronize()
     return Timing(time.perf_counter() - t0, time.process_time() - c0, n), out
 
 

@@ -90,6 +90,11 @@ class EmbeddingsAsInput(nn.Module):
             handle.remove()
 
 
+def device_of(model: Any) -> torch.device:
+    """Where ``model``'s weights are: a per-example user puts each input there."""
+    return next(model.parameters()).device
+
+
 def probs_padded(model: Any, seqs: Sequence[Sequence[int]], pad: int) -> np.ndarray:
     """One right-padded forward of ``seqs`` as given (no sorting, no cache)."""
     width = max(len(s) for s in seqs)
@@ -98,8 +103,10 @@ def probs_padded(model: Any, seqs: Sequence[Sequence[int]], pad: int) -> np.ndar
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.as_tensor(list(s))
         mask[i, : len(s)] = 1
+    dev = device_of(model)
     with torch.inference_mode():
-        return torch.softmax(model(input_ids=ids, attention_mask=mask).logits, -1).numpy()
+        logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits
+        return torch.softmax(logits, -1).cpu().numpy()
 
 
 def naive_method(kind: str, model: Any, tok: Any, settings: dict[str, Any], text: str,
@@ -120,12 +127,13 @@ def naive_method(kind: str, model: Any, tok: Any, settings: dict[str, Any], text
             seqs.append(perturb_ids(seg, keep, settings["removal"], tok))
         p = probs_padded(model, seqs, int(tok.pad_token_id))[:, target]
         return p[0] - p[1:]
-    ids = torch.tensor([seg.input_ids])
+    dev = device_of(model)
+    ids = torch.tensor([seg.input_ids], device=dev)
     if kind in ("all_attention", "last_attention"):
         with torch.no_grad():
             att = model(input_ids=ids, output_attentions=True).attentions
         chosen = att if kind == "all_attention" else att[-1:]
-        tokens = torch.stack(chosen).mean(dim=(0, 2, 3))[0].numpy()
+        tokens = torch.stack(chosen).mean(dim=(0, 2, 3))[0].cpu().numpy()
         return token_to_word_scores(tokens, seg, "sum")
     emb = model.bert.embeddings
     if kind in ("vanilla_gradient", "input_x_gradient"):
@@ -137,12 +145,12 @@ def naive_method(kind: str, model: Any, tok: Any, settings: dict[str, Any], text
             logits, emb, multiply_by_inputs=kind == "input_x_gradient"
         ).attribute(ids, target=target)
         tokens = a.abs().sum(-1) if kind == "vanilla_gradient" else a.sum(-1)
-        return token_to_word_scores(tokens[0].detach().numpy(), seg, "sum")
+        return token_to_word_scores(tokens[0].detach().cpu().numpy(), seg, "sum")
     # IG and DeepLIFT from the zero baseline; special tokens keep their own embedding
     f = EmbeddingsAsInput(model)
     with torch.no_grad():
         x = emb(input_ids=ids)
-    special = torch.tensor(seg.special)[None, :, None]
+    special = torch.tensor(seg.special, device=dev)[None, :, None]
     base = torch.where(special, x, torch.zeros_like(x))
     if kind == "integrated_gradients":
         a, _ = IntegratedGradients(f).attribute(
@@ -159,7 +167,7 @@ def naive_method(kind: str, model: Any, tok: Any, settings: dict[str, Any], text
             )  # fmt: skip
     else:
         raise KeyError(kind)
-    return token_to_word_scores(a.sum(-1)[0].detach().numpy(), seg, "sum")
+    return token_to_word_scores(a.sum(-1)[0].detach().cpu().numpy(), seg, "sum")
 
 
 def naive_lime(model: Any, tok: Any, settings: dict[str, Any], text: str,
@@ -172,14 +180,15 @@ def naive_lime(model: Any, tok: Any, settings: dict[str, Any], text: str,
     from lime.lime_text import LimeTextExplainer
 
     check_settings("lime", settings)
+    dev = device_of(model)
 
     def classifier_fn(strings: list[str]) -> np.ndarray:
         out = []
         for i in range(0, len(strings), 64):
             enc = tok(strings[i : i + 64], padding=True, truncation=True, max_length=256,
-                      return_tensors="pt")  # fmt: skip
+                      return_tensors="pt").to(dev)  # fmt: skip
             with torch.inference_mode():
-                out.append(torch.softmax(model(**enc).logits, -1).numpy())
+                out.append(torch.softmax(model(**enc).logits, -1).cpu().numpy())
         return np.vstack(out)
 
     explainer = LimeTextExplainer(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Timing, timed
+from benchmarks.common import Timing, synchronize, timed
 from saleval.modeling import inference
 
 
@@ -41,18 +41,52 @@ def count_passes(model: Any) -> Any:
         handle.remove()
 
 
-def gemm_throughput(config: Any, rows: int, length: int, dtype: torch.dtype) -> tuple[float, float]:
+#: FLOPs per timed round of :func:`gemm_throughput` and :func:`matmul_peak`: a few ms of
+#: a CPU core's work here, a few ms of a GPU's too (at its far higher rate)
+ROUND_FLOPS = {"cpu": 2e9, "cuda": 5e11}
+
+
+def _rounds(device: torch.device, flops: float) -> int:
+    return max(1, int(ROUND_FLOPS.get(device.type, 2e9) / flops))
+
+
+def _best_of_3(step: Any, reps: int) -> tuple[float, float]:
+    """Best wall and CPU seconds of one ``step()`` over 3 rounds of ``reps`` (GPU work
+    waited for: :func:`benchmarks.common.synchronize`)."""
+    with torch.inference_mode():
+        step()
+        synchronize()
+        best_wall = best_cpu = math.inf
+        for _ in range(3):
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(reps):
+                step()
+            synchronize()
+            best_wall = min(best_wall, (time.perf_counter() - t0) / reps)
+            best_cpu = min(best_cpu, (time.process_time() - c0) / reps)
+    return best_wall, best_cpu
+
+
+def gemm_throughput(
+    config: Any, rows: int, length: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> tuple[float, float]:
     """FLOP/s (per wall second, per CPU second) of one encoder layer's GEMMs at ``rows``
-    sequences of ``length`` tokens: Q, K, V, O, the two FFN matmuls and both attention bmms."""
+    sequences of ``length`` tokens on ``device``: Q, K, V, O, the two FFN matmuls and both
+    attention bmms."""
+    dev = torch.device(device)
     d, ff, h = config.hidden_size, config.intermediate_size, config.num_attention_heads
     r = rows * length
-    x = torch.randn(r, d, dtype=dtype)
-    wd = [torch.randn(d, d, dtype=dtype) for _ in range(4)]
-    w1, w2 = torch.randn(ff, d, dtype=dtype), torch.randn(d, ff, dtype=dtype)
-    hx = torch.randn(r, ff, dtype=dtype)
-    q = torch.randn(rows * h, length, d // h, dtype=dtype)
-    k = torch.randn(rows * h, d // h, length, dtype=dtype)
-    a = torch.randn(rows * h, length, length, dtype=dtype)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype, device=dev)
+
+    x = rand(r, d)
+    wd = [rand(d, d) for _ in range(4)]
+    w1, w2 = rand(ff, d), rand(d, ff)
+    hx = rand(r, ff)
+    q = rand(rows * h, length, d // h)
+    k = rand(rows * h, d // h, length)
+    a = rand(rows * h, length, length)
     flops = 2 * r * (4 * d * d + 2 * d * ff) + 4 * rows * length * length * d
 
     def layer() -> None:
@@ -63,17 +97,24 @@ def gemm_throughput(config: Any, rows: int, length: int, dtype: torch.dtype) -> 
         torch.bmm(q, k)
         torch.bmm(a, q)
 
-    with torch.inference_mode():
-        layer()
-        best_wall = best_cpu = math.inf
-        for _ in range(3):
-            reps = max(1, int(2e9 / flops))
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(reps):
-                layer()
-            best_wall = min(best_wall, (time.perf_counter() - t0) / reps)
-            best_cpu = min(best_cpu, (time.process_time() - c0) / reps)
+    best_wall, best_cpu = _best_of_3(layer, _rounds(dev, flops))
     return flops / best_wall, flops / max(best_cpu, 1e-12)
+
+
+def matmul_peak(
+    dtype: torch.dtype, device: torch.device | str = "cpu", size: int | None = None
+) -> float:
+    """The device's matmul peak in FLOP/s (wall): best of 3 rounds of square
+    ``size``×``size`` products in ``dtype`` (default size 8,192 on a GPU, where smaller
+    products leave it idle between kernels; 1,024 on a CPU). fp32 runs at PyTorch's
+    default ``highest`` matmul precision (no TF32), which is what the engine runs."""
+    dev = torch.device(device)
+    n = size or (8192 if dev.type == "cuda" else 1024)
+    a = torch.randn(n, n, dtype=dtype, device=dev)
+    b = torch.randn(n, n, dtype=dtype, device=dev)
+    flops = 2.0 * n**3
+    wall, _ = _best_of_3(lambda: torch.mm(a, b), _rounds(dev, flops))
+    return flops / wall
 
 
 @contextmanager

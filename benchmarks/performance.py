@@ -24,7 +24,10 @@ only) and the first ``n`` real AG News test texts, with their predicted classes:
   (:func:`saleval.modeling.inference.forward_logits`) over the very id sequences they ran.
 
 Both wall and CPU-time (``time.process_time``) ratios are printed: the machine is
-shared, and CPU time is the steadier figure there. Prints one markdown table; the
+shared, and CPU time is the steadier figure there. ``--device cuda`` runs the model, the
+engine and the naive loop on the GPU (ferret stays out: its side runs on the CPU), with
+the GPU's fp32 and bf16 matmul peak measured in the same run; on a GPU wall time is the
+figure that counts (``benchmarks/gpu.py`` runs it so, docs/benchmarks.md#gpu). Prints one markdown table; the
 long run writes it to ``--out`` too. ``--quick`` (4 texts, 2 for metrics, LIME 100
 samples on every side) is for development only.
 """
@@ -48,6 +51,7 @@ from benchmarks.perf_bounds import (
     count_passes,
     forward_flops,
     gemm_throughput,
+    matmul_peak,
     padded_share,
     recording,
     replay,
@@ -159,16 +163,39 @@ def _metrics_cfg() -> F.MetricsConfig:
 # ---------------------------------------------------------------------------------
 
 
+def device_line(device: torch.device) -> str:
+    """What runs the benchmark: the GPU's name and memory, or the CPU's threads."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return (
+            f"{props.name} ({props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} "
+            f"SMs), torch {torch.__version__} (CUDA {torch.version.cuda}), "
+            f"{os.cpu_count()} CPU cores"
+        )
+    return f"CPU, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: ``cpu``, ``cuda`` (fails without a GPU) or ``auto`` (the GPU when present)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: torch {torch.__version__} sees no GPU")
+    return device
+
+
 def run(args: argparse.Namespace) -> list[Row]:
-    s = setup(args.n)
+    device = resolve_device(args.device)
+    s = setup(args.n, device)
     mcfg = _metrics_cfg()
     n, cfg = len(s.texts), s.model.config
     lengths = [seg.n_tokens for seg in s.segs]
     print(
         f"{n} AG News test texts, {min(lengths)}-{max(lengths)} tokens (mean "
         f"{np.mean(lengths):.0f}); MiniLM-L6 (d={cfg.hidden_size}, d_ff={cfg.intermediate_size}, "
-        f"{cfg.num_hidden_layers} layers), eager attention; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}",
+        f"{cfg.num_hidden_layers} layers), eager attention; {device_line(device)}; "
+        f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     settings = {k: dict(v) for k, v in s.method_cfg.items()}
@@ -177,18 +204,34 @@ def run(args: argparse.Namespace) -> list[Row]:
     nine = list(s.method_cfg)  # the explain stage's default methods (conf/explain.yaml)
     methods = [m for m in nine if not args.only or m in args.only]
 
-    # GEMM throughput on the model's own shapes (best of 3; strictest bound)
+    # the device's matmul peak (large square products), then GEMM throughput on the
+    # model's own shapes (best of 3; the strictest bound)
+    matmul = {
+        label: matmul_peak(dtype, device, args.peak_size)
+        for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+    }
+    print(f"  matmul peak: fp32 {matmul['fp32'] / 1e12:.2f} TFLOP/s, "
+          f"bf16 {matmul['bf16'] / 1e12:.2f} TFLOP/s", flush=True)  # fmt: skip
     mean_len = round(float(np.mean(lengths)))
     peak: dict[str, tuple[float, float]] = {}
     for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         best = (0.0, 0.0)
-        for rows in (16, 32, 100):
-            w, c = gemm_throughput(cfg, rows, mean_len, dtype)
-            print(f"  GEMMs {label} {rows:3d}×{mean_len} tokens: {w / 1e9:6.1f} GFLOP/s wall, "
+        for n_rows in (16, 32, 100):
+            w, c = gemm_throughput(cfg, n_rows, mean_len, dtype, device)
+            print(f"  GEMMs {label} {n_rows:3d}×{mean_len} tokens: {w / 1e9:6.1f} GFLOP/s wall, "
                   f"{c / 1e9:6.1f} GFLOP/CPU-s", flush=True)  # fmt: skip
             best = (max(best[0], w), max(best[1], c))
         peak[label] = best
     flops_all = sum(forward_flops(cfg, L) for L in lengths)
+    head = f"{n} AG News test texts on {device_line(device)}."
+
+    def save_partial(done: list[Row]) -> None:
+        """The table so far, in ``--out``: a run stopped from outside (a time limit) keeps
+        the rows it finished."""
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            text = render(done, n, peak, "", matmul)
+            Path(args.out).write_text(f"{head} **Partial: the run has not finished.**\n\n{text}\n")
 
     rows: list[Row] = []
     engine_scores: dict[str, list[np.ndarray]] = {}
@@ -235,6 +278,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 row.agree = agreement(scores, naive_scores)
         rows.append(row)
         print_row(row, flush=True)
+        save_partial(rows)
 
     # opt-in: the forward-only methods with bf16 autocast (not the default: scores move)
     if args.bf16:
@@ -251,6 +295,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             row.notes.append("naive column: the fp32 naive loop")
             rows.append(row)
             print_row(row, flush=True)
+            save_partial(rows)
 
     # metrics on the first metrics_n samples × every method's scores
     mn = min(args.metrics_n, n)
@@ -313,10 +358,13 @@ def run(args: argparse.Namespace) -> list[Row]:
             metric_rows.append(row)
         for row in metric_rows:
             print_row(row, flush=True)
+        save_partial(rows + metric_rows)
 
     # ferret
     ferret, why = (None, "not run (--no-ferret)")
-    if not args.no_ferret:
+    if device.type != "cpu":
+        why = f"not run on {device.type}: the ferret side runs on the CPU in its own venv"
+    elif not args.no_ferret:
         ferret, why = run_ferret(
             s, min(args.ferret_n or n, n), mn, mn * len(methods), settings["lime"]["num_samples"],
             int(settings["integrated_gradients"]["n_steps"]), args.ferret_python,
@@ -353,12 +401,12 @@ def run(args: argparse.Namespace) -> list[Row]:
         if all(r.naive for r in base):
             tot.naive = sum((r.naive for r in base if r.naive), Timing(0, 0, n))
         rows.insert(len(base), tot)
-    table = render(rows + metric_rows, n, peak, why if ferret is None else "")
-    table += f"\nLoad average at the end: {os.getloadavg()[0]:.1f} (2 cores)."
+    table = render(rows + metric_rows, n, peak, why if ferret is None else "", matmul)
+    table += f"\nLoad average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)."
     print(table)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(table + "\n")
+        Path(args.out).write_text(f"{head}\n\n{table}\n")
     return rows + metric_rows
 
 
@@ -404,7 +452,13 @@ def naive_floor(rows: list[Row]) -> str:
     )
 
 
-def render(rows: list[Row], n: int, peak: dict[str, tuple[float, float]], ferret_why: str) -> str:
+def render(
+    rows: list[Row],
+    n: int,
+    peak: dict[str, tuple[float, float]],
+    ferret_why: str,
+    matmul: dict[str, float] | None = None,
+) -> str:
     head = (
         "| method / metric | n | engine ex/s | naive ex/s | engine vs naive (wall / CPU) "
         "| ferret ex/s | engine vs ferret (wall / CPU) | ÷ compute bound (wall / CPU) "
@@ -442,6 +496,11 @@ def render(rows: list[Row], n: int, peak: dict[str, tuple[float, float]], ferret
         f"({peak['bf16'][1] / 1e9:.1f}). engine vs X > 1× = engine faster; ÷ bound / plain "
         "= engine time over that floor.",
     ]
+    if matmul:
+        foot.append(
+            f"Matmul peak of the device (square products, this run): fp32 "
+            f"{matmul['fp32'] / 1e12:.2f} TFLOP/s, bf16 {matmul['bf16'] / 1e12:.2f} TFLOP/s."
+        )
     foot.append(naive_floor(rows))
     foot += [f"{r.name}: {'; '.join(r.notes)}." for r in rows if r.notes]
     agree = [f"{r.name} {r.agree}" for r in rows if r.agree]
@@ -475,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ferret-python", type=Path, default=FERRET_PYTHON)
     p.add_argument("--ferret-timeout", type=float, default=4 * 3600)
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | auto (the GPU when present)")
+    p.add_argument("--peak-size", type=int, default=None,
+                   help="side of the square matmuls of the peak (default: 8192 GPU, 1024 CPU)")  # fmt: skip
     p.add_argument("--out", default=None, help="also write the table here")
     args = p.parse_args(argv)
     if args.quick:
@@ -483,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.n, args.metrics_n = min(args.n, 2), 1
         args.lime_samples = args.lime_samples or 20
+        args.peak_size = args.peak_size or 256
     if args.threads:
         torch.set_num_threads(args.threads)
     run(args)

@@ -306,3 +306,58 @@ def test_metrics_stage_fails_clearly_on_misaligned_words(make_cfg, train_run, to
         F.AlignmentError, match=r"sample ag-2, method \w+, word_index 1, field char_end"
     ):
         stage.run(cfg)
+
+
+def test_metrics_stage_runs_its_forward_passes_where_inference_accelerator_says(
+    make_cfg, train_run, tok, tmp_path, monkeypatch
+) -> None:
+    """Issue #44: the stage moved no model, so on a GPU machine its forward passes (the
+    metrics are most of a study's inference) ran on the CPU. The model now goes to
+    ``inference_device(metrics.inference.accelerator)`` before any pass; here that device
+    is ``meta``, so only a real move puts the weights there."""
+    from saleval.stages import metrics as stage
+    from tests.conftest import compose_config
+
+    ds = OmegaConf.to_container(compose_config("train", ["dataset=ag_news"]).dataset, resolve=True)
+    explain = fake_explain_run(tmp_path / "explain", tok, AG_TEXTS, ds)
+    seen: dict[str, object] = {}
+
+    def device(accelerator: str) -> torch.device:
+        seen["accelerator"] = accelerator
+        return torch.device("meta")
+
+    class Reached(Exception):
+        pass
+
+    def evaluate(model, *args, **kwargs):
+        seen["device"] = {p.device for p in model.parameters()}
+        raise Reached
+
+    monkeypatch.setattr(stage, "inference_device", device)
+    monkeypatch.setattr(F, "evaluate", evaluate)
+    cfg = make_cfg(
+        "metrics",
+        [
+            f"inputs.model={train_run}",
+            f"inputs.explain={explain}",
+            "metrics.inference.accelerator=cpu",
+        ],
+    )
+    with pytest.raises(Reached):
+        stage.run(cfg)
+    assert seen == {"accelerator": "cpu", "device": {torch.device("meta")}}
+
+
+def test_metrics_inference_accelerator_is_checked(monkeypatch) -> None:
+    from saleval.metrics.config import MetricsConfig
+    from saleval.stages.metrics import DeviceError, inference_device
+
+    with pytest.raises(ValueError, match=r"metrics.inference.accelerator must be one of"):
+        MetricsConfig.from_config({"ks": [1], "inference": {"accelerator": "tpu"}})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert inference_device("auto") == torch.device("cpu")  # auto: the CPU when there is no GPU
+    with pytest.raises(DeviceError, match=r"accelerator=gpu, but torch sees no GPU"):
+        inference_device("gpu")  # asked for: an error, not the CPU unasked
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert inference_device("auto") == torch.device("cuda")
+    assert inference_device("cpu") == torch.device("cpu")

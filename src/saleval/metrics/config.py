@@ -52,6 +52,10 @@ PLUGINS_KEY = "metrics.plugins"
 ERASER_GRID: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
 """ERASER's rationale bins, fractions of a text's words (DeYoung et al. 2020, §4)."""
 
+#: ``metrics.inference.accelerator``: the values of ``trainer.accelerator`` that name one
+#: device kind (saleval.modeling.inference.compute_device resolves them)
+ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")
+
 
 def n_words_for_fraction(fraction: float, n_words: int) -> int:
     r"""Number of words that make up ``fraction`` of a text: :math:`\max(1, \lceil f n \rceil)`.
@@ -89,6 +93,9 @@ class InferenceConfig:
     # CPU; emulated bf16 is ~8x slower, saleval.modeling.inference.use_bf16). A str: OmegaConf has no
     # bool | str type; "true"/"false" parse as the booleans.
     bf16: str = "false"
+    # auto | cpu | gpu: where the forward passes run. auto: the GPU when there is one, as
+    # training and the explain stage (trainer.accelerator: auto) do; gpu fails without one
+    accelerator: str = "auto"
 
 
 @dataclass
@@ -150,6 +157,11 @@ class MetricsConfig:
         ):
             if str(value).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"metrics.{key} must be true, false or auto, got {value!r}")
+        if str(self.inference.accelerator).lower() not in ACCELERATORS:
+            raise ValueError(
+                f"metrics.inference.accelerator must be one of {ACCELERATORS}, "
+                f"got {self.inference.accelerator!r}"
+            )
         self.settings = _settings_by_metric(self.settings)
 
     def settings_of(self, name: str) -> Any:

@@ -9,7 +9,8 @@ per metric family), and logs one MLflow child run per method with the same keys
 (``<metric>`` and ``<metric>_k<k>``; docs/tracking.md) so the UI puts methods in rows.
 
 Main options: ``inputs.model``, ``inputs.explain``, ``metrics`` (default, quick, mask, unk),
-``kgrid`` (paper, smoke), ``progress``.
+``kgrid`` (paper, smoke), ``metrics.inference.accelerator`` (auto: the GPU when there is
+one), ``progress``.
 
 Example::
 
@@ -26,6 +27,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.cli import hydra_main
+from saleval.errors import UserError
 from saleval.metrics.config import MetricsConfig
 from saleval.pipeline import run_naming, tables
 from saleval.pipeline.input_paths import InputError
@@ -33,6 +35,8 @@ from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
 from saleval.pipeline.stage import Stage
 
 if TYPE_CHECKING:
+    import torch
+
     from saleval.metrics.faithfulness import Explanation
 
 log = logging.getLogger(__name__)
@@ -114,8 +118,37 @@ def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
 INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length": ["explain"]}
 
 
+class DeviceError(UserError, RuntimeError):
+    """``metrics.inference.accelerator`` names a device this machine does not have."""
+
+
+def inference_device(accelerator: str) -> torch.device:
+    """Where the metrics' forward passes run (``metrics.inference.accelerator``): ``auto``
+    the GPU when torch sees one (as ``trainer.accelerator: auto`` trains and explains
+    there), ``cpu``, or ``gpu``/``cuda``, which fails here when there is none rather than
+    running on the CPU unasked.
+
+    >>> inference_device("cpu").type
+    'cpu'
+    """
+    import torch
+
+    from saleval.modeling.inference import compute_device
+
+    accel = str(accelerator).lower()
+    if accel in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise DeviceError(
+            f"metrics.inference.accelerator={accelerator}, but torch sees no GPU "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False): use auto or "
+            "cpu here, or install a CUDA build of torch"
+        )
+    return compute_device({"accelerator": accel})
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers load when a run starts, not on import (saleval.cli)
+    import torch
+
     from saleval.metrics.faithfulness import evaluate, explanations_from_tables, summarize
     from saleval.modeling.inference import use_bf16
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained
@@ -151,6 +184,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "re-segment the texts as the explain run did"
             )
         model, tok = load_trained(str(model_dir), attn_implementation=None)
+        # in place (transformers' typed `to` wraps it): every forward pass runs there
+        torch.nn.Module.to(model, inference_device(mcfg.inference.accelerator))
         align_labels(model, list(cfg.dataset.label_names), where=f"inputs.model={spec}")
         preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
         attrs = st.read(tables.ATTRIBUTIONS, "explain")
