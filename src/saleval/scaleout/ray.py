@@ -48,7 +48,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval.scaleout import resume
-from saleval.scaleout.needs import sweep_gpus
+from saleval.scaleout.needs import GpuUse, sweep_gpus
 from saleval.scaleout.resume import LauncherError, one_line_errors
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,10 @@ def probe(address: str) -> None:
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
     from ray.exceptions import AuthenticationError, RayError
 
-    where = canonicalize_bootstrap_address(address)
+    try:
+        where = canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError):  # "auto" with none found; not host:port
+        where = None
     if where is None:
         raise LauncherError(
             f"hydra.launcher.address={address}: no Ray cluster found on this machine "
@@ -135,6 +138,24 @@ def probe(address: str) -> None:
         raise LauncherError(
             f"no Ray cluster answers at {where} ({first}): is ray start --head running there?"
         ) from None
+
+
+def check_gpus(use: GpuUse, num_gpus: float) -> None:
+    """Refuse, in one line, jobs whose trainer takes more GPUs than each reserves (Ray
+    would start them where it gives them none, and they would crash there).
+
+    >>> check_gpus(GpuUse(1, "trainer=gpu"), 1)
+    >>> check_gpus(GpuUse(1, "trainer=gpu"), 0)
+    Traceback (most recent call last):
+    ...
+    saleval.scaleout.resume.LauncherError: each job's trainer=gpu takes 1 GPU but Ray reserves hydra.launcher.num_gpus=0: set hydra.launcher.num_gpus=1 (or trainer=cpu)
+    """
+    if use.gpus > num_gpus:
+        raise LauncherError(
+            f"each job's {use.what} takes {use.gpus} GPU but Ray reserves "
+            f"hydra.launcher.num_gpus={num_gpus:g}: set hydra.launcher.num_gpus={use.gpus} "
+            "(or trainer=cpu)"
+        )
 
 
 @contextlib.contextmanager
@@ -232,15 +253,12 @@ class RayLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        use = sweep_gpus(
-            self.config, job_overrides, self.hydra_context.config_loader.load_sweep_config
+        check_gpus(
+            sweep_gpus(
+                self.config, job_overrides, self.hydra_context.config_loader.load_sweep_config
+            ),
+            self.num_gpus,
         )
-        if use.gpus > self.num_gpus:
-            raise LauncherError(
-                f"each job's {use.what} takes {use.gpus} GPU but Ray reserves "
-                f"hydra.launcher.num_gpus={self.num_gpus:g}: set hydra.launcher.num_gpus="
-                f"{use.gpus} (or trainer=cpu)"
-            )
         jobs = resume.jobs_of(self.config, job_overrides, initial_job_idx)
         todo, done = resume.split(jobs)
         resume.end_dead_runs(self.config)

@@ -6,7 +6,8 @@
 them. The module imports nothing but the standard library, so root runs it with the
 system's Python, without building or touching the project's virtual environment. Nothing under ``/etc`` is read or written, and the daemons listen on free loopback
 ports, so it runs beside a real SLURM client config and beside other such clusters. The
-tests start one per session (``tests/test_slurm.py``).
+walk of docs/scale-out.md starts one through ``make slurm-local``
+(``tests/test_scaleout_page.py``).
 
 What it needs: the Debian packages ``slurm-wlm`` and ``munge`` (``slurmctld``, ``slurmd``,
 ``munged``, ``sbatch`` on PATH) and root, since ``slurmd`` starts each job as its user.
