@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -335,3 +336,34 @@ def test_the_local_cluster_needs_no_venv(monkeypatch: pytest.MonkeyPatch, tmp_pa
         "--dir",
         str(tmp_path / "c"),
     ]
+
+
+def test_two_jobs_logging_the_same_split_at_once_both_succeed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The jobs of a sweep on one server log the same dataset split at the same moment;
+    the store's check-then-insert makes one of them break the dataset's unique key (seen
+    on PostgreSQL, walking docs/scale-out.md). The loser logs again and links the row."""
+    from mlflow.exceptions import MlflowException
+
+    from saleval.pipeline import tracking
+
+    calls: list[str] = []
+    race = "(psycopg.errors.UniqueViolation) duplicate key value violates unique constraint"
+
+    def log_input(dataset: object, context: str) -> None:
+        calls.append(context)
+        if len(calls) == 1:
+            raise MlflowException(f'BAD_REQUEST: {race} "dataset_pk"')
+
+    monkeypatch.setattr(mlflow, "log_input", log_input)
+    df = pd.DataFrame({"sample_id": ["a"], "text": ["t"], "label": [0]})
+    tracking.log_dataset(df, "ag_news/train", "train")
+    assert calls == ["train", "train"]
+
+    def broken(dataset: object, context: str) -> None:
+        raise MlflowException("RESOURCE_DOES_NOT_EXIST: no such run")
+
+    monkeypatch.setattr(mlflow, "log_input", broken)
+    with pytest.raises(MlflowException, match="no such run"):  # any other error stands
+        tracking.log_dataset(df, "ag_news/train", "train")
