@@ -81,7 +81,10 @@ def job_gpus(cfg: DictConfig) -> GpuUse:
         trainer = [o for o in overrides if o.lstrip("+~").startswith("trainer")]
         if not trainer:  # the stage's own default: accelerator auto
             continue
-        stage_cfg = compose_root(str(stage), overrides)
+        try:
+            stage_cfg = compose_root(str(stage), overrides)
+        except Exception:  # the job reports it, before any stage runs (check_profile)
+            continue
         if "trainer" in stage_cfg:
             named = next((o for o in trainer if o.lstrip("+~").startswith("trainer=")), None)
             use = _trainer_use(stage_cfg.trainer, named.split("=", 1)[1] if named else None,

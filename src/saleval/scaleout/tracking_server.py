@@ -1,8 +1,8 @@
-"""The lab's tracking server: ``mlflow server``, quiet, and stopped whole.
+"""The lab's tracking server: ``mlflow server`` without the lines nobody acts on.
 
 ``python -m saleval.scaleout.tracking_server [mlflow server options]`` runs ``mlflow
 server`` with the options given, unchanged (docs/scale-out.md, *One tracking server*),
-and three differences:
+and two differences:
 
 * MLflow's own import of ``starlette.middleware.wsgi`` warns (``StarletteDeprecationWarning``)
   once in the server and once in each uvicorn worker. Nothing a user of the server can act
@@ -12,9 +12,9 @@ and three differences:
   :class:`DropExperimental`, on MLflow's ``mlflow.server.auth`` logger, drops that line;
   it reaches the workers through the uvicorn log configuration MLflow gives them (MLflow's
   own, the filter added). Every other line of MLflow and uvicorn shows as before.
-* ``mlflow server`` runs its uvicorn workers as children it does not stop when it is
-  killed: they kept the port. This command runs the server in a process group of its own
-  and passes SIGTERM, SIGINT (Ctrl-C) and SIGHUP to the whole group.
+
+SIGTERM and SIGHUP sent to this command go on to ``mlflow server``, which stops its
+workers; Ctrl-C reaches them all from the terminal.
 """
 
 from __future__ import annotations
@@ -106,21 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="saleval-mlflow-") as tmp:
         config = Path(tmp, "uvicorn-log.json")
         config.write_text(json.dumps(log_config()))
-        mlflow = Path(sys.executable).with_name("mlflow")
-        command = [
-            str(mlflow) if mlflow.exists() else sys.executable,
-            *([] if mlflow.exists() else ["-m", "mlflow"]),
-        ]
-        proc = subprocess.Popen(
-            [*command, "server", *server_args(args, config)], env=env, process_group=0
-        )
+        command = [sys.executable, "-m", "mlflow", "server", *server_args(args, config)]
+        proc = subprocess.Popen(command, env=env)
 
         def forward(signum: int, frame: Any) -> None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signum)
+                proc.send_signal(signum)
 
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, forward)
+        signal.signal(signal.SIGINT, lambda signum, frame: None)  # the terminal's group has it
         return proc.wait()
 
 
