@@ -11,7 +11,8 @@ to this checkout's ``Makefile``, ``src``, ``conf`` and ``.venv`` (``SALEVAL_ROOT
 there, so ``outputs/`` and ``.slurm-local/`` are the walk's own): the page's ``$PWD`` paths
 and ``make`` targets work unchanged, and nothing of the checkout is written. The page's
 ports and places (``RAY_PORT``, ``PG_PORT``, ``MLFLOW_PORT``, ``PG_DIR``) come from the
-environment, as the page allows, so the walk takes free ones. As root without ``sudo``
+environment, as the page allows, so the walk takes free ones; ``HOME`` is an empty
+directory of the walk's, as a new user's. As root without ``sudo``
 (CI), ``sudo`` is a small script that runs the command as sudo would (a clean PATH;
 ``-u USER`` through ``runuser``).
 
@@ -181,7 +182,9 @@ def walk(page: Page, tmp_path: Path) -> Iterator[Walk]:
         for k, v in subprocess_env().items()
         if not k.startswith(("MLFLOW_", "SLURM_", "RAY_", "VIRTUAL_ENV", "SALEVAL_ROOT"))
     }
+    (root / ".home").mkdir()
     env.update(
+        HOME=str(root / ".home"),  # a new user's: empty (and what Ray writes there is seen)
         SALEVAL_ROOT=str(root),
         SALEVAL_DATA_ROOT=str(paths.default_data_root()),
         RAY_TMPDIR=str(ray_tmp),
@@ -496,8 +499,7 @@ def _ray_missing() -> str | None:
 @pytest.mark.slow
 def test_ray(walk: Walk) -> None:
     require(_ray_missing())
-    token_file = Path.home() / ".ray" / "auth_token"
-    before = token_file.stat().st_mtime if token_file.exists() else None
+    token_file = Path(walk.env["HOME"]) / ".ray" / "auth_token"
     client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
 
     ran = walk.step("ray-local")
@@ -509,8 +511,7 @@ def test_ray(walk: Walk) -> None:
     noisy = [x for x in ran.output.splitlines() if RAY_NOISE.search(x)]
     assert not noisy and "(_execute pid=" in ran.output, noisy[:3]
     # the Ray started for the sweep had a token of its own: none written for later joins
-    after = token_file.stat().st_mtime if token_file.exists() else None
-    assert after == before
+    assert not token_file.exists()
 
     walk.step("ray-head")
     ran = walk.step("ray-cluster")
