@@ -70,9 +70,12 @@ bench-ferret-env: $(FERRET_STAMP)
 
 # A one-node SLURM cluster on this machine to try hydra/launcher=slurm configs before the
 # real cluster (docs/scale-out.md): root and `apt-get install -y slurm-wlm munge`. Prints the
-# SLURM_CONF to export; ARGS="--memory-mb 4000" makes a smaller node.
-slurm-local: $(STAMP)
-	$(BIN)/python -m saleval.scaleout.slurm_local start --dir .slurm-local $(ARGS)
+# SLURM_CONF to export; ARGS="--memory-mb 4000" makes a smaller node. The module is
+# standard library only: `sudo make slurm-local` runs it with the system's Python and
+# leaves .venv alone (built by root, it would belong to root).
+SLURM_LOCAL := src/saleval/scaleout/slurm_local.py
+slurm-local:
+	$(PYTHON) $(SLURM_LOCAL) start --dir .slurm-local $(ARGS)
 
-slurm-local-stop: $(STAMP)
-	$(BIN)/python -m saleval.scaleout.slurm_local stop --dir .slurm-local
+slurm-local-stop:
+	$(PYTHON) $(SLURM_LOCAL) stop --dir .slurm-local

@@ -1,5 +1,5 @@
 """Helpers for the tests that run sweeps on real engines (SLURM, Ray, a PostgreSQL-backed
-MLflow server): docs/scale-out.md.
+MLflow server): docs/scale-out.md, walked by ``tests/test_scaleout_page.py``.
 
 Those tests need system packages and root. Off CI they skip, naming the command that
 installs what is missing; on CI (``CI`` set, as ``.ci/run`` runs) a missing piece fails
@@ -9,17 +9,13 @@ instead, so the suite can never pass there by skipping them.
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.test_scaleout import BIN, TINY_JOB, _env
+from tests.test_scaleout import _env
 
-__all__ = ["BIN", "TINY_JOB", "Finished", "launch", "require", "runs_of", "subprocess_env"]
+__all__ = ["on_ci", "require", "runs_of", "subprocess_env"]
 
 
 def on_ci() -> bool:
@@ -42,41 +38,6 @@ def subprocess_env(tracking_uri: str | None = None, **extra: str) -> dict[str, s
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
-
-
-@dataclass
-class Finished:
-    """A command that ran: its exit status and its output (stdout and stderr together)."""
-
-    returncode: int
-    output: str
-
-    def tail(self) -> str:
-        return self.output[-4000:]
-
-
-def launch(
-    args: Sequence[object], env: dict[str, str], cwd: Path, timeout: float, expect: int | None = 0
-) -> Finished:
-    """Run a command; fail showing its output when it runs over ``timeout`` or exits other
-    than ``expect`` (None: any status)."""
-    try:
-        proc = subprocess.run(
-            [str(a) for a in args],
-            env=env,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout if isinstance(err.stdout, str) else (err.stdout or b"").decode()
-        pytest.fail(f"{args[0]} ran over {timeout} s:\n{out[-4000:]}")
-    done = Finished(proc.returncode, proc.stdout)
-    if expect is not None:
-        assert proc.returncode == expect, f"{args[0]} exited {proc.returncode}:\n{done.tail()}"
-    return done
 
 
 def runs_of(client: MlflowClient, filter_string: str = "") -> list:

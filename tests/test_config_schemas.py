@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf, open_dict
 
 from saleval import paths
-from saleval.pipeline.compose import register_configs, root_schemas
+from saleval.pipeline.compose import register_configs, root_schemas, stage_overrides
 from saleval.schema import to_schema
 from saleval.stages import run as pipeline
 from tests.conftest import compose_config
@@ -43,7 +43,7 @@ def test_every_stage_composes_with_every_profile(profile: str) -> None:
     selected = list(cfg.profile.stages_to_run or [s for s, *_ in pipeline.PIPELINE])
     pipeline.check_profile(cfg.profile, selected)  # raises on the first stage that fails
     for stage, _, config_name, _ in pipeline.PIPELINE:
-        stage_cfg = compose_config(config_name, pipeline.stage_overrides(cfg.profile, stage))
+        stage_cfg = compose_config(config_name, stage_overrides(cfg.profile, stage))
         assert stage_cfg.task_name == stage
 
 

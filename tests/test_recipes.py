@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
 from saleval.pipeline import tables
-from saleval.pipeline.compose import register_configs
-from saleval.stages.run import check_profile, stage_overrides
+from saleval.pipeline.compose import register_configs, stage_overrides
+from saleval.stages.run import check_profile
 
 #: recipe → the console script it runs under (saleval-<stage>); every file in
 #: conf/experiment is listed, so a new recipe cannot go untested

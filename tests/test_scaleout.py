@@ -1,8 +1,9 @@
-"""Scale-out (docs/scale-out.md): launcher configs, parallel joblib multiruns, an MLflow server.
+"""Scale-out (docs/scale-out.md): launcher configs, and a stage logging through an MLflow
+server on SQLite (the page's first try without a database).
 
-The two end-to-end tests run the console scripts as subprocesses, the way a user or a
-cluster node does, with every output, store and artifact in ``tmp_path``. The only network
-is loopback.
+The end-to-end test runs the console script as a subprocess, the way a user or a cluster
+node does, with every output, store and artifact in ``tmp_path``. The only network is
+loopback. The page itself, section by section, is walked by ``tests/test_scaleout_page.py``.
 """
 
 from __future__ import annotations
@@ -29,20 +30,9 @@ from omegaconf import DictConfig
 from saleval import paths
 from saleval.pipeline.compose import register_configs
 from saleval.pipeline.tracking import method_rows
-from tests.conftest import DATA_ROOT, TINY_TRAIN
+from tests.conftest import DATA_ROOT
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
-
-# TINY_TRAIN, smaller still: two of these run at once on two cores.
-SMALLER = {
-    "dataset.max_train": "32",
-    "dataset.max_validation": "16",
-    "dataset.max_test": "16",
-    "trainer.max_epochs": "1",
-}
-TINY_JOB = [o for o in TINY_TRAIN if o.split("=")[0] not in SMALLER] + [
-    f"{k}={v}" for k, v in SMALLER.items()
-]
 
 
 def _hydra_cfg(overrides: Sequence[str]) -> DictConfig:
@@ -105,66 +95,6 @@ def _run(args: Sequence[str], env: dict[str, str], cwd: Path, timeout: float) ->
         pytest.fail(f"{args[0]} ran over {timeout} s:\n{out[-4000:]}")
     assert proc.returncode == 0, f"{args[0]} exited {proc.returncode}:\n{out[-4000:]}"
     return proc.pid
-
-
-@pytest.mark.slow
-def test_joblib_multirun_runs_each_job_in_its_own_process_dir_and_mlflow_run(
-    tmp_path: Path,
-) -> None:
-    out = tmp_path / "outputs"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # fresh: both jobs create its tables at once
-    launcher_pid = _run(
-        [
-            BIN / "saleval-train",
-            "-m",
-            "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2",
-            *TINY_JOB,
-            f"paths.output_root={out}",
-            "seed=1,2",
-        ],
-        _env(uri),
-        tmp_path,
-        timeout=240,
-    )
-
-    sweeps = list((out / "train" / "multirun").iterdir())
-    assert len(sweeps) == 1
-    sweep = sweeps[0]
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
-    assert [p.name for p in jobs] == ["0", "1"]
-    infos = {}
-    for job in jobs:
-        assert (job / "model" / "config.json").is_file()
-        assert json.loads((job / "metrics.json").read_text())["n_train"] == 32
-        info = json.loads((job / "run.json").read_text())
-        assert info["status"] == "FINISHED"
-        infos[job.name] = info
-    # loky worker processes ran the jobs, one each, not the launching process
-    pids = {info["pid"] for info in infos.values()}
-    assert len(pids) == 2
-    assert launcher_pid not in pids
-
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("saleval/ag_news")
-    assert exp is not None
-    runs = client.search_runs([exp.experiment_id], "tags.stage = 'train'")
-    assert len(runs) == 2
-    by_job = {r.data.tags["sweep.job"]: r for r in runs}
-    assert set(by_job) == {"0", "1"}
-    assert {r.data.params["seed"] for r in runs} == {"1", "2"}
-    for name, info in infos.items():
-        run = by_job[name]
-        assert run.info.run_id == info["run_id"]
-        assert run.info.status == "FINISHED"
-        assert run.data.tags["run_dir"] == str(sweep / name)
-        assert run.data.tags["sweep"] == str(sweep)
-        assert f"seed={run.data.params['seed']}" in run.data.tags["sweep.overrides"]
-        assert "val_accuracy" in run.data.metrics
-        assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {
-            "metrics.json",
-            "run.json",
-        }
 
 
 SERVER_NAME = "saleval-tracking"  # a hostname the nodes would use for the server

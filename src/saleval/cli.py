@@ -132,13 +132,28 @@ def quiet_libraries() -> None:
     Lightning's ``lightning`` logger has its own console handler and also propagates to the
     root logger, which a Hydra app gives a console handler too: every line came twice.
     The loggers are set before Lightning is imported (the stages import it lazily).
+
+    In a SLURM job, every Trainer says "SLURM auto-requeueing enabled" (Lightning's
+    requeue-on-SIGUSR1, a signal Submitit never sends: it warns with SIGUSR2 and requeues
+    itself, docs/scale-out.md). Where stderr is a file (a SLURM job's ``.err``, a Ray
+    worker, a redirected run), transformers' and huggingface_hub's progress bars (loading
+    and writing weights) are off: a file keeps every redraw of them as one long line.
+    ``HF_HUB_DISABLE_PROGRESS_BARS=0`` turns them back on.
     """
     for name in (
         "lightning.pytorch.utilities.rank_zero",
         "lightning.fabric.utilities.rank_zero",
         "lightning.fabric.utilities.seed",
+        "lightning.pytorch.trainer.connectors.signal_connector",
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if not _isatty(sys.stderr):
+        # read by huggingface_hub (and through it transformers) when imported
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # imported already: its flag is set
     logging.getLogger("lightning").propagate = False
     # MLflow sets its logger's level when imported (the stages import it lazily): its switch
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -148,6 +163,13 @@ def quiet_libraries() -> None:
     # on a SLURM login node (or beside `make slurm-local`) a stage run directly, not in a
     # job, is what the user meant: Lightning's hint to prepend `srun` is noise there
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def lazy_run(module: str) -> Callable[[DictConfig], Any]:

@@ -191,7 +191,11 @@ def simulate_answers(
     by_bundle = {b: g.sort_values("position") for b, g in bundles.groupby("bundle_id", sort=True)}
     out: list[dict[str, Any]] = []
     for w in tqdm(
-        workers.itertuples(index=False), total=len(workers), desc="simulated workers", leave=False
+        workers.itertuples(index=False),
+        total=len(workers),
+        desc="simulated workers",
+        leave=False,
+        disable=None,  # a bar on a terminal; none in a file (a SLURM job's .err)
     ):
         g = by_bundle.get(w.bundle_id)
         if g is None:

@@ -133,6 +133,13 @@ def _single_configs(overrides: Sequence[str]) -> Iterator[list[str]]:
             yield [*fixed, f"{key}={value}"]
 
 
+def stage_overrides(profile: DictConfig, stage: str) -> list[str]:
+    """A ``saleval-run`` profile's ``common`` then ``stages.<stage>`` overrides of one stage
+    (what the pipeline composes that stage with; the SLURM launcher reads it too)."""
+    common = [f"{k}={v}" for k, v in profile.common.items()]
+    return common + [str(o) for o in profile.stages.get(stage, [])]
+
+
 def compose_root(config_name: str, overrides: Sequence[str]) -> DictConfig:
     """``config_name`` composed with ``overrides``: in the running Hydra app's search path
     when there is one (``saleval-run`` composing its stages), else in ``conf/``."""

@@ -23,10 +23,15 @@ GONE = "GONE"
 
 def job_tags() -> dict[str, str]:
     """``slurm_job_id`` and ``slurm_cluster`` of this process's job ({} outside SLURM): a
-    run tagged with them can be told dead from any machine of the cluster."""
+    run tagged with them can be told dead from any machine of the cluster. A task of a job
+    array is named as ``squeue``, ``scancel`` and the launcher's error line name it,
+    ``<array job>_<task>`` (its own ``SLURM_JOB_ID`` is a number no user sees)."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         return {}
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        job = f"{array}_{task}"
     return {"slurm_job_id": job, "slurm_cluster": os.environ.get("SLURM_CLUSTER_NAME", "")}
 
 
@@ -35,12 +40,12 @@ def available() -> bool:
     return shutil.which("squeue") is not None
 
 
-def job_states(job_ids: Iterable[str]) -> dict[str, str]:
+def job_states(job_ids: Iterable[str], timeout: float = 30) -> dict[str, str]:
     """Job id → state (``RUNNING``, ``CANCELLED``, ``PREEMPTED``, ... or :data:`GONE`).
 
     Ids may be plain (``123``) or array tasks (``123_4``); both spellings of an array task
-    are answered. Empty when ``squeue`` is missing or the controller does not answer (then
-    nothing can be told).
+    are answered. Empty when ``squeue`` is missing or the controller does not answer within
+    ``timeout`` seconds a call (then nothing can be told).
     """
     ids = sorted({str(j) for j in job_ids if str(j)})
     if not ids or not available():
@@ -52,7 +57,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, str]:
                 ["squeue", "-h", "--states=all", "-o", "%A|%i|%T", "-j", jid],
                 capture_output=True,
                 text=True,
-                timeout=30,
+                timeout=timeout,
             )
         except (OSError, subprocess.TimeoutExpired):
             return {}

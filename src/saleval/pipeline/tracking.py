@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shutil
 import time
 import warnings
@@ -251,7 +252,21 @@ def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None =
             name=name,
             targets=targets if targets in columns else None,
         )
-        mlflow.log_input(dataset, context=context)  # the schema is inferred here
+        for attempt in range(3):
+            try:
+                mlflow.log_input(dataset, context=context)  # the schema is inferred here
+                return
+            except mlflow.exceptions.MlflowException as err:
+                # the jobs of a sweep log the same split at once: the store looks for the
+                # dataset, then inserts it, and the second insert breaks its unique key;
+                # the row is there now, and logging again links it
+                if attempt == 2 or not _DUPLICATE.search(str(err)):
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+
+
+#: a tracking store's unique-key error (PostgreSQL, SQLite, MySQL), as its server relays it
+_DUPLICATE = re.compile(r"UniqueViolation|duplicate key|UNIQUE constraint failed|Duplicate entry")
 
 
 def _pinned(packages: Sequence[str]) -> list[str]:

@@ -18,14 +18,27 @@ Each job runs in a Ray worker process of its own (``num_cpus``/``num_gpus`` per 
 the launching shell's ``MLFLOW_*``, ``SALEVAL_*``, ``HF_*`` variables, writes
 ``<sweep dir>/<job number>`` and its own MLflow run tagged ``sweep``/``sweep.job``.
 Resubmitting into the same sweep dir reruns only the jobs that did not finish
-(:mod:`saleval.scaleout.resume`).
+(:mod:`saleval.scaleout.resume`). A job whose trainer takes more GPUs than ``num_gpus``
+reserves is refused before anything runs (:mod:`saleval.scaleout.needs`).
+
+Ray 2.5x authenticates every connection with a token. Joining a cluster needs its token
+in the launching shell (``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN``, as given to
+``ray start``); a shell without it, or with another, is refused by the cluster once a
+second for 20 s in Ray's own log: :func:`probe` asks once, with that log kept off the
+terminal, and turns a refusal into one line. The Ray started here for one sweep gets a
+token of its own in the environment, so Ray neither warns that it turned authentication
+on nor writes ``~/.ray/auth_token`` (which a later join would read instead of the
+cluster's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+import secrets
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +48,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval.scaleout import resume
+from saleval.scaleout.needs import GpuUse, sweep_gpus
 from saleval.scaleout.resume import LauncherError, one_line_errors
 
 log = logging.getLogger(__name__)
@@ -71,6 +85,106 @@ def _execute(
         job_dir_key="hydra.sweep.dir",
         job_subdir_key="hydra.sweep.subdir",
     )
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for the block: Ray's C++ client logs there, not
+    through Python."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def probe(address: str) -> None:
+    """Ask the cluster at ``address`` once whether it takes this shell's token, before
+    ``ray.init`` would retry (module docstring); a refusal, or no cluster answering, is a
+    :class:`LauncherError` naming the fix. Ray Client addresses (``ray://``) are left to
+    ``ray.init``."""
+    if address.startswith("ray://"):
+        return
+    from ray._private.services import canonicalize_bootstrap_address
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+    from ray.exceptions import AuthenticationError, RayError
+
+    try:
+        where = canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError):  # "auto" with none found; not host:port
+        where = None
+    if where is None:
+        raise LauncherError(
+            f"hydra.launcher.address={address}: no Ray cluster found on this machine "
+            "(start one with ray start --head, or give its <head>:<port>)"
+        )
+    try:
+        with _quiet_stderr():
+            GcsClient(address=where)
+    except AuthenticationError:
+        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+        has = "set" if os.environ.get("RAY_AUTH_TOKEN") else "unset"
+        raise LauncherError(
+            f"the Ray cluster at {where} refuses this shell's token (RAY_AUTH_MODE {mode}, "
+            f"RAY_AUTH_TOKEN {has}): export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the "
+            "token its head was started with> (docs/scale-out.md, Ray)"
+        ) from None
+    except RayError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise LauncherError(
+            f"no Ray cluster answers at {where} ({first}): is ray start --head running there?"
+        ) from None
+
+
+def check_gpus(use: GpuUse, num_gpus: float) -> None:
+    """Refuse, in one line, jobs whose trainer takes more GPUs than each reserves (Ray
+    would start them where it gives them none, and they would crash there).
+
+    >>> check_gpus(GpuUse(1, "trainer=gpu"), 1)
+    >>> check_gpus(GpuUse(1, "trainer=gpu"), 0)
+    Traceback (most recent call last):
+    ...
+    saleval.scaleout.resume.LauncherError: each job's trainer=gpu takes 1 GPU but Ray reserves hydra.launcher.num_gpus=0: set hydra.launcher.num_gpus=1 (or trainer=cpu)
+    """
+    if use.gpus > num_gpus:
+        raise LauncherError(
+            f"each job's {use.what} takes {use.gpus} GPU but Ray reserves "
+            f"hydra.launcher.num_gpus={num_gpus:g}: set hydra.launcher.num_gpus={use.gpus} "
+            "(or trainer=cpu)"
+        )
+
+
+@contextlib.contextmanager
+def ray_env(local: bool) -> Iterator[None]:
+    """The environment of the sweep's Ray driver: the jobs' output without colour codes
+    when it goes to a file, and for a Ray started here (``local``) a token of its own
+    unless the shell chose an authentication mode (module docstring)."""
+    added = {}
+    if local and "RAY_AUTH_MODE" not in os.environ:
+        added = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    if not sys.stdout.isatty() and "RAY_COLOR_PREFIX" not in os.environ:
+        added["RAY_COLOR_PREFIX"] = "0"
+    os.environ.update(added)
+    _reread_auth_mode(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+        _reread_auth_mode(added)
+
+
+def _reread_auth_mode(changed: dict[str, str]) -> None:
+    """Ray's core reads ``RAY_AUTH_MODE`` once, when imported: after changing it, have it
+    read again (what Ray does itself when it turns authentication on)."""
+    if "RAY_AUTH_MODE" in changed:
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
 
 
 def _mapping(node: Any) -> dict[str, Any]:
@@ -139,6 +253,12 @@ class RayLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        check_gpus(
+            sweep_gpus(
+                self.config, job_overrides, self.hydra_context.config_loader.load_sweep_config
+            ),
+            self.num_gpus,
+        )
         jobs = resume.jobs_of(self.config, job_overrides, initial_job_idx)
         todo, done = resume.split(jobs)
         resume.end_dead_runs(self.config)
@@ -150,10 +270,14 @@ class RayLauncher(Launcher):
         if todo:
             env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
             started = not ray.is_initialized()
+            stack = contextlib.ExitStack()
             if started:
                 args = self.init_args()
                 runtime_env = dict(args.pop("runtime_env", None) or {})
                 runtime_env["env_vars"] = {**env, **(runtime_env.get("env_vars") or {})}
+                if self.address:
+                    probe(str(self.address))
+                stack.enter_context(ray_env(local=not self.address))
                 ray.init(**args, runtime_env=runtime_env)
             log.info("Ray sweep output dir : %s (%s)", sweep_dir, self.address or "local")
             try:
@@ -191,4 +315,5 @@ class RayLauncher(Launcher):
             finally:
                 if started:
                     ray.shutdown()
+                stack.close()
         return [returns[j.idx] for j in jobs]

@@ -5,14 +5,18 @@ a user met on a small cluster (docs/scale-out.md) are handled here:
 
 * **Resources checked before submitting.** A job that asks for more memory, cores, GPUs or
   time than any node of its partition has is never started by SLURM: it waits in the queue
-  for ever (or until the time limit). :func:`check_resources` compares the request with
-  what ``sinfo`` reports and fails in one line naming each setting and the value that fits.
+  for ever (or until the time limit); a job whose trainer runs on a GPU it did not ask for
+  (``trainer=gpu`` with ``gpus_per_node=0``, or on a partition without GPUs) crashes on its
+  node. :func:`check_resources` compares the request with what ``sinfo`` reports and with
+  what the jobs' configs use (:mod:`saleval.scaleout.needs`) and fails in one line naming
+  each setting and the value that fits.
 * **A job that ends without a result is noticed.** Without an accounting database,
   ``sacct`` answers nothing and Submitit would wait for ever on a cancelled job; the wait
   here reads ``squeue`` (:mod:`saleval.pipeline.slurm_state`) and ends the sweep with one
   line naming the job, its SLURM state and the command that reruns it.
-* **A job told to stop ends its run as KILLED.** ``scancel`` (and a preempting scheduler)
-  sends SIGTERM before killing: the job turns it into :class:`saleval.errors.Stopped`, so
+* **A job told to stop ends its run as KILLED.** ``scancel`` (with or without ``-s KILL``)
+  and a preempting scheduler send SIGTERM before killing: the job turns it into
+  :class:`saleval.errors.Stopped`, naming what SLURM is doing (:func:`stop_reason`), so
   the stage marks its MLflow run and ``run.json`` KILLED. So does the warning signal
   Submitit asks for before the time limit, unless ``max_num_timeout`` lets Submitit
   requeue. A job killed outright is marked by the next stage or launcher that starts
@@ -42,6 +46,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 from saleval.errors import Stopped
 from saleval.pipeline import slurm_state
 from saleval.scaleout import resume
+from saleval.scaleout.needs import GpuUse, sweep_gpus
 from saleval.scaleout.resume import LauncherError, one_line_errors
 
 log = logging.getLogger(__name__)
@@ -124,9 +129,11 @@ def partition_info(partition: str | None) -> Partition:
     )
 
 
-def check_resources(params: Mapping[str, Any], part: Partition) -> None:
+def check_resources(params: Mapping[str, Any], part: Partition, use: GpuUse | None = None) -> None:
     """Refuse, in one line, a job no node of ``part`` can run (each setting that does not
-    fit and the value that would), and a time limit Submitit's warning signal eats.
+    fit and the value that would), a job whose trainer takes more GPUs than it asks for
+    (``use``: :func:`saleval.scaleout.needs.sweep_gpus`; it would crash on its node), and a
+    time limit Submitit's warning signal eats.
 
     >>> p = Partition("debug", memory_mb=3900, cpus=2, gpus=0, time_limit_min=60)
     >>> check_resources({"mem_gb": 4, "cpus_per_task": 1, "gpus_per_node": 0,
@@ -135,6 +142,7 @@ def check_resources(params: Mapping[str, Any], part: Partition) -> None:
     ...
     saleval.scaleout.resume.LauncherError: partition 'debug' cannot run these jobs (its largest node: 3900 MB, 2 cores, no GPU, 60 min): set hydra.launcher.mem_gb=3 or less
     """
+    use = use or GpuUse()
     fixes = []
     tasks = int(params.get("tasks_per_node") or 1)
     mem = params.get("mem_gb")
@@ -143,21 +151,18 @@ def check_resources(params: Mapping[str, Any], part: Partition) -> None:
     cpus = params.get("cpus_per_task")
     if cpus is not None and int(cpus) * tasks > part.cpus:
         fixes.append(f"hydra.launcher.cpus_per_task={max(part.cpus // tasks, 1)} or less")
-    gpus = int(params.get("gpus_per_node") or 0)
-    if gpus > part.gpus:
-        fixes.append(
-            f"hydra.launcher.gpus_per_node={part.gpus}"
-            + (" (or a partition with GPUs)" if part.gpus == 0 else " or less")
-        )
+    fixes.extend(_gpu_fixes(int(params.get("gpus_per_node") or 0), use, part.gpus))
     timeout = int(params.get("timeout_min") or 0)
     if part.time_limit_min is not None and timeout > part.time_limit_min:
         fixes.append(f"hydra.launcher.timeout_min={part.time_limit_min} or less")
     if fixes:
         gpu = f"{part.gpus} GPU" if part.gpus else "no GPU"
         limit = f"{part.time_limit_min} min" if part.time_limit_min else "no time limit"
+        each = f"; each job's {use.what} takes {use.gpus} GPU" if use.gpus else ""
         raise LauncherError(
             f"partition '{part.name}' cannot run these jobs (its largest node: "
-            f"{part.memory_mb} MB, {part.cpus} cores, {gpu}, {limit}): set " + ", ".join(fixes)
+            f"{part.memory_mb} MB, {part.cpus} cores, {gpu}, {limit}{each}): set "
+            + ", ".join(fixes)
         )
     delay = int(params.get("signal_delay_s") or 0)
     if timeout * 60 <= delay:
@@ -166,6 +171,58 @@ def check_resources(params: Mapping[str, Any], part: Partition) -> None:
             f"signal (hydra.launcher.signal_delay_s={delay}): set hydra.launcher.timeout_min "
             f"above {delay // 60 + 1}"
         )
+
+
+def _gpu_fixes(asked: int, use: GpuUse, there: int) -> list[str]:
+    """The settings that make the GPUs asked for (``gpus_per_node``), those the job's
+    trainer takes (``use``) and those a node has (``there``) agree.
+
+    >>> _gpu_fixes(1, GpuUse(), 0)
+    ['hydra.launcher.gpus_per_node=0 (or a partition with GPUs)']
+    >>> _gpu_fixes(0, GpuUse(1, "trainer=gpu"), 0)
+    ['trainer=cpu (or a partition with GPUs)']
+    >>> _gpu_fixes(0, GpuUse(1, "trainer=gpu"), 4)
+    ['hydra.launcher.gpus_per_node=1 (or trainer=cpu)']
+    >>> _gpu_fixes(8, GpuUse(8, "trainer=ddp"), 4)
+    ['hydra.launcher.gpus_per_node=4 or less', 'trainer.devices=4 or less']
+    """
+    if there == 0:
+        wrong = (["trainer=cpu"] if use.gpus else []) + (
+            ["hydra.launcher.gpus_per_node=0"] if asked else []
+        )
+        return [" and ".join(wrong) + " (or a partition with GPUs)"] if wrong else []
+    fixes = []
+    if asked > there:
+        fixes.append(f"hydra.launcher.gpus_per_node={there} or less")
+    if use.gpus > there:
+        fixes.append(f"trainer.devices={there} or less")
+    elif use.gpus > asked:
+        fixes.append(f"hydra.launcher.gpus_per_node={use.gpus} (or trainer=cpu)")
+    return fixes
+
+
+def stop_reason(signame: str, job: str | None, state: str | None) -> str:
+    """Why a job got ``signame``, for its run's ``run.json`` and MLflow run. SLURM turns
+    ``scancel`` and ``scancel -s KILL`` alike (and its time limit, and preemption) into
+    SIGTERM, then SIGKILL after ``KillWait``: the job's state at that moment (COMPLETING,
+    CANCELLED...) tells SLURM killing it from a signal sent alone (``scancel -s TERM``:
+    still RUNNING).
+
+    >>> stop_reason("SIGTERM", "10_1", "COMPLETING")  # doctest: +ELLIPSIS
+    'SLURM is killing job 10_1 (COMPLETING: scancel or scancel -s KILL, ...'
+    >>> stop_reason("SIGTERM", "10_1", "RUNNING")
+    'job 10_1 got SIGTERM (scancel -s TERM or kill), and SLURM still runs it'
+    >>> stop_reason("SIGTERM", None, None)
+    'SLURM sent SIGTERM (scancel or preemption)'
+    """
+    if not job or not state:
+        return f"SLURM sent {signame} (scancel or preemption)"
+    if state in slurm_state.ACTIVE and state != "COMPLETING":
+        return f"job {job} got {signame} (scancel -s TERM or kill), and SLURM still runs it"
+    return (
+        f"SLURM is killing job {job} ({state}: scancel or scancel -s KILL, its time limit, "
+        f"or preemption; {signame} first, SIGKILL after KillWait)"
+    )
 
 
 #: SLURM states of a job stopped before its end: it wrote no result
@@ -185,7 +242,9 @@ class SlurmLauncher(SubmititSlurmLauncher):
         """The job itself, on a node: SIGTERM (``scancel``, preemption) stops the stage."""
 
         def stop(signum: int, frame: Any) -> None:
-            raise Stopped(f"SLURM sent {signal.Signals(signum).name} (scancel or preemption)")
+            job = slurm_state.job_tags().get("slurm_job_id")
+            state = slurm_state.job_states([job], timeout=5).get(job) if job else None
+            raise Stopped(stop_reason(signal.Signals(signum).name, job, state))
 
         signal.signal(signal.SIGTERM, stop)
         return super().__call__(*args, **kwargs)
@@ -212,7 +271,11 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
         assert self.config is not None
         params = dict(self.params)
-        check_resources(params, partition_info(params.get("partition")))
+        assert self.hydra_context is not None
+        use = sweep_gpus(
+            self.config, job_overrides, self.hydra_context.config_loader.load_sweep_config
+        )
+        check_resources(params, partition_info(params.get("partition")), use)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         jobs = resume.jobs_of(self.config, job_overrides, initial_job_idx)
         todo, done = resume.split(jobs)

@@ -1,11 +1,13 @@
 """A one-node SLURM cluster on this machine, for the tests and for trying a cluster config.
 
-``python -m saleval.scaleout.slurm_local start`` (``make slurm-local``) writes a
+``sudo make slurm-local`` (``python src/saleval/scaleout/slurm_local.py start``) writes a
 ``slurm.conf`` into a folder of its own (default ``.slurm-local/``), starts ``munged``,
 ``slurmctld`` and ``slurmd`` there and prints the ``SLURM_CONF`` to export; ``stop`` ends
-them. Nothing under ``/etc`` is read or written, and the daemons listen on free loopback
+them. The module imports nothing but the standard library, so root runs it with the
+system's Python, without building or touching the project's virtual environment. Nothing under ``/etc`` is read or written, and the daemons listen on free loopback
 ports, so it runs beside a real SLURM client config and beside other such clusters. The
-tests start one per session (``tests/test_slurm.py``).
+walk of docs/scale-out.md starts one through ``make slurm-local``
+(``tests/test_scaleout_page.py``).
 
 What it needs: the Debian packages ``slurm-wlm`` and ``munge`` (``slurmctld``, ``slurmd``,
 ``munged``, ``sbatch`` on PATH) and root, since ``slurmd`` starts each job as its user.
@@ -24,6 +26,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -244,7 +247,7 @@ def _kill_pidfile(path: Path, wait: float = 3.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``start`` / ``stop`` / ``status`` a local cluster in ``--dir`` (default ``.slurm-local``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m saleval.scaleout.slurm_local",
+        prog="slurm_local.py",
         description="A one-node SLURM cluster on this machine (docs/scale-out.md).",
     )
     parser.add_argument("action", choices=["start", "stop", "status"])
@@ -277,9 +280,21 @@ def main(argv: list[str] | None = None) -> int:
         f"(partition {cluster.partition}: {cluster.cpus} cores, {cluster.memory_mb} MB, "
         f"{cluster.max_time_min} min)\n"
         f"  export SLURM_CONF={cluster.conf}\n"
-        f"  stop it: python -m saleval.scaleout.slurm_local stop --dir {args.dir}"
+        f"  stop it: {stop_command(cluster.root)}"
     )
     return 0
+
+
+def stop_command(root: Path) -> str:
+    """The command that stops the cluster in ``root``, as its starter can paste it: the
+    make target when make started it (``make`` sets ``MAKELEVEL``), else this file run by
+    this Python; ``sudo`` first when sudo started it."""
+    sudo = "sudo " if os.environ.get("SUDO_USER") else ""
+    if os.environ.get("MAKELEVEL") and root.name == ".slurm-local":
+        return f"{sudo}make slurm-local-stop"
+    return sudo + shlex.join(
+        [sys.executable, str(Path(__file__).resolve()), "stop", "--dir", str(root)]
+    )
 
 
 if __name__ == "__main__":

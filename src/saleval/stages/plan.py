@@ -332,7 +332,7 @@ def _predict_designs(
     """Each design's predictions and cost (plan.csv, with ``meets_target``) and its
     per-method figures (plan_methods.csv)."""
     rows, per_method = [], []
-    for i, d in enumerate(tqdm(grid, desc="designs", leave=False)):
+    for i, d in enumerate(tqdm(grid, desc="designs", leave=False, disable=None)):
         row, pm = planning.predict(pool, d, settings, rng)
         secs = seconds(d) if callable(seconds) else seconds
         costing = planning.Costing(secs, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)

@@ -39,7 +39,7 @@ from saleval.cli import hydra_main
 from saleval.config.keys import check_keys
 from saleval.errors import UserError
 from saleval.pipeline import dead_runs, run_naming, stage_table, tracking, views
-from saleval.pipeline.compose import compose_root, register_configs
+from saleval.pipeline.compose import compose_root, register_configs, stage_overrides
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.run_inputs import read_run_info, resolve_input
@@ -76,12 +76,6 @@ def _error_chain(err: BaseException) -> str:
             parts.append(text)
         e = e.__cause__ or e.__context__
     return ": ".join(parts)
-
-
-def stage_overrides(profile: DictConfig, stage: str) -> list[str]:
-    """The profile's ``common`` then ``stages.<stage>`` overrides of one stage."""
-    common = [f"{k}={v}" for k, v in profile.common.items()]
-    return common + [str(o) for o in profile.stages.get(stage, [])]
 
 
 def check_profile(profile: DictConfig, selected: list[str]) -> None:

@@ -117,7 +117,9 @@ def build_tasks(
     ids = samples["sample_id"].astype(str).tolist()
     words = _word_table(attributions, ids, methods, where)
     rows = []
-    for rec in tqdm(samples.itertuples(index=False), total=len(samples), desc="tasks", leave=False):
+    for rec in tqdm(
+        samples.itertuples(index=False), total=len(samples), desc="tasks", leave=False, disable=None
+    ):
         sid = str(rec.sample_id)
         ws = words[sid]["words"]
         n = len(ws)

@@ -1,0 +1,638 @@
+"""docs/scale-out.md, walked as a new user walks it: every shell block runs as printed.
+
+Each test below is one section of the page. It runs the page's setup block, then the
+section's blocks in page order, in one bash session (:mod:`tests.page_walk`), at the small
+size the page defines, and checks what each block did: exit statuses, the lines the page
+says it prints, the run dirs, the MLflow runs and the jobs' logs. A command changed in the
+code but not on the page (or the reverse) fails here.
+
+The session runs in a stand-in for the clone's root, a directory under /tmp holding links
+to this checkout's ``Makefile``, ``src``, ``conf`` and ``.venv`` (``SALEVAL_ROOT`` points
+there, so ``outputs/`` and ``.slurm-local/`` are the walk's own): the page's ``$PWD`` paths
+and ``make`` targets work unchanged, and nothing of the checkout is written. The page's
+ports and places (``RAY_PORT``, ``PG_PORT``, ``MLFLOW_PORT``, ``PG_DIR``) come from the
+environment, as the page allows, so the walk takes free ones; ``HOME`` is an empty
+directory of the walk's, as a new user's. As root without ``sudo``
+(CI), ``sudo`` is a small script that runs the command as sudo would (a clean PATH;
+``-u USER`` through ``runuser``).
+
+The SLURM section needs root and the Debian packages ``slurm-wlm`` and ``munge``; the
+tracking section PostgreSQL (``postgresql``); the Ray section the ``ray`` extra. ``.ci/run``
+installs all of them; off CI a missing one skips its test, naming the install, and on CI
+(``CI`` set) it fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from saleval import paths
+from saleval.pipeline import dead_runs, slurm_state, tables
+from saleval.scaleout.slurm_local import LocalCluster
+from saleval.scaleout.slurm_local import missing as slurm_missing
+from tests.page_walk import Page, Ran, Shell, missing_lines
+from tests.scaleout_support import require, runs_of, subprocess_env
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "scale-out.md"
+#: the steps each test walks after the page's ``setup``, in page order
+SECTIONS = {
+    "one-machine": ["one-machine"],
+    "slurm": ["slurm-start", "slurm-refused", "slurm-gpu", "slurm-sweep", "slurm-pipeline",
+              "slurm-srun", "slurm-cancel", "slurm-rerun", "slurm-stop"],
+    "ray": ["ray-local", "ray-head", "ray-cluster"],
+    "tracking": ["pg-start", "pg-databases", "pg-auth", "pg-server", "pg-user", "pg-sweep",
+                 "pg-stop"],
+}  # fmt: skip
+#: what a job's log held before issue #48, none of it for the user to act on: Lightning's
+#: SLURM requeue notice, weight-loading progress bars, MLflow's deprecated import and its
+#: "experimental" notice, Ray's token notice and its colour codes
+NOISE = re.compile(
+    r"auto-requeue|Loading weights|Writing model shards|\d+%\||StarletteDeprecationWarning"
+    r"|still experimental|Token authentication is enabled|\x1b\["
+)
+#: what a Ray sweep printed before issue #48 that tells the user nothing
+RAY_NOISE = re.compile(
+    r"Token authentication is enabled|\x1b\[\d+m\(|Loading weights|Writing model"
+)
+#: a page step's time limit, seconds (a whole section runs in a few minutes when idle)
+STEP_TIMEOUT = 420
+#: sudo for root where sudo is not installed: the command as root with sudo's clean PATH,
+#: or as another user (``-u USER``) through runuser
+SUDO = """#!/bin/sh
+safe="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin SUDO_USER=$(id -un)"
+if [ "$1" = "-u" ]; then user=$2; shift 2; exec env $safe runuser -u "$user" -- "$@"; fi
+exec env $safe "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def page() -> Page:
+    return Page.read(DOC)
+
+
+def test_every_shell_block_of_the_page_is_walked(page: Page) -> None:
+    """Each bash block is a step of one section's walk, in page order, or marked not
+    walked with its reason; each output block belongs to a step (Page.read refuses a
+    block without a mark)."""
+    steps = page.steps()
+    assert steps[0] == "setup"
+    walked = [s for section in SECTIONS.values() for s in section]
+    assert sorted(steps[1:]) == sorted(walked), "a step the tests do not walk, or the reverse"
+    for section in SECTIONS.values():
+        assert section == [s for s in steps if s in section], "a section's steps out of order"
+    assert {b.name for b in page.blocks if b.kind == "output"} <= set(steps)
+    skipped = [b for b in page.blocks if b.kind == "no"]
+    assert [b.text for b in skipped] == ["sudo apt-get install -y slurm-wlm munge"]
+    assert all(b.why for b in skipped)
+
+
+def test_a_block_the_walk_does_not_know_fails_it(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- walk: a -->\n```bash\necho a\n```\n\n```bash\necho b\n```\n")
+    with pytest.raises(AssertionError, match="without a walk mark at lines \\[6\\]"):
+        Page.read(page)
+    page.write_text(
+        "<!-- walk: a -->\n```bash\necho a\n```\n<!-- walk: no, why -->\n```bash\nb\n```\n"
+    )
+    assert Page.read(page).steps() == ["a"]
+
+
+def test_a_line_the_page_shows_must_be_printed() -> None:
+    shown = "saleval-train: job 1 (... x=30 ...) ended CANCELLED (SLURM job <id>_1)"
+    printed = "noise\nsaleval-train: job 1 (seed=1 x=30 y=2) ended CANCELLED (SLURM job 12_1)\n"
+    assert missing_lines(shown, printed) == []
+    assert missing_lines(shown, printed.replace("CANCELLED", "TIMEOUT")) == [shown]
+    assert missing_lines(shown.replace("x=30", "x=31"), printed) != []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Walk:
+    """One section's walk: the stand-in clone root, its shell, and the page."""
+
+    page: Page
+    root: Path
+    shell: Shell
+    env: dict[str, str]
+    log: Path
+
+    def step(self, name: str, timeout: float = STEP_TIMEOUT) -> Ran:
+        """Run step ``name`` as printed; fail, showing its output, when a command fails
+        other than the page allows or a line the page shows is not printed."""
+        block = self.page.step(name)
+        ran = self.shell.run(name, block.text, timeout)
+        print(f"walk: {name} {ran.seconds:.1f} s")
+        tail = f"\n--- output of {name} (whole walk: {self.log}) ---\n{ran.output[-6000:]}"
+        if block.exits:
+            assert ran.failed, f"{name} should exit {block.exits}, and nothing failed{tail}"
+            assert {s for s, _ in ran.failed} == {block.exits}, f"{name}: {ran.failed}{tail}"
+        else:
+            assert not ran.failed, f"{name}: failed commands {ran.failed}{tail}"
+        expected = self.page.output(name)
+        if expected is not None:
+            lost = missing_lines(expected, ran.output)
+            assert not lost, f"{name} did not print what the page shows: {lost}{tail}"
+        return ran
+
+    def var(self, name: str) -> str:
+        """A shell variable of the walk (a password the page made)."""
+        return self.shell.run("echo", f'echo "${name}"', 30).output.strip()
+
+
+@pytest.fixture
+def walk(page: Page, tmp_path: Path) -> Iterator[Walk]:
+    """The page's setup block run in a fresh stand-in root (module docstring)."""
+    root = Path(tempfile.mkdtemp(prefix="saleval-walk-", dir="/tmp"))
+    root.chmod(0o755)  # the user postgres reaches PG_DIR inside it
+    for name in ("Makefile", "src", "conf", "pyproject.toml", "requirements.lock"):
+        (root / name).symlink_to(REPO / name)
+    (root / ".venv").symlink_to(Path(sys.prefix))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
+    env = {
+        k: v
+        for k, v in subprocess_env().items()
+        if not k.startswith(("MLFLOW_", "SLURM_", "RAY_", "VIRTUAL_ENV", "SALEVAL_ROOT"))
+    }
+    (root / ".home").mkdir()
+    env.update(
+        HOME=str(root / ".home"),  # a new user's: empty (and what Ray writes there is seen)
+        SALEVAL_ROOT=str(root),
+        SALEVAL_DATA_ROOT=str(paths.default_data_root()),
+        RAY_TMPDIR=str(ray_tmp),
+        RAY_PORT=str(_free_port()),
+        PG_PORT=str(_free_port()),
+        MLFLOW_PORT=str(_free_port()),
+        PG_DIR=str(root / "pg"),
+    )
+    if os.geteuid() == 0 and shutil.which("sudo") is None:
+        shim = root / ".walk-bin"
+        shim.mkdir()
+        (shim / "sudo").write_text(SUDO)
+        (shim / "sudo").chmod(0o755)
+        env["PATH"] = f"{shim}:{env['PATH']}"
+    log = tmp_path / "walk.log"
+    shell = Shell(root, env, log)
+    try:
+        w = Walk(page, root, shell, env, log)
+        w.step("setup", timeout=60)
+        yield w
+    finally:
+        shell.close()
+        _end_left_behind((str(root), str(ray_tmp)))
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        if not os.environ.get("SALEVAL_WALK_KEEP"):  # set: the stand-in root stays, to look at
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _end_left_behind(places: tuple[str, ...]) -> None:
+    """End, by pid, the processes of this walk that left the shell's process group and
+    outlived it (a tracking server in a group of its own, after a step failed): those
+    whose command line names the walk's own directories."""
+    mine = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(proc.name) != os.getpid() and any(p in cmdline for p in places):
+            mine.append(int(proc.name))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in mine):
+            time.sleep(0.2)
+
+
+# --- 1. One machine ---------------------------------------------------------------------
+
+
+def _sweeps(root: Path, stage: str) -> list[Path]:
+    """The sweep dirs of ``stage`` that ran jobs (a refused sweep leaves an empty one)."""
+    found = (root / "outputs" / stage / "multirun").glob("*")
+    ran = [p for p in found if (p / "0").is_dir()]
+    return sorted(ran, key=lambda p: p.stat().st_mtime)
+
+
+def _finished_jobs(sweep: Path, n: int = 2) -> dict[str, dict]:
+    """run.json of each job dir of ``sweep``, all FINISHED."""
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert jobs == [str(i) for i in range(n)], f"{sweep}: jobs {jobs}"
+    infos = {j: json.loads((sweep / j / "run.json").read_text()) for j in jobs}
+    assert {i["status"] for i in infos.values()} == {"FINISHED"}
+    return infos
+
+
+def _check_train_sweep(client: MlflowClient, sweep: Path) -> dict[str, object]:
+    """Two jobs (seed=1,2) each in its own process, run dir and FINISHED MLflow run."""
+    infos = _finished_jobs(sweep)
+    runs = runs_of(client, f"tags.sweep = '{sweep}'")
+    by_job = {r.data.tags["sweep.job"]: r for r in runs}
+    assert sorted(by_job) == ["0", "1"] and len(runs) == 2
+    assert {r.data.params["seed"] for r in runs} == {"1", "2"}
+    for job, run in by_job.items():
+        info = infos[job]
+        assert run.info.run_id == info["run_id"] and run.info.status == "FINISHED"
+        assert run.data.tags["run_dir"] == str(sweep / job)
+        assert f"seed={run.data.params['seed']}" in run.data.tags["sweep.overrides"]
+        assert "val_accuracy" in run.data.metrics
+        assert json.loads((sweep / job / "metrics.json").read_text())["n_train"] == 32
+        assert (sweep / job / "model" / "config.json").is_file()
+    assert len({i["pid"] for i in infos.values()}) == 2  # two worker processes ran them
+    return by_job
+
+
+@pytest.mark.slow
+def test_one_machine(walk: Walk) -> None:
+    walk.step("one-machine")
+    (sweep,) = _sweeps(walk.root, "train")
+    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
+    runs = _check_train_sweep(client, sweep)  # both jobs created the fresh store's tables
+    for run in runs.values():
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"metrics.json", "run.json"} <= names
+
+
+# --- 2. SLURM (and 5. When a job dies) ----------------------------------------------------
+
+
+def _queue(env: dict[str, str]) -> str:
+    return subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout
+
+
+def _err_files(sweep: Path) -> list[Path]:
+    return sorted((sweep / ".submitit").glob("*/*.err"))
+
+
+def _assert_quiet(logs: list[Path], empty: bool = True) -> None:
+    """A job's ``.err`` holds nothing the user must learn to ignore (module NOISE): a job
+    that ran to its end leaves it empty; a cancelled one holds SLURM's own lines only."""
+    assert logs
+    for err in logs:
+        lines = err.read_text().splitlines()
+        noisy = [line for line in lines if NOISE.search(line)]
+        assert not noisy, f"{err}: {noisy[:3]}"
+        assert not (empty and lines), f"{err} holds {lines[:3]}: silence it at its source"
+
+
+def _by_job(client: MlflowClient, sweep: Path, stage: str) -> dict[str, list]:
+    """The ``stage`` runs of ``sweep`` by ``sweep.job``, oldest first."""
+    out: dict[str, list] = {}
+    for r in runs_of(client, f"tags.sweep = '{sweep}' and tags.stage = '{stage}'"):
+        out.setdefault(r.data.tags["sweep.job"], []).append(r)
+    return {k: sorted(v, key=lambda r: r.info.start_time) for k, v in out.items()}
+
+
+def _check_pipeline_sweep(client: MlflowClient, sweep: Path) -> None:
+    """Each dataset's whole pipeline ran as one SLURM job of its own."""
+    jobs = {}
+    for job, dataset in (("0", "ag_news"), ("1", "sst2")):
+        pipeline = json.loads((sweep / job / "pipeline.json").read_text())
+        assert set(pipeline["stages"]) >= {"train", "explain", "score", "metrics", "compare"}
+        comparison = tables.COMPARISON.read(sweep / job / "compare")
+        assert len(comparison) > 0 and comparison["method"].nunique() > 1
+        runs = runs_of(client, f"tags.sweep = '{sweep}' and tags.`sweep.job` = '{job}'")
+        stages = {r.data.tags["stage"]: r for r in runs}
+        assert set(pipeline["stages"]) <= set(stages)
+        for r in stages.values():
+            assert r.info.status == "FINISHED" and r.data.tags["dataset"] == dataset
+            assert r.data.tags["run_dir"].startswith(str(sweep / job))
+        jobs[job] = {r.data.tags["slurm_job_id"] for r in stages.values()}
+    assert len(jobs["0"]) == len(jobs["1"]) == 1 and jobs["0"] != jobs["1"]
+
+
+def _check_srun_step(walk: Walk, client: MlflowClient, ran: Ran) -> None:
+    """The two-task step wrote the single-process tables, and rank 0 alone logged."""
+    two = walk.root / "outputs" / "explain" / "srun-try"
+    (run,) = runs_of(client, f"tags.run_dir = '{two}'")
+    info = json.loads((two / "run.json").read_text())
+    assert run.info.status == "FINISHED" and run.info.run_id == info["run_id"]
+    assert re.fullmatch(r"\d+", run.data.tags["slurm_job_id"])  # a step, not an array task
+    model = Path(info["parent_dirs"]["model"])
+    assert "MEMBER: 2/2" in ran.output  # Lightning joined the two ranks srun started
+    # the same explain in one process (not a page step: the reference)
+    one = walk.root / "one-process"
+    small = walk.var("SMALL_EXPLAIN").split()
+    subprocess.run(
+        [str(Path(sys.executable).with_name("saleval-explain")), "trainer=cpu",
+         f"inputs.model={model}", *small, f"hydra.run.dir={one}"],
+        env={**walk.env, "MLFLOW_TRACKING_URI": f"sqlite:///{walk.root / 'reference.db'}"},
+        cwd=walk.root, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    pred1, pred2 = tables.PREDICTIONS.read(one), tables.PREDICTIONS.read(two)
+    attr1, attr2 = tables.ATTRIBUTIONS.read(one), tables.ATTRIBUTIONS.read(two)
+    assert set(attr1["method"]) == {"random", "vanilla_gradient", "lime", "occlusion"}
+    probs = [c for c in pred1.columns if c.startswith("prob_")]
+    pd.testing.assert_frame_equal(pred1.drop(columns=probs), pred2.drop(columns=probs))
+    np.testing.assert_allclose(pred1[probs], pred2[probs], rtol=1e-5, atol=1e-7)
+    pd.testing.assert_frame_equal(attr1.drop(columns="score"), attr2.drop(columns="score"))
+    np.testing.assert_allclose(attr1["score"], attr2["score"], rtol=1e-4, atol=1e-7)
+    made = sorted(p.name for p in (walk.root / "outputs" / "explain").iterdir())
+    assert made == ["latest", "srun-try"]  # rank 1 made no run dir of its own
+
+
+def _check_cancelled(client: MlflowClient, sweep: Path, ran: Ran) -> str:
+    """Job 0 finished, job 1 KILLED in run.json and MLflow, tagged and named as the
+    error line names its SLURM job; returns that job id."""
+    (line,) = [x for x in ran.output.splitlines() if x.startswith("saleval-train:")]
+    named = re.search(r"SLURM job (\d+_1)\)", line)
+    assert named, line
+    job = named.group(1)
+    assert (sweep / ".submitit" / job).is_dir()
+    info0 = json.loads((sweep / "0" / "run.json").read_text())
+    killed = json.loads((sweep / "1" / "run.json").read_text())
+    assert (info0["status"], killed["status"]) == ("FINISHED", "KILLED")
+    # scancel reaches the job as SIGTERM, SIGKILL after KillWait: run.json says SLURM killed it
+    assert f"SLURM is killing job {job} (COMPLETING" in killed["error"], killed["error"]
+    first = _by_job(client, sweep, "train")
+    assert [r.info.status for r in first["0"]] == ["FINISHED"]
+    assert [r.info.status for r in first["1"]] == ["KILLED"]
+    k = first["1"][0]
+    assert k.info.run_id == killed["run_id"] and k.info.end_time
+    assert "test_accuracy" not in k.data.metrics  # stopped before its test
+    assert "trainer.max_epochs=30" in k.data.tags["sweep.overrides"]
+    assert k.data.tags["slurm_job_id"] == job  # the id the error line names
+    assert first["0"][0].data.tags["slurm_job_id"] == job.replace("_1", "_0")
+    return info0["run_id"]
+
+
+def _check_rerun(client: MlflowClient, sweep: Path, run0: str) -> None:
+    second = _by_job(client, sweep, "train")
+    assert [r.info.run_id for r in second["0"]] == [run0]
+    assert [r.info.status for r in second["1"]] == ["KILLED", "FINISHED"]
+    rerun = json.loads((sweep / "1" / "run.json").read_text())
+    assert rerun["status"] == "FINISHED" and rerun["run_id"] == second["1"][1].info.run_id
+    assert "test_accuracy" in second["1"][1].data.metrics
+
+
+def _check_killed_outright(env: dict[str, str], where: Path) -> None:
+    """A job killed outright leaves its run RUNNING; the next stage, on any machine of the
+    cluster, asks SLURM and ends it, its run dir too (section 5)."""
+
+    def sbatch() -> str:
+        out = subprocess.run(
+            ["sbatch", "--parsable", "--mem=100M", f"--output={where}/%j.out", "--wrap", "sleep 120"],
+            env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return out.stdout.strip().split(";")[0]
+
+    dead, alive = sbatch(), sbatch()
+    subprocess.run(["scancel", "-s", "KILL", dead], env=env, check=True)
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = env["SLURM_CONF"]
+    try:
+        deadline = time.monotonic() + 60
+        while slurm_state.job_states([dead]).get(dead) in slurm_state.ACTIVE:
+            assert time.monotonic() < deadline, "the cancelled job never ended"
+            time.sleep(0.3)
+        client = MlflowClient(tracking_uri=f"sqlite:///{where / 'dead.db'}")
+        exp = client.create_experiment("slurm-jobs")
+        ids = {}
+        for name, job in (("dead", dead), ("alive", alive)):
+            run_dir = where / name
+            run_dir.mkdir()
+            tags = {"slurm_job_id": job, "slurm_cluster": "saleval-local",
+                    "host": "node-elsewhere", "pid": "1", "run_dir": str(run_dir)}  # fmt: skip
+            ids[name] = client.create_run(exp, tags=tags).info.run_id
+            (run_dir / "run.json").write_text(
+                json.dumps({"run_id": ids[name], "status": "RUNNING"})
+            )
+        assert dead_runs.end_dead_runs(client) == [ids["dead"]]
+    finally:
+        subprocess.run(["scancel", alive], env=env, check=False)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+    assert client.get_run(ids["dead"]).info.status == "KILLED"
+    assert client.get_run(ids["alive"]).info.status == "RUNNING"
+    assert json.loads((where / "dead" / "run.json").read_text())["status"] == "KILLED"
+
+
+@pytest.mark.slow
+def test_slurm(walk: Walk) -> None:
+    require(slurm_missing())
+    cluster = LocalCluster(walk.root / ".slurm-local")
+    env = {**walk.env, **cluster.env()}
+    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
+    try:
+        walk.step("slurm-start")
+        for refused in ("slurm-refused", "slurm-gpu"):  # one line each, nothing submitted
+            ran = walk.step(refused)
+            (line,) = [x for x in ran.output.splitlines() if x.startswith("saleval-")]
+            assert "cannot run these jobs" in line and "Traceback" not in ran.output
+            assert not list((walk.root / "outputs").rglob(".submitit")) and not _queue(env)
+        walk.step("slurm-sweep")
+        (sweep,) = _sweeps(walk.root, "train")
+        by_job = _check_train_sweep(client, sweep)
+        tasks = sorted(
+            p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)
+        )
+        assert sorted(r.data.tags["slurm_job_id"] for r in by_job.values()) == tasks
+        _assert_quiet(_err_files(sweep))
+
+        walk.step("slurm-pipeline")
+        (pipelines,) = _sweeps(walk.root, "run")
+        _check_pipeline_sweep(client, pipelines)
+        _assert_quiet(_err_files(pipelines))
+
+        ran = walk.step("slurm-srun")
+        _check_srun_step(walk, client, ran)
+
+        ran = walk.step("slurm-cancel")
+        cancelled = walk.root / "outputs" / "try-cancel"
+        run0 = _check_cancelled(client, cancelled, ran)
+        walk.step("slurm-rerun")
+        _check_rerun(client, cancelled, run0)
+        _assert_quiet(_err_files(cancelled), empty=False)
+
+        outright = walk.root / "outright"
+        outright.mkdir()
+        _check_killed_outright(env, outright)
+        walk.step("slurm-stop")
+        assert cluster.node_state() == ""  # nothing answers any more
+    finally:
+        cluster.stop()
+
+
+# --- 3. Ray -------------------------------------------------------------------------------
+
+
+def _ray_missing() -> str | None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "ray is not installed: pip install -e '.[ray]' (part of .[dev])"
+    return None
+
+
+@pytest.mark.slow
+def test_ray(walk: Walk) -> None:
+    require(_ray_missing())
+    token_file = Path(walk.env["HOME"]) / ".ray" / "auth_token"
+    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
+
+    ran = walk.step("ray-local")
+    (local,) = _sweeps(walk.root, "train")
+    _check_train_sweep(client, local)
+    assert f"Ray sweep output dir : {local} (local)" in ran.output
+    # no token notice for a Ray of its own, no colour codes around the jobs' lines, no
+    # weight-loading bars (Lightning's training bar is trainer.progress_bar's to switch)
+    noisy = [x for x in ran.output.splitlines() if RAY_NOISE.search(x)]
+    assert not noisy and "(_execute pid=" in ran.output, noisy[:3]
+    # the Ray started for the sweep had a token of its own: none written for later joins
+    assert not token_file.exists()
+
+    walk.step("ray-head")
+    ran = walk.step("ray-cluster")
+    joined = [s for s in _sweeps(walk.root, "train") if s != local]
+    assert len(joined) == 1
+    _check_train_sweep(client, joined[0])
+    assert "object_store_memory must not be provided" not in ran.output
+    assert f"Ray sweep output dir : {joined[0]} (" in ran.output
+
+    # the same command in a shell without the cluster's token: one line, at once
+    command = walk.page.step("ray-cluster").text
+    refused = walk.shell.run("no-token", f"(unset RAY_AUTH_MODE RAY_AUTH_TOKEN\n{command}\n)", 120)
+    assert {s for s, _ in refused.failed} == {2}, refused.output
+    assert not missing_lines(walk.page.example("ray-no-token"), refused.output), refused.output
+    assert "InvalidAuthToken" not in refused.output and refused.seconds < 60
+
+
+# --- 4. One tracking server ---------------------------------------------------------------
+
+
+def _pg_missing() -> str | None:
+    try:
+        import flask_wtf  # noqa: F401  (MLflow's basic-auth app)
+        import psycopg  # noqa: F401
+    except ImportError as err:
+        return f"{err.name} is not installed: pip install -e '.[postgres]' (part of .[dev])"
+    install = "apt-get install -y postgresql (as root; .ci/run does this)"
+    if not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        return f"PostgreSQL's initdb not found: {install}"
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return f"PostgreSQL runs as the user postgres, which is missing: {install}"
+    if os.geteuid() != 0 and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode:
+        return "the page starts PostgreSQL with sudo -u postgres: run as root (or sudo without a password)"
+    return None
+
+
+def _status(url: str, auth: tuple[str, str] | None = None, host: str | None = None,
+            method: str = "GET", body: dict | None = None) -> int:  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+    if host:
+        headers["Host"] = host
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.slow
+def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
+    require(_pg_missing())
+    import psycopg
+
+    port, pg_dir = walk.env["MLFLOW_PORT"], Path(walk.env["PG_DIR"])
+    local = f"http://127.0.0.1:{port}"
+    try:
+        for name in ("pg-start", "pg-databases", "pg-auth"):
+            walk.step(name)
+        assert (walk.root / "basic_auth.ini").stat().st_mode & 0o077 == 0
+        ran = walk.step("pg-server", timeout=600)
+        assert ran.output.strip().endswith("OK")  # /health answered
+        print(f"walk: the server answered /health after {ran.seconds:.1f} s")
+        walk.step("pg-user")
+        walk.step("pg-sweep")
+
+        admin = ("admin", walk.var("ADMIN_PASSWORD"))
+        member = ("lab-jobs", walk.var("JOBS_PASSWORD"))
+        api = f"{local}/api/2.0/mlflow"
+        # nothing without credentials, or with wrong ones
+        assert _status(f"{api}/experiments/search?max_results=1") == 401
+        assert _status(f"{api}/experiments/create", method="POST", body={"name": "x"}) == 401
+        assert _status(f"{api}/experiments/search?max_results=1", ("admin", "wrong")) == 401
+        assert _status(f"{api}/experiments/search?max_results=1", admin) == 200
+        # the hosts --allowed-hosts names, and no other
+        assert _status(f"{api}/experiments/search?max_results=1", admin, f"elsewhere:{port}") == 403
+        assert _status(f"{local}/health", host=f"{socket.gethostname()}:{port}") == 200
+
+        server = f"http://{socket.gethostname()}:{port}"
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+        with pytest.raises(MlflowException, match="401|credentials|Unauthorized|UNAUTHENTICATED"):
+            MlflowClient(tracking_uri=server).search_experiments()
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", member[0])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", member[1])
+        (sweep,) = _sweeps(walk.root, "train")
+        runs = _check_train_sweep(MlflowClient(tracking_uri=server), sweep)
+        for job, run in runs.items():
+            info = json.loads((sweep / job / "run.json").read_text())
+            assert info["tracking_uri"] == server
+            # artifacts went through the server into its destination
+            assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+            (stored,) = (walk.root / "mlartifacts").rglob(
+                f"{run.info.run_id}/artifacts/metrics.json"
+            )
+            assert stored.read_bytes() == (sweep / job / "metrics.json").read_bytes()
+        assert not (walk.root / "outputs" / "mlflow.db").exists()
+        # the runs are rows of PostgreSQL
+        db = walk.var("DB_PASSWORD")
+        with psycopg.connect(host="127.0.0.1", port=int(walk.env["PG_PORT"]), user="mlflow",
+                             password=db, dbname="mlflow") as conn:  # fmt: skip
+            rows = conn.execute("SELECT run_uuid FROM runs WHERE status = 'FINISHED'")
+            assert {r.info.run_id for r in runs.values()} <= {row[0] for row in rows}
+        log = (walk.root / "mlflow-server.log").read_text()
+        assert not NOISE.search(log), [x for x in log.splitlines() if NOISE.search(x)]
+
+        walk.step("pg-stop")
+        deadline = time.monotonic() + 60
+        while _status(f"{local}/health") != 0:  # the workers went with the server
+            assert time.monotonic() < deadline, "the server's workers still answer"
+            time.sleep(0.5)
+    finally:
+        pg_ctl = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        if pg_ctl and (pg_dir / "data" / "postmaster.pid").exists():
+            runas = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+            subprocess.run([*runas, str(pg_ctl[-1]), "-D", str(pg_dir / "data"), "-m",
+                            "immediate", "-w", "stop"], capture_output=True)  # fmt: skip
