@@ -59,7 +59,16 @@ def test_builtins_declare_direction_citation_and_outputs() -> None:
         "switching_point",
         "log_odds_drop",
     ]
-    assert [m.info.name for m in R.registered("plausibility")] == ["auprc", "token_f1", "iou_f1"]
+    assert [m.info.name for m in R.registered("plausibility")] == [
+        "auprc",
+        "token_f1",
+        "iou_f1",
+        "eraser_auprc",
+        "eraser_token_f1",
+        "eraser_iou_f1",
+    ]
+    # ERASER's IOU F1 is a corpus figure; its per-document parts are written, not ranked
+    assert R.direction("eraser_iou_f1") is True and R.direction("eraser_iou_recall") is None
     assert all(m.info.citation for m in R.registered())
     directions = metric_columns.metric_directions()
     assert directions["comprehensiveness_kgrid"] is True

@@ -280,20 +280,69 @@ def test_discrepancy_widens_intervals_and_lowers_p_best_only_when_measured() -> 
     assert wide[0]["spearman_mean"] < plain[0]["spearman_mean"]
 
 
-def test_discrepancy_lowers_the_truth_by_each_methods_own_residual() -> None:
-    """real = simulated − residual: a method the simulated crowd over-rates by 20 points
-    loses its lead in every drawn study, so studies rarely confirm the simulated winner."""
+def test_discrepancy_draws_sizes_half_own_half_any_with_either_sign() -> None:
+    """docs/planning.md#discrepancy by hand: a method's error is one of its own residuals
+    with chance ½, else any residual, and up or down with chance ½ each."""
+    d = planning.Discrepancy({"a": (2.0,), "b": (-1.0, 3.0)}, "")
+    assert d.pooled == (2.0, -1.0, 3.0)
+    x = 100 * d.draw(["a", "b", "occlusion"], 40_000, np.random.default_rng(0))
+    sizes = np.abs(x).round(6)
+    # a: own 2 with chance 1/2, else any of 2, 1, 3 (1/3 each): 2 -> 2/3, 1 and 3 -> 1/6
+    for size, p in ((2.0, 2 / 3), (1.0, 1 / 6), (3.0, 1 / 6)):
+        assert np.mean(sizes[:, 0] == size) == pytest.approx(p, abs=0.01)
+    # b: own 1 or 3 (1/4 each) + any (1/6 each): 1 and 3 -> 5/12, 2 -> 1/6
+    for size, p in ((1.0, 5 / 12), (3.0, 5 / 12), (2.0, 1 / 6)):
+        assert np.mean(sizes[:, 1] == size) == pytest.approx(p, abs=0.01)
+    # a method without residuals of its own draws from all of them
+    for size in (1.0, 2.0, 3.0):
+        assert np.mean(sizes[:, 2] == size) == pytest.approx(1 / 3, abs=0.01)
+    # the measured sign does not carry over: up and down equally often, for every method
+    np.testing.assert_allclose(np.mean(x > 0, axis=0), 0.5, atol=0.01)
+
+
+def test_discrepancy_uses_a_validated_datasets_own_residuals() -> None:
+    cfg = {"imdb": {"lomo": {"m0": 20.0}}, "ag_news": {"x": {"m1": 1.0, "random": -2.0}}}
+    pooled = planning.Discrepancy.from_config(cfg, "")
+    assert pooled.residuals == {"m0": (20.0,), "m1": (1.0,), "random": (-2.0,)}
+    assert pooled.own == ""
+    own = planning.Discrepancy.from_config(cfg, "", own="ag_news")
+    assert own.residuals == {"m1": (1.0,), "random": (-2.0,)} and own.own == "ag_news"
+    with pytest.raises(planning.PlanError, match="no residuals for 'sst2'"):
+        planning.Discrepancy.from_config(cfg, "", own="sst2")
+    # IMDB's large error on m0 is not applied to AG News: its studies keep the simulated
+    # winner, where the pooled residuals (m0 20 points off) often overturn it
     pool = _pool(np.array([0.9, 0.8, 0.5]), N=300, seed=4)
-    design = _design(pool, 300)
-    settings = planning.Settings(replicates=50, power_replicates=0)
-    resid = {"m0": (20.0,), "m1": (0.0,), "random": (0.0,)}
-    bias = dataclasses.replace(pool, discrepancy=planning.Discrepancy(resid, "m0 over-rated"))
-    row, per_method = planning.predict(bias, design, settings, np.random.default_rng(0))
-    score = per_method.set_index("method")["mean_score"]
-    assert score["m0"] < score["m1"]  # 90 − 20 < 80
-    assert row["p_best"] < 0.1  # the simulated winner, m0, is not the studies' winner
-    cfg = {"imdb": {"lomo": {"m0": 20.0}}, "ag": {"x": {"m1": 0.0, "random": 0.0}}}
-    assert planning.Discrepancy.from_config(cfg, "").residuals == resid
+    design = _design(pool, 100)
+    settings = planning.Settings(replicates=200, power_replicates=0)
+    p_best = {
+        name: planning.predict(
+            dataclasses.replace(pool, discrepancy=disc), design, settings, np.random.default_rng(0)
+        )[0]["p_best"]
+        for name, disc in (("pooled", pooled), ("own", own))
+    }
+    assert p_best["own"] > 0.9 and p_best["pooled"] < p_best["own"] - 0.15, p_best
+
+
+@pytest.mark.parametrize(
+    ("dataset", "own", "count"),
+    [("lu2024_imdb", "imdb", 16), ("ag_news", "ag_news", 16), ("sst2", "", 32)],
+)
+def test_plan_picks_own_or_pooled_residuals_by_dataset(dataset, own, count) -> None:
+    """The shipped residuals: IMDB's for both IMDB datasets, AG News' for AG News, all 32
+    elsewhere; plan.md's line says which."""
+    from saleval.config.plan import PlanConfig
+    from saleval.schema import to_schema
+    from saleval.stages import plan
+    from tests.conftest import compose_config
+
+    cfg = compose_config("plan", [f"dataset={dataset}"])
+    found, line = plan.discrepancy(cfg, to_schema(PlanConfig, cfg.plan))
+    assert found is not None and found.own == own and len(found.pooled) == count
+    assert f"{count} in all" in line
+    if own:
+        assert f"{dataset}'s own residuals" in line
+    else:
+        assert "pooled: sst2 has no validated crowd of its own" in line
 
 
 def test_plan_md_names_the_discrepancy_it_used(make_cfg, smoke_pipeline) -> None:
@@ -302,7 +351,8 @@ def test_plan_md_names_the_discrepancy_it_used(make_cfg, smoke_pipeline) -> None
     explain = smoke_pipeline.dirs["explain"]
     base = [f"inputs.explain={explain}", "study=smoke", "kgrid=smoke", *FAST, "plan.n=[4]"]
     md = (Path(plan.run(make_cfg("plan", base))["run_dir"]) / "plan.md").read_text()
-    assert "Discrepancy: per drawn study" in md and "32 in all" in md
+    assert "Discrepancy: per drawn study" in md and "16 in all" in md
+    assert "ag_news's own residuals" in md  # profile=smoke is AG News
     assert "leave one method out" in md and "Kennedy & O'Hagan" in md
     off = make_cfg("plan", [*base, "plan.discrepancy=false"], name="off")
     md_off = (Path(plan.run(off)["run_dir"]) / "plan.md").read_text()

@@ -25,8 +25,10 @@ averaged over many draws of answers.
 
 A simulated pool carries the simulated crowd's measured error (:class:`Discrepancy`,
 docs/planning.md#discrepancy): each drawn study's scores get one per-method discrepancy,
-drawn from the out-of-sample validation residuals (real = simulated − residual), as
-reality = simulator + discrepancy in Kennedy & O'Hagan's calibration of computer models.
+as large as one of the out-of-sample validation residuals (the plan's dataset's own where
+its crowd was validated, else all of them) and of either sign (real = simulated −
+discrepancy), as reality = simulator + discrepancy in Kennedy & O'Hagan's calibration of
+computer models.
 The reference stays the simulated crowd's own ranking, so ``p_best`` is the chance that a
 study of real people crowns the method the simulated crowd ranks first.
 """
@@ -78,16 +80,24 @@ class Design:
         return math.ceil(self.tasks / self.bundle_size) * self.repeats
 
 
+OWN_WEIGHT = 0.5
+"""Chance that a method's drawn discrepancy is one of its own residuals rather than any
+(:meth:`Discrepancy.draw`; docs/planning.md#discrepancy)."""
+
+
 @dataclass(frozen=True)
 class Discrepancy:
     """What the simulated crowd's method scores are measured to be off by: per method,
     simulated minus real s_j in points, each from a fit that did not see that method or
     that dataset (docs/simulated-crowd.md#out-of-sample). A method draws from its own
     residuals where they were measured and from all of them otherwise (occlusion, a
-    method of your own). ``source`` says where the values come from."""
+    method of your own). ``own``: the validated dataset whose own residuals these are
+    (the plan's dataset); empty when they are pooled over every validated dataset.
+    ``source`` says where the values come from."""
 
     residuals: Mapping[str, tuple[float, ...]]
     source: str
+    own: str = ""
 
     def __post_init__(self) -> None:
         values = self.pooled
@@ -99,20 +109,34 @@ class Discrepancy:
 
     @classmethod
     def from_config(
-        cls, residuals: Mapping[str, Mapping[str, Mapping[str, float]]], source: str
+        cls,
+        residuals: Mapping[str, Mapping[str, Mapping[str, float]]],
+        source: str,
+        own: str | None = None,
     ) -> Discrepancy:
-        """From ``simulation.discrepancy`` (dataset → fit → method → points).
+        """From ``simulation.discrepancy`` (dataset → fit → method → points): the residuals
+        of dataset ``own`` where given (a dataset with a validated crowd of its own), else
+        all of them.
 
-        >>> d = Discrepancy.from_config({"imdb": {"lomo": {"a": 1.0}}, "ag": {"x": {"a": 3.0, "b": -2.0}}}, "")
+        >>> cfg = {"imdb": {"lomo": {"a": 1.0}}, "ag": {"x": {"a": 3.0, "b": -2.0}}}
+        >>> d = Discrepancy.from_config(cfg, "")
         >>> dict(d.residuals), d.pooled
         ({'a': (1.0, 3.0), 'b': (-2.0,)}, (1.0, 3.0, -2.0))
+        >>> dict(Discrepancy.from_config(cfg, "", own="ag").residuals)
+        {'a': (3.0,), 'b': (-2.0,)}
         """
+        if own is not None and own not in residuals:
+            raise PlanError(
+                f"simulation.discrepancy.residuals: no residuals for {own!r}; "
+                f"measured for {sorted(residuals)}"
+            )
+        blocks = {own: residuals[own]} if own is not None else residuals
         per: dict[str, list[float]] = {}
-        for fits in residuals.values():
+        for fits in blocks.values():
             for errs in fits.values():
                 for method, value in errs.items():
                     per.setdefault(str(method), []).append(float(value))
-        return cls({m: tuple(v) for m, v in per.items()}, source)
+        return cls({m: tuple(v) for m, v in per.items()}, source, own or "")
 
     @property
     def pooled(self) -> tuple[float, ...]:
@@ -123,17 +147,32 @@ class Discrepancy:
         return float(np.sqrt(np.mean(np.square(self.pooled))))
 
     def draw(self, methods: Sequence[str], replicates: int, rng: np.random.Generator) -> np.ndarray:
-        """(replicates, methods) residuals as scores (0–1): per study and method, one drawn
-        with replacement from that method's residuals (or all of them).
+        """(replicates, methods) discrepancies as scores (0–1): per study and method, the
+        size of a residual drawn with replacement — with chance :data:`OWN_WEIGHT` one of
+        that method's own, else any of them (always any for a method without its own) —
+        with a random sign.
 
-        >>> d = Discrepancy({"a": (2.0,), "b": (0.0, 0.0)}, "")
-        >>> d.draw(["a", "b", "c"], 2, np.random.default_rng(0)).tolist()
-        [[0.02, 0.0, 0.0], [0.02, 0.0, 0.02]]
+        The sign is drawn because a residual's direction belongs to the fit that measured
+        it, one that left the method or the dataset out; the settings in use saw both, so
+        what carries over is how far off the simulated crowd can be, not which way. A
+        method's own residuals are two to four values, too few to stand alone; all of them
+        say how far off the crowd is on any method; half and half weighs the two as
+        partial pooling would with the pooled spread worth as many measurements as the
+        method's own (docs/planning.md#discrepancy).
+
+        >>> d = Discrepancy({"a": (2.0,), "b": (1.0, 3.0)}, "")
+        >>> d.draw(["a", "b", "c"], 4, np.random.default_rng(1)).round(2).tolist()
+        [[-0.02, 0.01, -0.03], [0.01, -0.01, 0.02], [-0.02, -0.01, -0.01], [-0.02, -0.02, -0.02]]
         """
+        everything = np.abs(np.asarray(self.pooled, dtype=float))
         cols = []
         for m in methods:
-            values = np.asarray(self.residuals.get(m) or self.pooled, dtype=float)
-            cols.append(rng.choice(values, size=replicates))
+            mine = np.abs(np.asarray(self.residuals.get(m, ()), dtype=float))
+            size = rng.choice(everything, size=replicates)
+            if len(mine):
+                own = rng.random(replicates) < OWN_WEIGHT
+                size = np.where(own, rng.choice(mine, size=replicates), size)
+            cols.append(rng.choice(np.array([-1.0, 1.0]), size=replicates) * size)
         return np.stack(cols, axis=1) / 100.0
 
 

@@ -283,6 +283,18 @@ def _same(a: Any, b: Any) -> bool:
     return str(getattr(a, "value", a)) == str(getattr(b, "value", b))
 
 
+def validated_name(names: Iterable[str], dataset: str | None) -> str | None:
+    """The validated dataset (a name of ``names``) that ``dataset`` is, or None:
+    ``lu2024_imdb`` counts as ``imdb``, since the validation used the published samples.
+
+    >>> validated_name(["imdb", "ag_news"], "lu2024_ag_news"), validated_name(["imdb"], "sst2")
+    ('ag_news', None)
+    """
+    if not dataset:
+        return None
+    return next((k for k in names if dataset == k or dataset.endswith(f"_{k}")), None)
+
+
 def outside_validation(
     validation: Mapping[str, Any], dataset: str | None = None, study: str | None = None
 ) -> list[str]:
@@ -297,7 +309,7 @@ def outside_validation(
     ['sst2', 'forward prediction']
     """
     out = []
-    if dataset and not any(dataset == k or dataset.endswith(f"_{k}") for k in validation):
+    if dataset and validated_name(validation, dataset) is None:
         out.append(dataset)
     if study:
         out.append(study)

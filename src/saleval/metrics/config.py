@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from enum import StrEnum
 from typing import Any
 
 from omegaconf import II, DictConfig
@@ -36,6 +37,7 @@ from saleval.vocab import Removal
 __all__ = [
     "ERASER_GRID",
     "PLUGINS_KEY",
+    "Convention",
     "InferenceConfig",
     "MetricsConfig",
     "PlausibilityConfig",
@@ -98,11 +100,27 @@ class InferenceConfig:
     accelerator: str = "auto"
 
 
+class Convention(StrEnum):
+    """Whose rules the plausibility metrics follow (docs/metrics.md#plausibility).
+
+    ``saleval``: words inside the model's window, every metric averaged over texts
+    (``auprc``, ``token_f1``, ``iou_f1``); ``eraser``: ERASER's scorer's rules on its own
+    tokens over whole documents (``eraser_auprc``, ``eraser_token_f1``, ``eraser_iou_f1``);
+    ``both``.
+    """
+
+    saleval = "saleval"
+    eraser = "eraser"
+    both = "both"
+
+
 @dataclass
 class PlausibilityConfig:
     """Agreement with human rationales (ERASER), on datasets that have them."""
 
     enabled: str = "auto"  # auto: when the dataset has human rationales; true | false
+    # saleval | eraser | both: whose rules (docs/metrics.md#eraser names the differences)
+    convention: Convention = Convention.saleval
     top_k: int | None = None  # discrete rationale = top-k words; None: as many as the human one
     iou_threshold: float = 0.5  # IOU F1 match threshold (ERASER)
 

@@ -9,7 +9,11 @@ practice for soft-scoring models is a fixed top-k; per-text k removes the
 length prior from the comparison).
 
 Every metric is computed per text and averaged over texts (texts without any
-human rationale word inside the model's window are skipped).
+human rationale word inside the model's window are skipped). This is saleval's own
+convention; ERASER's scorer differs (its tokens with punctuation, whole documents, the
+trapezoid AUPRC, F1 of macro-averaged IOU precision and recall, spans as annotated):
+:mod:`saleval.metrics.eraser` follows it, under the ``eraser_*`` names registered here
+(docs/metrics.md#eraser).
 
 DeYoung et al. (2020), "ERASER: A Benchmark to Evaluate Rationalized NLP
 Models", ACL, §4 (https://aclanthology.org/2020.acl-main.408).
@@ -29,9 +33,15 @@ from saleval.words import rank_words
 __all__ = [
     "AUPRC",
     "ERASER",
+    "ERASER_AUPRC",
+    "ERASER_IOU_F1",
+    "ERASER_IOU_PRECISION",
+    "ERASER_IOU_RECALL",
+    "ERASER_TOKEN_F1",
     "IOU_F1",
     "TOKEN_F1",
     "Auprc",
+    "EraserMetric",
     "IouF1",
     "RationaleMetric",
     "TokenF1",
@@ -48,6 +58,12 @@ __all__ = [
 AUPRC = "auprc"
 TOKEN_F1 = "token_f1"
 IOU_F1 = "iou_f1"
+# ERASER's own convention (saleval.metrics.eraser; docs/metrics.md#eraser)
+ERASER_AUPRC = "eraser_auprc"
+ERASER_TOKEN_F1 = "eraser_token_f1"
+ERASER_IOU_F1 = "eraser_iou_f1"
+ERASER_IOU_PRECISION = "eraser_iou_precision"
+ERASER_IOU_RECALL = "eraser_iou_recall"
 ERASER = (
     'DeYoung et al. (2020), "ERASER: A Benchmark to Evaluate Rationalized NLP Models", '
     "ACL, §4, https://aclanthology.org/2020.acl-main.408"
@@ -205,6 +221,51 @@ class IouF1(RationaleMetric):
         self, human: np.ndarray, scores: np.ndarray, predicted: np.ndarray, iou_threshold: float
     ) -> float:
         return iou_f1(human, predicted, iou_threshold)
+
+
+class EraserMetric(Metric):
+    """A plausibility metric of ERASER's own convention (docs/metrics.md#eraser), computed
+    over all documents at once by :mod:`saleval.metrics.eraser` (``metrics.plausibility.
+    convention``); registered here for its name, direction and source only, so
+    :func:`plausibility_scores` does not run it per text."""
+
+    kind = "plausibility"
+
+
+_SCORER = " and its scorer, rationale_benchmark/metrics.py"
+
+
+@register_metric(
+    ERASER_AUPRC,
+    higher_is_better=True,
+    citation=ERASER + _SCORER + " (auprc)",
+    description="trapezoid area under the precision-recall curve of the scores on ERASER's "
+    "tokens, the whole document",
+)
+class EraserAuprc(EraserMetric):
+    pass
+
+
+@register_metric(
+    ERASER_TOKEN_F1,
+    higher_is_better=True,
+    citation=ERASER + _SCORER + " (token_prf, instance macro F1)",
+    description="F1 of the top-k ERASER tokens against the gold tokens, per document",
+)
+class EraserTokenF1(EraserMetric):
+    pass
+
+
+@register_metric(
+    ERASER_IOU_F1,
+    higher_is_better=True,
+    citation=ERASER + _SCORER + " (iou_scores, macro F1)",
+    description="F1 of the macro-averaged IOU precision and recall, gold spans as annotated",
+    # its components, one value per document; not ranked on their own
+    extra_outputs={ERASER_IOU_PRECISION: None, ERASER_IOU_RECALL: None},
+)
+class EraserIouF1(EraserMetric):
+    pass
 
 
 def plausibility_scores(

@@ -247,17 +247,27 @@ def read_sst2(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
     }
 
 
+ERASER_SPLIT_FILES = {"train": "train.jsonl", "validation": "val.jsonl", "test": "test.jsonl"}
+"""ERASER's annotation file of each split, in its directory (beside ``docs/``)."""
+
+
+def eraser_root(dc: DatasetConfig) -> Path:
+    """The ERASER directory a dataset config names (``files.all``)."""
+    return _file(dc, "all")
+
+
 def read_eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
-    """The ERASER directory of ``files.all``: {train,val,test}.jsonl and docs/."""
-    root = _file(dc, "all")
+    """The ERASER directory of ``files.all``: {train,val,test}.jsonl and docs/.
+
+    Besides the text and its rationale as character spans, each row keeps ERASER's own
+    ids (``annotation_id``, ``docid``) and the evidence as annotated, token spans
+    ``[start_token, end_token)`` (``evidence_tokens``), for ERASER's own convention of
+    the plausibility metrics (docs/metrics.md#eraser)."""
+    root = eraser_root(dc)
     require_file(root / "docs", dc.name)
     label_of = {"NEG": 0, "POS": 1}
     out = {}
-    for split, fname in (
-        ("train", "train.jsonl"),
-        ("validation", "val.jsonl"),
-        ("test", "test.jsonl"),
-    ):
+    for split, fname in ERASER_SPLIT_FILES.items():
         path = require_file(root / fname, dc.name)
         rows = []
         for lineno, line in enumerate(path.read_text().splitlines(), start=1):
@@ -271,7 +281,7 @@ def read_eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
                 raise DataError(
                     f"{path}: row {lineno}, field classification: {ann['classification']!r}"
                 )
-            spans = []
+            spans, evidence = [], []
             for group in ann.get("evidences", []):
                 for ev in group:
                     s, e = int(ev["start_token"]), int(ev["end_token"])
@@ -281,12 +291,16 @@ def read_eraser_movies(dc: DatasetConfig) -> dict[str, pd.DataFrame]:
                             f"outside document of {len(token_spans)} tokens"
                         )
                     spans.append([token_spans[s][0], token_spans[e - 1][1]])
+                    evidence.append([s, e])
             rows.append(
                 {
                     "sample_id": ann["annotation_id"].removesuffix(".txt"),
                     "text": text,
                     "label": label_of[ann["classification"]],
                     "rationale_spans": spans,
+                    "annotation_id": ann["annotation_id"],
+                    "docid": docid[0],
+                    "evidence_tokens": evidence,
                 }
             )
         out[split] = pd.DataFrame(rows)

@@ -19,7 +19,9 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ from saleval.pipeline.stage import Stage
 if TYPE_CHECKING:
     import torch
 
+    from saleval.metrics.eraser import Scored
     from saleval.metrics.faithfulness import Explanation
 
 log = logging.getLogger(__name__)
@@ -56,11 +59,22 @@ def _warn_on_other_model(explain_dir: Path, info: dict[str, Any], model_dir: Pat
         )
 
 
+@dataclass
+class Plausibility:
+    """What the plausibility metrics add to a metrics run (docs/metrics.md#plausibility)."""
+
+    per_example: pd.DataFrame  # rows of metrics_per_example.parquet
+    corpus: pd.DataFrame | None = None  # metrics.csv rows that are no mean over texts
+    eraser: Scored | None = None  # ERASER's convention: its results files and coverage
+
+
 def plausibility_rows(
     explanations: list[Explanation], explain_cfg: DictConfig, cfg: DictConfig, mcfg: MetricsConfig
-) -> pd.DataFrame | None:
-    """The plausibility metrics (AUPRC, token F1, IOU F1) per explanation, when the dataset
-    has human rationales."""
+) -> Plausibility | None:
+    """The plausibility metrics per explanation, in the configured convention(s)
+    (``metrics.plausibility.convention``), when the dataset has human rationales."""
+    from saleval.metrics.config import Convention
+    from saleval.metrics.eraser import score_explanations
     from saleval.metrics.plausibility import plausibility_scores, rationale_word_mask
     from saleval.modeling.data import load_dataset
 
@@ -69,7 +83,7 @@ def plausibility_rows(
     if enabled == "false":
         return None
     dcfg = cfg.dataset  # the explain run's, adopted by the provenance rule
-    split = str(OmegaConf.select(explain_cfg, "data.split", default="test") or "test")
+    split = explain_split(explain_cfg)
     frame = load_dataset(dcfg)[split]
     if "rationale_spans" not in frame.columns:
         if enabled == "true":
@@ -85,21 +99,76 @@ def plausibility_rows(
             f"samples {missing[:5]} of the explain run are not in split {split!r} of "
             f"dataset {dcfg['name']}"
         )
-    top_k = pcfg.top_k
-    out: list[tuple[str, str, str, str, float]] = []
     for e in explanations:
-        row = rows.loc[e.sample_id]
-        if str(row["text"]) != e.seg.text:
+        if str(rows.loc[e.sample_id, "text"]) != e.seg.text:
             raise ValueError(
                 f"predictions.parquet: sample {e.sample_id}, field text: differs from the "
                 f"dataset's text, so the rationale spans would not line up"
             )
-        human = rationale_word_mask(e.seg.spans, row["rationale_spans"])
-        scores = plausibility_scores(
-            human, e.scores, None if top_k is None else int(top_k), float(pcfg.iou_threshold)
-        )
-        out.extend((e.sample_id, e.method, m, "", v) for m, v in scores.items())
-    return pd.DataFrame(out, columns=["sample_id", "method", "metric", "k", "value"])
+    top_k = None if pcfg.top_k is None else int(pcfg.top_k)
+    convention = Convention(pcfg.convention)
+    parts: list[pd.DataFrame] = []
+    if convention in (Convention.saleval, Convention.both):
+        out: list[tuple[str, str, str, str, float]] = []
+        for e in explanations:
+            human = rationale_word_mask(e.seg.spans, rows.loc[e.sample_id, "rationale_spans"])
+            scores = plausibility_scores(human, e.scores, top_k, float(pcfg.iou_threshold))
+            out.extend((e.sample_id, e.method, m, "", v) for m, v in scores.items())
+        parts.append(pd.DataFrame(out, columns=["sample_id", "method", "metric", "k", "value"]))
+    eraser = None
+    if convention in (Convention.eraser, Convention.both):
+        needs = ["evidence_tokens", "annotation_id", "docid"]
+        if any(c not in rows.columns for c in needs):
+            raise ValueError(
+                f"metrics.plausibility.convention={convention}: dataset {dcfg['name']} has no "
+                f"ERASER evidence token spans ({', '.join(needs)}); read it from ERASER's "
+                "files (dataset.source=files)"
+            )
+        where = f"dataset {dcfg['name']}, split {split}"
+        eraser = score_explanations(explanations, rows, top_k, float(pcfg.iou_threshold), where)
+        parts.append(eraser.per_example)
+    return Plausibility(
+        pd.concat(parts, ignore_index=True),
+        None if eraser is None else eraser.corpus,
+        eraser,
+    )
+
+
+def explain_split(explain_cfg: DictConfig) -> str:
+    """The dataset split the explain run explained."""
+    return str(OmegaConf.select(explain_cfg, "data.split", default="test") or "test")
+
+
+def write_eraser_inputs(st: Stage, scored: Scored, dcfg: DictConfig, split: str) -> Path:
+    """``eraser/``: per method the results file ERASER's scorer reads, and a data directory
+    it can score them against — the explained documents' annotations (lines of the
+    dataset's own file) and a link to its ``docs/`` (docs/metrics.md#eraser)."""
+    from saleval.modeling.data import ERASER_SPLIT_FILES, dataset_config, eraser_root
+
+    out = st.path("eraser")
+    out.mkdir(exist_ok=True)
+    for method, lines in scored.results.items():
+        path = out / f"{method}.jsonl"
+        path.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
+        st.log_file(path, "eraser")
+    root = eraser_root(dataset_config(dcfg))
+    ids = {str(line["annotation_id"]) for lines in scored.results.values() for line in lines}
+    source = root / ERASER_SPLIT_FILES[split]
+    keep = [
+        ln
+        for ln in source.read_text().splitlines()
+        if ln.strip() and json.loads(ln)["annotation_id"] in ids
+    ]
+    (out / ERASER_SPLIT_FILES[split]).write_text("\n".join(keep) + "\n")
+    docs = out / "docs"
+    if not docs.exists():
+        try:
+            docs.symlink_to((root / "docs").resolve(), target_is_directory=True)
+        except OSError as err:  # a file system without links: say where the docs are
+            log.warning(
+                "eraser/docs: no link to %s (%s); link or copy it there", root / "docs", err
+            )
+    return out
 
 
 def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
@@ -202,8 +271,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         per_example = result.per_example
         plaus = plausibility_rows(explanations, explain_cfg, cfg, mcfg)
         if plaus is not None:
-            per_example = pd.concat([per_example, plaus], ignore_index=True)
+            per_example = pd.concat([per_example, plaus.per_example], ignore_index=True)
         summary = summarize(per_example)
+        if plaus is not None and plaus.corpus is not None:
+            summary = pd.concat([summary, plaus.corpus], ignore_index=True)
+        if plaus is not None and plaus.eraser is not None:
+            cover = plaus.eraser.coverage
+            write_eraser_inputs(st, plaus.eraser, cfg.dataset, explain_split(explain_cfg))
+            log.info("ERASER convention: %s", cover.describe())
+            st.set_tags({"plausibility_document": cover.reading})
+            st.log_metrics(
+                {
+                    "eraser_texts_cut": cover.texts_cut,
+                    "eraser_gold_tokens_past_window": cover.gold_tokens_past_window,
+                }
+            )
         st.write(tables.METRICS_PER_EXAMPLE, per_example)
         st.write(tables.METRICS, summary)
         result.timings.to_csv(st.path(TIMINGS), index=False)

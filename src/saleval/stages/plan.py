@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from saleval.analysis import plan_report, planning
-from saleval.analysis.validation import calibration_differences
+from saleval.analysis.validation import calibration_differences, validated_name
 from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
@@ -244,7 +244,11 @@ def task_seconds(cfg: DictConfig, pc: PlanConfig) -> tuple[Any, str]:
 def discrepancy(cfg: DictConfig, pc: PlanConfig) -> tuple[planning.Discrepancy | None, str]:
     """The simulated crowd's measured error for a simulated pool (``simulation.discrepancy``),
     and the line plan.md says of it; none where ``plan.discrepancy=false`` or no residuals
-    were measured."""
+    were measured.
+
+    A dataset whose own crowd was validated (``lu2024_imdb`` and ``imdb`` are IMDB) uses
+    its own residuals; any other dataset the residuals of every validated dataset
+    (docs/planning.md#discrepancy)."""
     sim = to_schema(SimulationConfig, cfg.simulation)
     node = sim.discrepancy
     if not pc.discrepancy:
@@ -257,7 +261,10 @@ def discrepancy(cfg: DictConfig, pc: PlanConfig) -> tuple[planning.Discrepancy |
             "none: this simulation has no measured residuals (simulation.discrepancy), so "
             "P(best), Spearman and the intervals leave out the simulated crowd's own error"
         )
-    found = planning.Discrepancy.from_config(node.residuals, node.source)
+    dataset = str(cfg.dataset.name)
+    measured = [k for k, fits in node.residuals.items() if any(fits.values())]
+    own = validated_name(measured, dataset)
+    found = planning.Discrepancy.from_config(node.residuals, node.source, own)
     differs = calibration_differences(dataclasses.asdict(sim)) if sim.validated else []
     caveat = (
         f"; they were measured for the validated settings and this run's differ "
@@ -265,12 +272,19 @@ def discrepancy(cfg: DictConfig, pc: PlanConfig) -> tuple[planning.Discrepancy |
         if differs
         else ""
     )
+    which = (
+        f"{dataset}'s own residuals: its crowd was validated, so the errors measured on "
+        f"{own} ({', '.join(node.residuals[own])}) are the ones that apply"
+        if own
+        else f"the residuals of every validated dataset ({', '.join(measured)}), pooled: "
+        f"{dataset} has no validated crowd of its own"
+    )
     return found, (
-        f"per drawn study, each method's score lowered by one of that method's measured "
-        f"residuals, simulated minus real s_j, and judged against the simulated ranking "
-        f"({len(found.pooled)} in all, RMS {found.rms:.1f} points; a method without its "
-        f"own draws from all of them; Kennedy & O'Hagan 2001): {found.source} "
-        f"(docs/simulated-crowd.md#out-of-sample){caveat}"
+        f"per drawn study, each method's score moved up or down at random by the size of "
+        f"a measured residual (simulated minus real s_j) — half the time one of that "
+        f"method's own, else any — and judged against the simulated ranking; {which} "
+        f"({len(found.pooled)} in all, RMS {found.rms:.1f} points; Kennedy & O'Hagan "
+        f"2001): {found.source} (docs/simulated-crowd.md#out-of-sample){caveat}"
     )
 
 
@@ -279,7 +293,14 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
     if pool.source == "simulated":
         pool.discrepancy, note = discrepancy(cfg, pc)
         tracking.log_params(
-            {"plan.discrepancy_rms": pool.discrepancy.rms if pool.discrepancy else 0.0}
+            {
+                "plan.discrepancy_rms": pool.discrepancy.rms if pool.discrepancy else 0.0,
+                "plan.discrepancy_residuals": (
+                    ("own: " + pool.discrepancy.own) if pool.discrepancy.own else "pooled"
+                )
+                if pool.discrepancy
+                else "none",
+            }
         )
     grid = designs(pool, pc)
     seconds, seconds_source = task_seconds(cfg, pc)
