@@ -292,6 +292,18 @@ def compute_device(trainer_cfg: Any = None) -> torch.device:
     return torch.device("cuda" if gpu else "cpu")
 
 
+def single_device(trainer_cfg: Any = None) -> bool:
+    """Whether a ``conf/trainer`` node runs on one device of one node (``devices`` 1 or
+    ``auto``, as attribution reads it): then a stage may place the model itself.
+
+    >>> single_device({"devices": "auto"}), single_device({"devices": 2})
+    (True, False)
+    """
+    cfg = trainer_cfg or {}
+    devices = str(cfg.get("devices", "auto"))
+    return devices in ("1", "auto") and int(cfg.get("num_nodes") or 1) == 1
+
+
 def bf16_native(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 matmuls in hardware.
 

@@ -201,9 +201,12 @@ class MethodReuse:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
+    import torch
+
     from saleval.analysis import views
     from saleval.attribution import explain_frame
     from saleval.attribution.base import method_name
+    from saleval.modeling.inference import compute_device, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained
 
@@ -230,6 +233,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         max_length = effective_max_length(cfg.max_length or trained, model, tokenizer)
         st.provide(max_length=max_length)
         st.set_tags(model_tags(model, tokenizer))
+        if single_device(cfg.trainer):  # the population's predictions on the job's device
+            torch.nn.Module.to(model, compute_device(cfg.trainer))
         pool = filter_population(
             model, tokenizer, data[cfg.data.split], cfg.data.population, max_length
         )
