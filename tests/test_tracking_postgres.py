@@ -35,6 +35,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tests.conftest import DATA_ROOT
 from tests.scaleout_support import BIN, TINY_JOB, launch, require, runs_of, subprocess_env
 
 pytestmark = pytest.mark.slow
@@ -229,7 +230,7 @@ def test_a_joblib_sweep_logs_to_the_server_with_credentials_from_the_environment
     env = subprocess_env(
         server.url, MLFLOW_TRACKING_USERNAME=member[0], MLFLOW_TRACKING_PASSWORD=member[1]
     )
-    launch(
+    done = launch(
         [BIN / "saleval-train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
          *TINY_JOB, f"paths.output_root={out}", "seed=1,2"],
         env, tmp_path, timeout=300,
@@ -261,3 +262,146 @@ def test_a_joblib_sweep_logs_to_the_server_with_credentials_from_the_environment
     run_id = runs[0].info.run_id
     assert _request(f"{server.url}/api/2.0/mlflow/runs/get?run_id={run_id}") == 401
     assert _request(f"{server.url}/api/2.0/mlflow/runs/get?run_id={run_id}", auth=member) == 200
+    # the password given in the environment is in no artefact: run dirs, Hydra's files,
+    # the server's copies, the runs' params and tags, the printed lines (issue #45)
+    secret = member[1]
+    assert secret not in done.output
+    for root in (out, server.artifacts):
+        leaked = [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+        assert leaked == []
+    for run in runs:
+        assert all(secret not in v for v in {**run.data.params, **run.data.tags}.values())
+
+
+def _member(server: Server, name: str) -> tuple[str, str]:
+    """An account of the server, made by its admin."""
+    account = (name, secrets.token_urlsafe(16))
+    made = _request(
+        f"{server.url}/api/2.0/mlflow/users/create", "POST",
+        {"username": account[0], "password": account[1]}, auth=server.admin,
+    )  # fmt: skip
+    assert made == 200
+    return account
+
+
+def test_wrong_credentials_and_no_permission_are_one_line_before_any_work(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """401 and 403 end a stage in one line naming the server, the user, the cause and the
+    fix (issue #45), not in MLflow's traceback; nothing is computed."""
+    from saleval.pipeline import tracking_health
+    from saleval.pipeline.stage import Stage
+    from saleval.stages.run import compose_stage
+
+    published = DATA_ROOT / "published" / "lu2024" / "AGNEWS.csv"
+    wrong = ("lab-jobs-401", "not-the-password")
+    env = subprocess_env(
+        server.url, MLFLOW_TRACKING_USERNAME=wrong[0], MLFLOW_TRACKING_PASSWORD=wrong[1]
+    )
+    done = launch(
+        [BIN / "saleval-score", "crowd=lu2024", f"crowd.path={published}", "dataset=ag_news",
+         f"paths.output_root={tmp_path / 'out'}"],
+        env, tmp_path, timeout=120, expect=2,
+    )  # fmt: skip
+    lines = [ln for ln in done.output.splitlines() if ln.startswith("saleval-score:")]
+    assert lines == [
+        f"saleval-score: the tracking server {server.url} refused user 'lab-jobs-401' "
+        "(401 Unauthorized): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+        "~/.mlflow/credentials) to an account of that server"
+    ], done.tail()
+    assert "Traceback" not in done.output and wrong[1] not in done.output
+    assert not list((tmp_path / "out").rglob("run.json"))
+
+    # a member with no permission on the lab's study: refused as the run starts, naming both
+    reader = _member(server, "reader")
+    admin = MlflowClient(tracking_uri=server.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", server.admin[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.admin[1])
+    locked = admin.create_experiment("locked-study")
+    from mlflow.server import get_app_client
+
+    auth = get_app_client("basic-auth", tracking_uri=server.url)
+    # (the server's default permission, EDIT, is a floor under any lesser positive grant)
+    auth.grant_user_permission(reader[0], "experiment", locked, "DENY")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", reader[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", reader[1])
+    tracking_health.forget_checks()
+    cfg = compose_stage("score", ["crowd=lu2024", "dataset=ag_news",
+                                  "tracking.experiment=locked-study"])  # fmt: skip
+    cfg.run_dir = str(tmp_path / "score")
+    with pytest.raises(tracking_health.TrackingError) as refused, Stage(cfg, "score"):
+        pytest.fail("the stage must not start")
+    assert str(refused.value) == (
+        f"the tracking server {server.url} does not let user 'reader' start runs in "
+        "experiment 'locked-study' (403 Forbidden): ask its admin for EDIT permission on "
+        "experiment 'locked-study', or pick one you may write to with tracking.experiment=<name>"
+    )
+
+
+def test_catch_up_moves_a_chain_of_runs_from_a_laptop_store_to_the_server_once(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str
+) -> None:
+    """Runs made against a local SQLite store (a laptop) are logged to the lab's server
+    afterwards: a sweep of two explain runs and the tasks run made from it, with their
+    params, metrics, tags, files, and the tasks run's parent links pointing at the
+    explain runs' copies on the server. Run twice, it logs once (issue #45)."""
+    from saleval.pipeline.catch_up import COPY_OF
+    from saleval.stages import tasks as tasks_stage
+    from saleval.testing import explain_frames, make_explain_run
+    from tests.conftest import compose_config
+    from tests.test_sweeps import LABELS, fake_sweep
+
+    laptop = mlflow_uri  # the session's SQLite store, as a laptop's
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", laptop)
+    preds, attrs = explain_frames(6, LABELS)
+
+    def job(methods: list[str]):
+        return lambda d: make_explain_run(d, preds, attrs[attrs["method"].isin(methods)])
+
+    sweep = fake_sweep(tmp_path / "sweep", [job(["random"]), job(["lime"])])
+    cfg = compose_config(
+        "tasks",
+        [f"inputs.explain={sweep}", "study.n_samples=4", "study.population=correct",
+         "study.balance_by=none", "study.methods=[random,lime]", "study.bundle_size=4",
+         "study.repeats=1", "kgrid.ks=[5]"],
+        tmp_path / "tasks",
+    )  # fmt: skip
+    tasks_stage.run(cfg)
+    here = MlflowClient(tracking_uri=laptop)
+    first = {d: json.loads((d / "run.json").read_text())["run_id"]
+             for d in (sweep / "0", sweep / "1", tmp_path / "tasks")}  # fmt: skip
+
+    member = _member(server, "mover")
+    env = subprocess_env(MLFLOW_TRACKING_USERNAME=member[0], MLFLOW_TRACKING_PASSWORD=member[1])
+    move = [BIN / "saleval-catch-up", "--tracking-uri", server.url, tmp_path / "tasks"]
+    done = launch(move, env, tmp_path, timeout=180)
+    logged = [ln for ln in done.output.splitlines() if ln.startswith("logged: ")]
+    assert len(logged) == 3, done.tail()  # the tasks run and, first, both its parents
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", member[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", member[1])
+    lab = MlflowClient(tracking_uri=server.url)
+    copies = {r.data.tags[COPY_OF]: r for r in runs_of(lab, f"tags.`{COPY_OF}` LIKE '%'")}
+    assert set(copies) == set(first.values())
+    tasks = copies[first[tmp_path / "tasks"]]
+    original = here.get_run(first[tmp_path / "tasks"])
+    assert tasks.info.status == "FINISHED" and tasks.info.run_name == original.info.run_name
+    assert tasks.data.params == original.data.params
+    assert tasks.data.metrics == original.data.metrics
+    for i in (0, 1):  # the parent links point at the server's copies
+        parent = copies[first[sweep / str(i)]]
+        assert tasks.data.tags[f"parent.explain.{i}"] == parent.info.run_id
+        assert parent.data.tags["run_dir"] == str((sweep / str(i)).resolve())
+    stored = {a.path for a in lab.list_artifacts(tasks.info.run_id)}
+    assert {"tasks.csv", "bundles.csv", "config.yaml", "run.json"} <= stored
+    fetched = lab.download_artifacts(tasks.info.run_id, "tasks.csv", str(tmp_path))
+    assert Path(fetched).read_bytes() == (tmp_path / "tasks" / "tasks.csv").read_bytes()
+    record = json.loads((tmp_path / "tasks" / "run.json").read_text())
+    assert record["copies"] == {server.url: tasks.info.run_id}
+
+    # again, and the sweep itself: nothing is logged twice
+    again = launch([*move, sweep], env, tmp_path, timeout=180)
+    assert [ln for ln in again.output.splitlines() if ln.startswith("logged: ")] == []
+    assert sum(ln.startswith("already logged: ") for ln in again.output.splitlines()) == 3
+    assert len(runs_of(lab, f"tags.`{COPY_OF}` LIKE '%'")) == 3

@@ -134,6 +134,15 @@ class CatchUp:
             outcome = self._run(run_dir)
         except (UserError, ValueError) as err:
             outcome = Outcome(run_dir, None, f"not logged: {run_dir}: {err}", False)
+        except Exception as err:
+            cause = tracking_health.store_failure(err)
+            if cause is None:
+                raise
+            line = (
+                f"not logged: {run_dir}: the tracking store failed ({cause}); what was sent "
+                "stays, and saleval-catch-up sends the rest when it is run again"
+            )
+            outcome = Outcome(run_dir, None, line, False)
         self.done[run_dir] = outcome
         return outcome
 
@@ -311,7 +320,10 @@ def _get_run(client: Any, run_id: str) -> Any:
     try:
         run = client.get_run(run_id)
     except MlflowException as err:
-        if tracking_health.store_failure(err) is not None:
+        cause = tracking_health.store_failure(err)
+        # an authenticating server answers 403 for a run it does not hold (it cannot tell
+        # whose experiment it would be in): for this account, the run is not there
+        if cause is not None and not cause.startswith("403"):
             raise
         return None
     return None if run.info.lifecycle_stage == "deleted" else run
