@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from saleval.errors import UserError
-from saleval.pipeline import run_checks, tracking_health, tracking_journal
+from saleval.pipeline import run_checks, tracking, tracking_health, tracking_journal, views
 from saleval.pipeline.merge import PIPELINE_JSON, is_sweep_dir, sweep_jobs
 from saleval.pipeline.run_checks import RUN_JSON
 
@@ -220,8 +220,6 @@ class CatchUp:
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from saleval.pipeline import tracking
-
         start = ops[0]
         first = str(start["run_id"])
         client = MlflowClient()
@@ -312,6 +310,11 @@ class CatchUp:
             if outcome.ok and outcome.run_id:
                 return outcome.run_id
         return None
+
+
+#: tracking and views register the function that sends each kind of op a journal holds
+#: (:func:`saleval.pipeline.tracking_journal.applies`): imported, every kind has its sender
+_SENDERS = (tracking, views)
 
 
 def _get_run(client: Any, run_id: str) -> Any:

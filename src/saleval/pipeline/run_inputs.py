@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saleval import paths, renames
 from saleval.config import DatasetConfig
 from saleval.modeling.data import complete_label_names
-from saleval.pipeline import merge, run_checks, stage_table, tracking
+from saleval.pipeline import merge, run_checks, stage_table, tracking, tracking_health
 from saleval.pipeline.input_paths import (
     LATEST,
     InputError,
@@ -78,9 +78,16 @@ def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
         spec = str(latest_link(root, PRODUCERS.get(name, name)).resolve())
     if spec.startswith("runs:/"):
         run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
+        tracking_health.check_store(mlflow.get_tracking_uri())  # one line when it is down
         try:
             run = mlflow.tracking.MlflowClient().get_run(run_id)
         except mlflow.exceptions.MlflowException as err:
+            cause = tracking_health.store_failure(err)
+            if cause is not None and not cause.startswith("403"):
+                raise tracking_health.TrackingError(
+                    f"inputs.{name}={spec}: the tracking store "
+                    f"{tracking_health.redact(mlflow.get_tracking_uri())} failed ({cause})"
+                ) from err
             raise InputError(f"inputs.{name}={spec}: no such MLflow run ({err})") from err
         local = run.data.tags.get("run_dir")
         if local and Path(local, RUN_JSON).is_file():

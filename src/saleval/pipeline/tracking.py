@@ -162,7 +162,10 @@ def end_run(journal: tracking_journal.Journal, status: str) -> None:
     earlier (see :func:`recover`), the run is left to ``saleval-catch-up`` and only this
     process lets go of it."""
     op = {"op": "end", "status": status}
-    journal.write(op)
+    try:
+        journal.write(op)
+    except OSError as err:  # a full disk: the store still hears of the end
+        log.warning("%s: the run's end could not be journaled: %s", journal.path, err)
     try:
         if journal.lost is not None:
             with tracking_health.quick_requests(3), contextlib.suppress(Exception):
@@ -462,11 +465,13 @@ def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None =
             targets=targets if targets in columns else None,
         )
         described = dataset.to_dict()  # the schema is inferred here
-    send({"op": "dataset", "name": name, "dataset": described, "context": context})
+    op = {"op": "dataset", "name": name, "dataset": described, "context": context}
+    send(op, lambda: mlflow.log_input(dataset, context=context))
 
 
 @applies("dataset")
 def _send_dataset(op: dict[str, Any], target: Target) -> None:
+    """Catching up: the dataset as the live run described it (name, digest, schema)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
