@@ -42,10 +42,12 @@ from saleval.pipeline.stage import Stage
 from saleval.stages import tasks as tasks_stage
 from saleval.stages.run import compose_stage
 from saleval.testing import explain_frames, make_explain_run
-from tests.conftest import DATA_ROOT
+from tests.conftest import DATA_ROOT, FinishedPipeline
 from tests.scaleout_support import BIN, launch, subprocess_env
 from tests.test_cli import script
 from tests.test_sweeps import LABELS, fake_sweep, tasks_cfg
+
+pytestmark = pytest.mark.usefixtures("keep_mlflow_store")
 
 PUBLISHED = DATA_ROOT / "published" / "lu2024" / "AGNEWS.csv"
 SCORE = ["crowd=lu2024", f"crowd.path={PUBLISHED}", "dataset=ag_news", "scoring.bootstrap.n=50",
@@ -432,3 +434,47 @@ def test_the_journal_holds_what_was_sent(tmp_path: Path, mlflow_uri: str) -> Non
         "sent": len(ops),
         "logged": True,
     }
+
+
+def test_a_whole_pipeline_is_copied_to_another_store_once(
+    tmp_path: Path, smoke_pipeline: FinishedPipeline, mlflow_uri: str
+) -> None:
+    """Every kind of op a run logs, replayed into a new store: the pipeline's run, each
+    stage's run nested under it, per-method child runs, saved views, datasets, parent
+    links mapped to the new store's runs. Run twice, it logs once."""
+    root = smoke_pipeline.dirs["compare"].parent
+    there = f"sqlite:///{tmp_path / 'lab.db'}"
+    first = catch_up([root], there)
+    assert all(o.ok for o in first), [o.line for o in first]
+    assert len(first) == 1 + len(smoke_pipeline.dirs)
+    here, lab = MlflowClient(tracking_uri=mlflow_uri), MlflowClient(tracking_uri=there)
+    copy = {o.run_dir: lab.get_run(str(o.run_id)) for o in first}
+    pipeline = copy[root.resolve()]
+    assert pipeline.data.tags["stage"] == "run" and pipeline.info.status == "FINISHED"
+    for stage, run_dir in smoke_pipeline.dirs.items():
+        new = copy[run_dir.resolve()]
+        old = here.get_run(json.loads((run_dir / "run.json").read_text())["run_id"])
+        assert new.info.run_name == old.info.run_name, stage
+        assert new.data.tags["mlflow.parentRunId"] == pipeline.info.run_id, stage
+        assert new.data.params == old.data.params, stage
+        assert new.data.metrics == old.data.metrics, stage
+        for key, parent in old.data.tags.items():
+            if key.startswith("parent."):  # the link points at the parent's copy
+                where = Path(old.data.tags["parent_dir." + key.removeprefix("parent.")])
+                assert new.data.tags[key] == copy[where.resolve()].info.run_id != parent
+        rows_old = tracking.method_rows(old.info.run_id, here).drop(columns="run_id")
+        rows_new = tracking.method_rows(new.info.run_id, lab).drop(columns="run_id")
+        pd.testing.assert_frame_equal(rows_new, rows_old, check_like=True)
+        assert len(new.inputs.dataset_inputs) == len(old.inputs.dataset_inputs), stage
+    compare = copy[smoke_pipeline.dirs["compare"].resolve()]
+    views = lab.get_experiment(compare.info.experiment_id).tags
+    assert f"mlflow.sharedViewState.saleval-{compare.info.run_id}" in views
+
+    def everything() -> int:
+        exps = [e.experiment_id for e in lab.search_experiments()]
+        return len(lab.search_runs(exps, max_results=10_000))
+
+    made = everything()
+    again = catch_up([root], there)
+    assert [o.line.split(":")[0] for o in again] == ["already logged"] * len(first)
+    assert everything() == made

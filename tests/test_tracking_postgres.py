@@ -38,7 +38,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import DATA_ROOT
 from tests.scaleout_support import BIN, TINY_JOB, launch, require, runs_of, subprocess_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_mlflow_store")]
 
 INSTALL = "apt-get install -y postgresql (as root; .ci/run does this)"
 

@@ -20,10 +20,18 @@ Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
 starting, it marks KILLED the RUNNING runs of this host
 whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
+
+What a run can be trusted for (docs/tracking.md): it starts only once its tracking store
+has answered (:func:`saleval.pipeline.tracking_health.check_store`), its parents having
+FINISHED with their tables unchanged (:mod:`saleval.pipeline.run_checks`); ``run.json``
+holds the checksum of every table it writes; everything it logs is kept in its run dir
+too (:mod:`saleval.pipeline.tracking_journal`), so a store that fails mid-run costs no
+work and ``saleval-catch-up`` sends the rest later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -206,6 +214,7 @@ class Stage:
                 journal.lost = cause
         if exc_type is None:
             self.tracking.recover()  # the store back after an outage: send what it missed
+        failure = exc
         try:
             if not exc_type:
                 tracking.log_metrics({"stage_seconds": seconds})
@@ -215,13 +224,17 @@ class Stage:
             else:
                 self._write_run_json(status=status, seconds=seconds, error=repr(exc))
         except Exception as err:
-            if exc_type is None:
+            if exc_type is not None:
+                # a second failure (the disk is full, say) must not hide the first one
+                log.warning("%s: could not record the run's end: %s", self.run_dir, err)
+            else:  # the work is done but its record could not be written: not FINISHED
+                status, failure = "FAILED", err
+                with contextlib.suppress(Exception):
+                    self._write_run_json(status=status, seconds=seconds, error=repr(err))
                 raise
-            # a second failure (the disk is full, say) must not hide the first one
-            log.warning("%s: could not record the run's end: %s", self.run_dir, err)
         finally:
             if self.run_id is not None:
-                self._end(status, seconds, exc)
+                self._end(status, seconds, failure)
         if not exc_type and not self.tracking.nested:  # saleval-run prints its own summary
             root = OmegaConf.select(self.cfg, "paths.output_root", default=None)
             run_record.link_latest(root, self.stage, self.run_dir)

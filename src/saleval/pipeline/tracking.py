@@ -39,6 +39,7 @@ import pandas as pd
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from saleval.errors import UserError
 from saleval.pipeline import tracking_health, tracking_journal
 from saleval.pipeline.jsonfiles import plain
 from saleval.pipeline.run_naming import METHOD, SEP, flatten, metric_key, param_key
@@ -191,12 +192,14 @@ def recover(journal: tracking_journal.Journal, wait_s: float | None = None) -> b
     try:
         tracking_health.check_store(journal.uri, wait_s)
         replay(journal)
-    except Exception as err:
+    except Exception as err:  # whatever stops it, the run's work is done: saleval-catch-up
         cause = tracking_health.store_failure(err)
-        if cause is None and not isinstance(err, tracking_health.TrackingError):
-            raise
         journal.lost = cause or journal.lost
-        log.warning("the tracking store is still unavailable: %s", " ".join(str(err).split())[:300])
+        text = " ".join(str(err).split())[:300]
+        if cause or isinstance(err, UserError):  # still down: the run's last line says so
+            log.info("the tracking store is still unavailable: %s", text)
+        else:
+            log.warning("sending what the tracking store missed failed: %s", text)
         return False
     return True
 
