@@ -419,6 +419,39 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
         assert len(client.get_metric_history(st.run_id, "accuracy")) == 1
 
 
+def test_a_server_back_before_the_run_ends_gets_what_it_missed_from_the_stage_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that hangs mid-run (stopped, not gone: requests time out) and answers again
+    before the work is done: the stage sends what it missed when it ends, and its run ends
+    FINISHED, complete, with no catch-up needed."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    preds, attrs = _frames()
+    run = tmp_path / "explain"
+    with mlflow_server(tmp_path / "server", _free_port()) as server:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        tracking_health.forget_checks()
+        cfg = compose_stage("explain", ["dataset=ag_news", "method=[random,lime]"])
+        cfg.run_dir, cfg.tracking.wait_s = str(run), 30
+        with Stage(cfg, "explain") as st:
+            os.killpg(server.proc.pid, signal.SIGSTOP)  # hung: connections wait
+            try:
+                st.write(tables.PREDICTIONS, preds)
+                st.log_metrics({"n_samples": 6})
+                assert st.tracking.journal is not None and st.tracking.journal.lost == "timed out"
+            finally:
+                os.killpg(server.proc.pid, signal.SIGCONT)
+            st.write(tables.ATTRIBUTIONS, attrs)  # kept in the journal until the end
+        record = json.loads((run / "run.json").read_text())["tracking"]
+        assert record["logged"] is True and "not_logged" not in record
+        got = MlflowClient(tracking_uri=server.url).get_run(st.run_id)
+        assert got.info.status == "FINISHED" and got.data.metrics["n_samples"] == 6
+        arts = {a.path for a in MlflowClient(tracking_uri=server.url).list_artifacts(st.run_id)}
+        assert {"predictions.parquet", "attributions.parquet", "run.json"} <= arts
+    assert "not all logged" not in capsys.readouterr().out
+
+
 def test_the_journal_holds_what_was_sent(tmp_path: Path, mlflow_uri: str) -> None:
     preds, attrs = _frames()
     run = make_explain_run(tmp_path / "explain", preds, attrs)

@@ -214,6 +214,7 @@ class Stage:
                 journal.lost = cause
         if exc_type is None:
             self.tracking.recover()  # the store back after an outage: send what it missed
+            self.tracking.keep_direct_metrics()  # e.g. Lightning's curves, into the run dir
         failure = exc
         try:
             if not exc_type:
@@ -304,6 +305,8 @@ class Stage:
             return spec.path(self.run_dir)
         path = spec.write(df, self.run_dir)
         self._tables.append(spec.filename)
+        if self.run_id is not None:  # the record follows what is on disk, table by table
+            self._write_run_json(status="RUNNING")
         tracking.log_files([path])
         return path
 

@@ -110,6 +110,11 @@ class StageTracking:
             wait = OmegaConf.select(self.cfg, "tracking.wait_s", default=None)
             tracking.recover(self.journal, None if wait is None else float(wait))
 
+    def keep_direct_metrics(self) -> None:
+        """Journal what reached the run without the journal (:func:`tracking.keep_direct_metrics`)."""
+        if self.journal is not None:
+            tracking.keep_direct_metrics(self.journal)
+
     def end(self, status: str) -> None:
         """End the run with ``status`` (:func:`tracking.end_run`)."""
         if self.journal is not None:

@@ -204,6 +204,35 @@ def recover(journal: tracking_journal.Journal, wait_s: float | None = None) -> b
     return True
 
 
+def keep_direct_metrics(journal: tracking_journal.Journal) -> None:
+    """Journal the metrics that reached the run without saleval's journal (Lightning's
+    per-epoch curves, logged by its callback straight to MLflow), read back from the store
+    with their steps and times, so a catch-up into another store has them too. Nothing is
+    sent; a store that fails here is left alone (the run's own ops are all kept)."""
+    if journal.lost is not None:
+        return
+    client = MlflowClient()
+    run_id = journal.target.run_id
+    try:
+        known = {
+            k for op in tracking_journal.read_ops(journal.run_dir)
+            if op.get("op") == "metrics" for k in op["metrics"]
+        }  # fmt: skip
+        direct = [k for k in client.get_run(run_id).data.metrics if k not in known]
+        points: dict[tuple[int, int], dict[str, float]] = {}
+        for key in sorted(direct):
+            for m in client.get_metric_history(run_id, key):
+                points.setdefault((m.step, m.timestamp), {})[key] = m.value
+    except Exception as err:
+        if tracking_health.store_failure(err) is None:
+            raise
+        return
+    for (step, when), values in sorted(points.items()):
+        journal.write({"op": "metrics", "metrics": values, "step": step, "time": when,
+                       "model_id": None})  # fmt: skip
+    journal.sent = journal.ops  # they are in the store already
+
+
 def replay(journal: tracking_journal.Journal) -> None:
     """Send the journal's ops the store has not taken yet (its run is the active one), as a
     catch-up does; the first failure stops it where it is."""
