@@ -376,11 +376,12 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         tracking_health.forget_checks()
         cfg = compose_stage("explain", ["dataset=ag_news", "method=[random,lime]"])
-        cfg.run_dir, cfg.tracking.wait_s = str(run), 1
+        cfg.run_dir = str(run)
         st = Stage(cfg, "explain")
         with st:
             st.write(tables.PREDICTIONS, preds)
             server.die()
+            cfg.tracking.wait_s = 1  # at the end, ask the dead server once more, briefly
             st.write(tables.ATTRIBUTIONS, attrs)
             st.log_metrics({"n_samples": 6, "accuracy": 0.5})
             st.log_method_rows(rows)

@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
@@ -87,7 +88,7 @@ class Record:
         return run_checks.FINISHED if self.is_pipeline else str(self.info.get("status"))
 
     def save(self) -> None:
-        run_checks.write_atomically(self.path, json.dumps(self.info, indent=2) + "\n")
+        run_checks.write_atomically(self.path, json.dumps(self.info, indent=2))
 
 
 def run_dirs(paths: Sequence[str | Path]) -> Iterator[Path]:
@@ -200,14 +201,20 @@ class CatchUp:
             rid, run.info.experiment_id, record.run_dir, replay=True, run_name=run.info.run_name
         )
         mlflow.start_run(run_id=rid)
+        done = False
         try:
             for op in todo:
                 tracking_journal.apply(op, target)
                 sent += 1
             self._finish_record(record, ops)
             mlflow.log_artifact(str(record.path))
+            done = True
         finally:
-            mlflow.end_run(status=status)
+            if not done:  # the next catch-up goes on from here
+                progress = dict(record.info.get(tracking_journal.RECORD) or {}, sent=sent)
+                record.info[tracking_journal.RECORD] = progress
+                record.save()
+            _end(status if done else "KILLED", done)
         return Outcome(
             record.run_dir, rid,
             f"logged: {record.run_dir} -> run {rid} in {shown} ({len(todo)} missed op(s) sent, "
@@ -242,7 +249,7 @@ class CatchUp:
             rid, experiment_id, record.run_dir, replay=True, run_name=run_name
         )
         status = _final_status(ops, record)
-        ended = "FAILED"
+        done = False
         try:
             for op in ops[1:]:
                 if op.get("op") != "end":
@@ -250,9 +257,9 @@ class CatchUp:
             record.info.setdefault(COPIES, {})[shown] = rid
             record.save()
             mlflow.log_artifact(str(record.path))
-            ended = status
-        finally:
-            mlflow.end_run(status=ended)
+            done = True
+        finally:  # a copy cut short is not FINISHED: the next catch-up makes it again
+            _end(status if done else "FAILED", done)
         return Outcome(
             record.run_dir, rid, f"logged: {record.run_dir} -> new run {rid} in {shown} "
             f"(a copy of {first}, {len(ops) - 1} op(s))", True,
@@ -346,6 +353,18 @@ def _delete_with_children(client: Any, run: Any) -> None:
     for child in children:
         client.delete_run(child.info.run_id)
     client.delete_run(run.info.run_id)
+
+
+def _end(status: str, done: bool) -> None:
+    """End the active run; after a failure, without waiting minutes for a store that may
+    be down (its status then stays as the store has it)."""
+    import mlflow
+
+    if done:
+        mlflow.end_run(status=status)
+        return
+    with tracking_health.quick_requests(3), contextlib.suppress(Exception):
+        mlflow.end_run(status=status)
 
 
 def _final_status(ops: list[dict[str, Any]], record: Record) -> str:
