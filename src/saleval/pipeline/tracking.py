@@ -197,7 +197,7 @@ def recover(journal: tracking_journal.Journal, wait_s: float | None = None) -> b
         journal.lost = cause or journal.lost
         text = " ".join(str(err).split())[:300]
         if cause or isinstance(err, UserError):  # still down: the run's last line says so
-            log.info("the tracking store is still unavailable: %s", text)
+            log.debug("the tracking store is still unavailable: %s", text)
         else:
             log.warning("sending what the tracking store missed failed: %s", text)
         return False
