@@ -9,8 +9,9 @@ reads, writes, its main options and an example; read from the source file, not i
 above Hydra's lists of config groups and the composed config (the ``help`` node of
 ``conf/hydra/default.yaml``).
 
-A :class:`saleval.errors.UserError` raised by a stage (or a required key left unset) ends
-the job with one line on stderr that says what to fix, exit status 2; with
+A :class:`saleval.errors.UserError` raised by a stage (or a required key left unset), a
+full disk and a tracking store that fails (docs/tracking.md, *When the tracking server
+fails*) end the job with one line on stderr that says what to fix, exit status 2; with
 ``HYDRA_FULL_ERROR=1`` it keeps its traceback, like any other exception. In a ``-m``
 multirun the failing job's line is reported by Hydra once the sweep ends, as before.
 """
@@ -43,8 +44,6 @@ STAGES: dict[str, str] = {s.name: s.module for s in stage_table.TABLE}
 
 #: the errors a user fixes from the message alone: one line, no traceback
 EXPECTED: tuple[type[BaseException], ...] = (UserError, MissingMandatoryValue, ValidationError)
-#: what a job's one line covers: those, and a full disk (:func:`disk_full`)
-CAUGHT: tuple[type[BaseException], ...] = (*EXPECTED, OSError)
 
 HELP_RESOLVER = "saleval.help"
 
@@ -155,6 +154,23 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
 
 
+def expected_line(err: BaseException) -> str | None:
+    """The one line a job ends with for ``err`` (None: a bug, whose traceback is shown): a
+    user error, a full disk (:func:`disk_full`), or a tracking store that failed
+    (:func:`saleval.pipeline.tracking_health.failure_message`)."""
+    if isinstance(err, EXPECTED):
+        return one_line(err)
+    if isinstance(err, OSError) and disk_full(err) is not None:
+        return disk_full(err)
+    if "mlflow" not in sys.modules:  # nothing talked to a store
+        return None
+    import mlflow
+
+    from saleval.pipeline import tracking_health
+
+    return tracking_health.failure_message(err, mlflow.get_tracking_uri())
+
+
 def secret_in_command_line(overrides: list[str]) -> str | None:
     """The line refusing a password in an override's URL or in ``MLFLOW_TRACKING_URI``
     (:mod:`saleval.pipeline.tracking_health`), checked before Hydra writes the overrides
@@ -179,7 +195,9 @@ def refuse_secrets(cfg: DictConfig, scrub: bool = False) -> None:
         plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except Exception:  # an interpolation that fails is reported by what reads it
         plain = OmegaConf.to_container(cfg, resolve=False)
-    problem = tracking_health.first_secret(tracking_health.leaves(plain))
+    assert isinstance(plain, dict)
+    ordered = {k: v for k, v in plain.items() if k != "hydra"} | {"hydra": plain.get("hydra")}
+    problem = tracking_health.first_secret(tracking_health.leaves(ordered))  # hydra.* last
     if problem is None:
         return
     if scrub:
@@ -254,10 +272,10 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
             refuse_secrets(cfg, scrub=True)  # e.g. a password in a YAML file's tracking.uri
             check_input_paths(cfg)  # a path that is not there, before the stage imports anything
             result = run(cfg)
-        except CAUGHT as err:
-            if full_error() or (isinstance(err, OSError) and disk_full(err) is None):
+        except Exception as err:
+            line = None if full_error() else expected_line(err)
+            if line is None:
                 raise
-            line = disk_full(err) if isinstance(err, OSError) else one_line(err)
             message = f"saleval-{config_name}: {line}"
             if _multirun():
                 raise JobFailed(message) from err

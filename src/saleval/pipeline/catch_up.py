@@ -93,17 +93,22 @@ class Record:
 
 def run_dirs(paths: Sequence[str | Path]) -> Iterator[Path]:
     """The run dirs the command's arguments name: a run dir, a ``saleval-run`` dir (itself,
-    then its stages' runs), a ``-m`` sweep dir (each job, the same way)."""
+    then its stages' runs; only the stages' runs when the pipeline was cut short), a ``-m``
+    sweep dir (each job, the same way)."""
     for given in paths:
         path = Path(given).expanduser().resolve()
         if not path.is_dir():
             raise CatchUpError(f"{given}: no such directory")
         for job in sweep_jobs(path) if is_sweep_dir(path) else [path]:
-            yield job
-            if (job / PIPELINE_JSON).is_file() and not (job / RUN_JSON).is_file():
+            if (job / RUN_JSON).is_file():
+                yield job
+            elif (job / PIPELINE_JSON).is_file():
+                yield job
                 stages = json.loads((job / PIPELINE_JSON).read_text()).get("stages") or {}
                 for stage in stages.values():
                     yield Path(str(stage["run_dir"])).resolve()
+            else:  # a saleval-run cut short (no pipeline.json yet): its stages' runs
+                yield from sorted(d for d in job.iterdir() if (d / RUN_JSON).is_file()) or [job]
 
 
 @dataclass

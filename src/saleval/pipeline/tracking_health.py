@@ -339,6 +339,23 @@ def start_message(err: BaseException, uri: str, experiment: str | None) -> str |
     )
 
 
+def failure_message(err: BaseException, uri: str) -> str | None:
+    """The one line for a store that failed where saleval's journal does not cover it (a
+    search before a stage, a library logging straight to MLflow); None: not the store's."""
+    cause = store_failure(err)
+    if cause is None:
+        return None
+    if cause.startswith("401"):
+        return auth_message(uri, 401)
+    if cause.startswith("403"):
+        return auth_message(uri, 403)
+    return (
+        f"the tracking store {redact(uri)} failed ({cause}): the run dirs keep what was "
+        "computed; once the store answers, rerun (finished runs are reused) or log them "
+        "with saleval-catch-up"
+    )
+
+
 @contextlib.contextmanager
 def quick_requests(timeout_s: float) -> Iterator[None]:
     """MLflow's HTTP calls in the block try once, for at most ``timeout_s`` seconds, instead

@@ -130,8 +130,10 @@ class Journal:
         self.ops += 1
 
     def lose(self, cause: str, op: Mapping[str, Any]) -> None:
-        """The store failed while taking ``op``: keep the rest here (one warning line)."""
+        """The store failed while taking ``op``: keep the rest here (one warning line); the
+        next run this process starts checks the store again, within its short wait."""
         self.lost = cause
+        tracking_health.forget_checks()
         log.warning(
             "the tracking store %s failed (%s) while logging %s; the run goes on without it "
             "and keeps what it logs in %s: send it later with saleval-catch-up %s",

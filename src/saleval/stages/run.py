@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -288,7 +289,13 @@ def _run_or_reuse(
         if isinstance(v, str) and Path(v).is_dir()
     }
     fp = stage_fingerprint(stage_cfg, stage, input_dirs)
-    reused = find_reusable(stage, fp) if cfg.reuse else None
+    try:
+        reused = find_reusable(stage, fp) if cfg.reuse else None
+    except Exception as err:  # the store went away between two stages: one line
+        line = tracking_health.failure_message(err, mlflow.get_tracking_uri())
+        if line is None:
+            raise
+        raise tracking_health.TrackingError(f"before stage {stage}: {line}") from err
     if reused is not None:
         log.info("[run] %s: reusing %s (fingerprint %s)", stage, reused, fp)
         tracking.set_tags({f"reused.{stage}": read_run_info(reused).get("run_id", "")})
