@@ -512,3 +512,28 @@ def test_a_whole_pipeline_is_copied_to_another_store_once(
     again = catch_up([root], there)
     assert [o.line.split(":")[0] for o in again] == ["already logged"] * len(first)
     assert everything() == made
+
+
+def test_a_store_failing_outside_the_journal_is_one_line(mlflow_uri: str) -> None:
+    """A search between two of saleval-run's stages, or Lightning's per-epoch logging, meets
+    a store that went away: the job ends in one line, not MLflow's traceback; a bug keeps
+    its traceback."""
+    from mlflow.exceptions import MlflowException
+
+    from saleval.cli import expected_line
+
+    err = MlflowException(
+        "API request to http://127.0.0.1:9/api/2.0/mlflow/experiments/search failed with "
+        "exception HTTPConnectionPool(host='127.0.0.1', port=9): Max retries exceeded (Caused "
+        "by NewConnectionError('Failed to establish a new connection: [Errno 111] Connection "
+        "refused'))"
+    )
+    line = expected_line(err)
+    assert line is not None and "\n" not in line
+    assert line.startswith("the tracking store ") and "failed (connection refused)" in line
+    assert "saleval-catch-up" in line
+    assert expected_line(ValueError("a bug")) is None
+    assert expected_line(OSError(errno.ENOSPC, "No space left on device", "/o/t.csv")) == (
+        "no space left on device writing /o/t.csv: free space there (or set paths.output_root "
+        "to another disk) and rerun; the files the run wrote before are kept whole"
+    )
