@@ -45,6 +45,22 @@ def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ["MLFLOW_TRACKING_URI"] = old
 
 
+@pytest.fixture
+def keep_mlflow_store() -> Iterator[None]:
+    """Leave MLflow pointed where the test found it. A stage (and a catch-up) points MLflow's
+    client at the store it uses, and MLflow copies that into ``MLFLOW_TRACKING_URI``; a test
+    that used another store (a server it then stops) must not hand it to the next test."""
+    from mlflow.tracking._tracking_service import utils
+
+    saved, env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    utils._tracking_uri = saved
+    if env is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = env
+
+
 def compose_config(
     config_name: str, overrides: Sequence[str] = (), run_dir: Path | None = None
 ) -> DictConfig:

@@ -9,13 +9,20 @@ instead, so the suite can never pass there by skipping them.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.test_scaleout import _env
 
-__all__ = ["on_ci", "require", "runs_of", "subprocess_env"]
+__all__ = ["BIN", "Finished", "launch", "on_ci", "require", "runs_of", "subprocess_env"]
+
+BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
 
 
 def on_ci() -> bool:
@@ -38,6 +45,36 @@ def subprocess_env(tracking_uri: str | None = None, **extra: str) -> dict[str, s
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
+
+
+@dataclass
+class Finished:
+    """A command that ran: its exit status and its output (stdout and stderr together)."""
+
+    returncode: int
+    output: str
+
+    def tail(self) -> str:
+        return self.output[-4000:]
+
+
+def launch(
+    args: Sequence[object], env: dict[str, str], cwd: Path, timeout: float, expect: int | None = 0
+) -> Finished:
+    """Run a command; fail showing its output when it runs over ``timeout`` or exits other
+    than ``expect`` (None: any status)."""
+    try:
+        proc = subprocess.run(
+            [str(a) for a in args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout if isinstance(err.stdout, str) else (err.stdout or b"").decode()
+        pytest.fail(f"{args[0]} ran over {timeout} s:\n{out[-4000:]}")
+    done = Finished(proc.returncode, proc.stdout)
+    if expect is not None:
+        assert proc.returncode == expect, f"{args[0]} exited {proc.returncode}:\n{done.tail()}"
+    return done
 
 
 def runs_of(client: MlflowClient, filter_string: str = "") -> list:

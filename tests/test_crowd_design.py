@@ -105,7 +105,13 @@ def write_explain_run(
     tables.ATTRIBUTIONS.write(attrs, run_dir)
     (run_dir / "run.json").write_text(
         json.dumps(
-            {"stage": "explain", "run_id": "", "fingerprint": "synthetic", "simulated": "false"}
+            {
+                "stage": "explain",
+                "run_id": "",
+                "fingerprint": "synthetic",
+                "simulated": "false",
+                "status": "FINISHED",
+            }
         )
     )
     labels = [c.removeprefix("prob_") for c in preds.columns if c.startswith("prob_")]

@@ -92,7 +92,9 @@ def make_task_run(root: Path, target: str = "gold") -> Path:
         "dataset:\n  name: imdb\n  label_names: [negative, positive]\n"
         f"study:\n  target: {target}\n  population: correct\n"
     )
-    (run / "run.json").write_text(json.dumps({"run_id": "hand-made-tasks", "fingerprint": "t"}))
+    (run / "run.json").write_text(
+        json.dumps({"run_id": "hand-made-tasks", "fingerprint": "t", "status": "FINISHED"})
+    )
     return run
 
 
@@ -360,7 +362,9 @@ def test_simulated_answers_are_marked_everywhere(
     make_answers(tables.BUNDLES.read(task_run), spam=False).assign(simulated=True).to_csv(
         sim / "answers.csv", index=False
     )
-    (sim / "run.json").write_text(json.dumps({"run_id": "sim-run", "simulated": "true"}))
+    (sim / "run.json").write_text(
+        json.dumps({"run_id": "sim-run", "simulated": "true", "status": "FINISHED"})
+    )
     (sim / "config.yaml").write_text("seed: 1\n")
     out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={sim}"])
     run = Path(out["run_dir"])

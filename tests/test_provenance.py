@@ -76,7 +76,9 @@ def _parent(tmp: Path, name: str, cfg: dict, info: dict) -> Path:
     d = tmp / name
     d.mkdir()
     (d / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
-    (d / "run.json").write_text(json.dumps({"stage": name, "run_id": name, **info}))
+    (d / "run.json").write_text(
+        json.dumps({"stage": name, "run_id": name, "status": "FINISHED", **info})
+    )
     return d
 
 

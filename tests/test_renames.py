@@ -53,7 +53,9 @@ def test_a_run_recorded_with_old_targets_still_adopts(
         "metrics": {"plugins": ["saleval.plausibility"]},
     }
     (parent / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(recorded)))
-    (parent / "run.json").write_text(json.dumps({"stage": "explain", "run_id": "r1"}))
+    (parent / "run.json").write_text(
+        json.dumps({"stage": "explain", "run_id": "r1", "status": "FINISHED"})
+    )
     cfg = OmegaConf.create({"dataset": None})
     with caplog.at_level(logging.WARNING, logger="saleval.pipeline.run_inputs"):
         inputs = RunInputs(cfg, "tasks", {"explain": str(parent)}, requires=["dataset"])

@@ -54,7 +54,7 @@ from saleval.pipeline import dead_runs, slurm_state, tables
 from saleval.scaleout.slurm_local import LocalCluster
 from saleval.scaleout.slurm_local import missing as slurm_missing
 from tests.page_walk import Page, Ran, Shell, missing_lines
-from tests.scaleout_support import require, runs_of, subprocess_env
+from tests.scaleout_support import BIN, launch, require, runs_of, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "scale-out.md"
@@ -569,6 +569,7 @@ def _status(url: str, auth: tuple[str, str] | None = None, host: str | None = No
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("keep_mlflow_store")
 def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
     require(_pg_missing())
     import psycopg
@@ -583,7 +584,7 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
         assert ran.output.strip().endswith("OK")  # /health answered
         print(f"walk: the server answered /health after {ran.seconds:.1f} s")
         walk.step("pg-user")
-        walk.step("pg-sweep")
+        swept = walk.step("pg-sweep")
 
         admin = ("admin", walk.var("ADMIN_PASSWORD"))
         member = ("lab-jobs", walk.var("JOBS_PASSWORD"))
@@ -624,6 +625,11 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
             assert {r.info.run_id for r in runs.values()} <= {row[0] for row in rows}
         log = (walk.root / "mlflow-server.log").read_text()
         assert not NOISE.search(log), [x for x in log.splitlines() if NOISE.search(x)]
+        # issue #45 on the lab's server: the jobs' password in no artefact, a wrong password
+        # and a missing permission refused in one line, runs moved here from a laptop store
+        _no_password_in_artefacts(walk, member[1], swept, list(runs.values()))
+        _refused_in_one_line(server, admin, walk.root / "refused", monkeypatch)
+        _catch_up_moves_a_chain_here(server, admin, walk.root / "laptop", monkeypatch)
 
         walk.step("pg-stop")
         deadline = time.monotonic() + 60
@@ -636,3 +642,153 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
             runas = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
             subprocess.run([*runas, str(pg_ctl[-1]), "-D", str(pg_dir / "data"), "-m",
                             "immediate", "-w", "stop"], capture_output=True)  # fmt: skip
+
+
+def _no_password_in_artefacts(walk: Walk, secret: str, swept: Ran, runs: list) -> None:
+    """The password the jobs got from the environment is in nothing saleval wrote or
+    printed: run dirs, Hydra's files, the server's copies, the runs' params and tags."""
+    assert secret not in swept.output
+    for root in (walk.root / "outputs", walk.root / "mlartifacts"):
+        leaked = [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+        assert leaked == []
+    for run in runs:
+        assert all(secret not in v for v in {**run.data.params, **run.data.tags}.values())
+
+
+def _member(server: str, admin: tuple[str, str], name: str) -> tuple[str, str]:
+    """An account of the server, made by its admin."""
+    import secrets
+
+    account = (name, secrets.token_urlsafe(16))
+    made = _status(f"{server}/api/2.0/mlflow/users/create", admin, method="POST",
+                   body={"username": account[0], "password": account[1]})  # fmt: skip
+    assert made == 200
+    return account
+
+
+def _refused_in_one_line(
+    server: str, admin: tuple[str, str], where: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """401 and 403 end a stage in one line naming the server, the user, the cause and the
+    fix, not in MLflow's traceback; nothing is computed."""
+    from saleval.pipeline import tracking_health
+    from saleval.pipeline.stage import Stage
+    from saleval.stages.run import compose_stage
+
+    published = paths.default_data_root() / "published" / "lu2024" / "AGNEWS.csv"
+    wrong = ("lab-jobs-401", "not-the-password")
+    env = subprocess_env(
+        server, MLFLOW_TRACKING_USERNAME=wrong[0], MLFLOW_TRACKING_PASSWORD=wrong[1]
+    )
+    where.mkdir(parents=True)
+    done = launch(
+        [BIN / "saleval-score", "crowd=lu2024", f"crowd.path={published}", "dataset=ag_news",
+         f"paths.output_root={where / 'out'}"],
+        env, where, timeout=120, expect=2,
+    )  # fmt: skip
+    lines = [ln for ln in done.output.splitlines() if ln.startswith("saleval-score:")]
+    assert lines == [
+        f"saleval-score: the tracking server {server} refused user 'lab-jobs-401' "
+        "(401 Unauthorized): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+        "~/.mlflow/credentials) to an account of that server"
+    ], done.tail()
+    assert "Traceback" not in done.output and wrong[1] not in done.output
+    assert not list((where / "out").rglob("run.json"))
+
+    # a member with no permission on the lab's study: refused as the run starts, naming both
+    reader = _member(server, admin, "reader")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", admin[1])
+    locked = MlflowClient(tracking_uri=server).create_experiment("locked-study")
+    from mlflow.server import get_app_client
+
+    auth = get_app_client("basic-auth", tracking_uri=server)
+    # (the server's default permission, EDIT, is a floor under any lesser positive grant)
+    auth.grant_user_permission(reader[0], "experiment", locked, "DENY")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", reader[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", reader[1])
+    tracking_health.forget_checks()
+    cfg = compose_stage("score", ["crowd=lu2024", "dataset=ag_news",
+                                  "tracking.experiment=locked-study"])  # fmt: skip
+    cfg.run_dir = str(where / "score")
+    with pytest.raises(tracking_health.TrackingError) as refused, Stage(cfg, "score"):
+        pytest.fail("the stage must not start")
+    assert str(refused.value) == (
+        f"the tracking server {server} does not let user 'reader' start runs in "
+        "experiment 'locked-study' (403 Forbidden): ask its admin for EDIT permission on "
+        "experiment 'locked-study', or pick one you may write to with tracking.experiment=<name>"
+    )
+
+
+def _catch_up_moves_a_chain_here(
+    server: str, admin: tuple[str, str], where: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs made against a local SQLite store (a laptop) are logged to the lab's server
+    afterwards: a sweep of two explain runs and the tasks run made from it, with their
+    params, metrics, tags, files, and the tasks run's parent links pointing at the
+    explain runs' copies on the server. Run twice, it logs once."""
+    from saleval.pipeline import tracking_health
+    from saleval.pipeline.catch_up import COPY_OF
+    from saleval.stages import tasks as tasks_stage
+    from saleval.testing import explain_frames, make_explain_run
+    from tests.conftest import compose_config
+    from tests.test_sweeps import LABELS, fake_sweep
+
+    laptop = f"sqlite:///{where / 'mlflow.db'}"
+    where.mkdir(parents=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", laptop)
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    tracking_health.forget_checks()
+    preds, attrs = explain_frames(6, LABELS)
+
+    def job(methods: list[str]):
+        return lambda d: make_explain_run(d, preds, attrs[attrs["method"].isin(methods)])
+
+    sweep = fake_sweep(where / "sweep", [job(["random"]), job(["lime"])])
+    cfg = compose_config(
+        "tasks",
+        [f"inputs.explain={sweep}", "study.n_samples=4", "study.population=correct",
+         "study.balance_by=none", "study.methods=[random,lime]", "study.bundle_size=4",
+         "study.repeats=1", "kgrid.ks=[5]"],
+        where / "tasks",
+    )  # fmt: skip
+    tasks_stage.run(cfg)
+    here = MlflowClient(tracking_uri=laptop)
+    first = {d: json.loads((d / "run.json").read_text())["run_id"]
+             for d in (sweep / "0", sweep / "1", where / "tasks")}  # fmt: skip
+
+    member = _member(server, admin, "mover")
+    env = subprocess_env(MLFLOW_TRACKING_USERNAME=member[0], MLFLOW_TRACKING_PASSWORD=member[1])
+    move = [BIN / "saleval-catch-up", "--tracking-uri", server, where / "tasks"]
+    done = launch(move, env, where, timeout=180)
+    logged = [ln for ln in done.output.splitlines() if ln.startswith("logged: ")]
+    assert len(logged) == 3, done.tail()  # the tasks run and, first, both its parents
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", member[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", member[1])
+    lab = MlflowClient(tracking_uri=server)
+    copies = {r.data.tags[COPY_OF]: r for r in runs_of(lab, f"tags.`{COPY_OF}` LIKE '%'")}
+    assert set(copies) == set(first.values())
+    tasks = copies[first[where / "tasks"]]
+    original = here.get_run(first[where / "tasks"])
+    assert tasks.info.status == "FINISHED" and tasks.info.run_name == original.info.run_name
+    assert tasks.data.params == original.data.params
+    assert tasks.data.metrics == original.data.metrics
+    for i in (0, 1):  # the parent links point at the server's copies
+        parent = copies[first[sweep / str(i)]]
+        assert tasks.data.tags[f"parent.explain.{i}"] == parent.info.run_id
+        assert parent.data.tags["run_dir"] == str((sweep / str(i)).resolve())
+    stored = {a.path for a in lab.list_artifacts(tasks.info.run_id)}
+    assert {"tasks.csv", "bundles.csv", "config.yaml", "run.json"} <= stored
+    fetched = lab.download_artifacts(tasks.info.run_id, "tasks.csv", str(where))
+    assert Path(fetched).read_bytes() == (where / "tasks" / "tasks.csv").read_bytes()
+    record = json.loads((where / "tasks" / "run.json").read_text())
+    assert record["copies"] == {server: tasks.info.run_id}
+
+    # again, and the sweep itself: nothing is logged twice
+    again = launch([*move, sweep], env, where, timeout=180)
+    assert [ln for ln in again.output.splitlines() if ln.startswith("logged: ")] == []
+    assert sum(ln.startswith("already logged: ") for ln in again.output.splitlines()) == 3
+    assert len(runs_of(lab, f"tags.`{COPY_OF}` LIKE '%'")) == 3

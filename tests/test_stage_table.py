@@ -33,9 +33,13 @@ def test_names_are_unique() -> None:
     assert len(NAMES) == len(set(NAMES)), NAMES
 
 
+#: the console scripts that are not stages (no run dir of their own)
+TOOLS = {"saleval-catch-up": "saleval.pipeline.catch_up:main"}
+
+
 def test_pyproject_scripts_are_the_table() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {row.script: f"saleval.cli:{row.attr}" for row in TABLE}
+    assert scripts == {**{row.script: f"saleval.cli:{row.attr}" for row in TABLE}, **TOOLS}
 
 
 def test_conf_root_files_are_the_table() -> None:
@@ -137,7 +141,9 @@ def test_a_toy_stage_is_its_module_its_conf_file_and_one_row(tmp_path: Path) -> 
     explain = tmp_path / "explain_run"
     explain.mkdir()
     (explain / "config.yaml").write_text("dataset: null\n")
-    (explain / "run.json").write_text(json.dumps({"stage": "explain", "run_id": "e1"}))
+    (explain / "run.json").write_text(
+        json.dumps({"stage": "explain", "run_id": "e1", "status": "FINISHED"})
+    )
     done = _toy(tmp_path, f"inputs.explain={explain}", "label=mine")
     assert done.returncode == 0, done.stderr
     run_dir = Path(done.stdout.split("[saleval-toy] finished: ")[1].split()[0])
@@ -153,6 +159,8 @@ def test_a_toy_stage_is_its_module_its_conf_file_and_one_row(tmp_path: Path) -> 
     latest = _toy(tmp_path, "inputs.explain=latest")
     assert f"{tmp_path / 'out' / 'explain' / 'latest'} does not exist" in latest.stderr
     # another stage's run is refused by the same row
-    (explain / "run.json").write_text(json.dumps({"stage": "tasks", "run_id": "t1"}))
+    (explain / "run.json").write_text(
+        json.dumps({"stage": "tasks", "run_id": "t1", "status": "FINISHED"})
+    )
     wrong = _toy(tmp_path, f"inputs.explain={explain}")
     assert "is a saleval-tasks run; saleval-toy reads a saleval-explain run dir" in wrong.stderr

@@ -9,8 +9,9 @@ reads, writes, its main options and an example; read from the source file, not i
 above Hydra's lists of config groups and the composed config (the ``help`` node of
 ``conf/hydra/default.yaml``).
 
-A :class:`saleval.errors.UserError` raised by a stage (or a required key left unset) ends
-the job with one line on stderr that says what to fix, exit status 2; with
+A :class:`saleval.errors.UserError` raised by a stage (or a required key left unset), a
+full disk and a tracking store that fails (docs/tracking.md, *When the tracking server
+fails*) end the job with one line on stderr that says what to fix, exit status 2; with
 ``HYDRA_FULL_ERROR=1`` it keeps its traceback, like any other exception. In a ``-m``
 multirun the failing job's line is reported by Hydra once the sweep ends, as before.
 """
@@ -155,6 +156,9 @@ def quiet_libraries() -> None:
 
             hf_logging.disable_progress_bar()  # imported already: its flag is set
     logging.getLogger("lightning").propagate = False
+    # urllib3 warns once per retry of an MLflow request to a server that does not answer;
+    # saleval says it once (docs/tracking.md, "When the tracking server fails")
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     # MLflow sets its logger's level when imported (the stages import it lazily): its switch
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -170,6 +174,97 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # replaced or closed
         return False
+
+
+def expected_line(err: BaseException) -> str | None:
+    """The one line a job ends with for ``err`` (None: a bug, whose traceback is shown): a
+    user error, a full disk (:func:`disk_full`), or a tracking store that failed
+    (:func:`saleval.pipeline.tracking_health.failure_message`)."""
+    if isinstance(err, EXPECTED):
+        return one_line(err)
+    if isinstance(err, OSError) and disk_full(err) is not None:
+        return disk_full(err)
+    if "mlflow" not in sys.modules:  # nothing talked to a store
+        return None
+    import mlflow
+
+    from saleval.pipeline import tracking_health
+
+    return tracking_health.failure_message(err, mlflow.get_tracking_uri())
+
+
+def secret_in_command_line(overrides: list[str]) -> str | None:
+    """The line refusing a password in an override's URL or in ``MLFLOW_TRACKING_URI``
+    (:mod:`saleval.pipeline.tracking_health`), checked before Hydra writes the overrides
+    into ``.hydra/`` or a sweep's ``multirun.yaml``.
+
+    >>> print(secret_in_command_line(["seed=1", "tracking.uri=http://u:pw@h:5000"])[:53])
+    tracking.uri=http://u:***@h:5000 holds a password, wh
+    """
+    from saleval.pipeline import tracking_health
+
+    items = ((o.partition("=")[0].lstrip("+~"), o.partition("=")[2]) for o in overrides)
+    return tracking_health.environment_problem() or tracking_health.first_secret(items)
+
+
+def refuse_secrets(cfg: DictConfig, scrub: bool = False) -> None:
+    """Refuse a composed config any of whose settings holds a password (from a YAML file,
+    or an environment variable it reads); ``scrub``: Hydra has already written its files
+    for this job, so the password is taken out of them first."""
+    from saleval.pipeline import tracking_health
+
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except Exception:  # an interpolation that fails is reported by what reads it
+        plain = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(plain, dict)
+    ordered = {k: v for k, v in plain.items() if k != "hydra"} | {"hydra": plain.get("hydra")}
+    problem = tracking_health.first_secret(tracking_health.leaves(ordered))  # hydra.* last
+    if problem is None:
+        return
+    if scrub:
+        _scrub_hydra_files()
+    raise tracking_health.TrackingError(problem)
+
+
+def _scrub_hydra_files() -> None:
+    """Take passwords out of the files Hydra wrote for this job (``.hydra/*.yaml``, a
+    sweep's ``multirun.yaml``)."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from saleval.pipeline import tracking_health
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    files = list(Path(hc.runtime.output_dir, hc.output_subdir or ".hydra").glob("*.yaml"))
+    if _multirun():
+        files.append(Path(hc.sweep.dir, "multirun.yaml"))
+    for path in files:
+        if path.is_file():
+            text = path.read_text()
+            if tracking_health.redact(text) != text:
+                path.write_text(tracking_health.redact(text))
+
+
+def disk_full(err: OSError) -> str | None:
+    """The one line for a full disk (or quota), None for any other OS error.
+
+    >>> print(disk_full(OSError(28, "No space left on device", "/o/explain/attributions.parquet")))
+    no space left on device writing /o/explain/attributions.parquet: free space there (or set paths.output_root to another disk) and rerun; the files the run wrote before are kept whole
+    """
+    import errno
+
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(err):
+        return None
+    what = "quota exceeded" if err.errno == errno.EDQUOT else "no space left on device"
+    where = f" writing {err.filename}" if err.filename else ""
+    return (
+        f"{what}{where}: free space there (or set paths.output_root to another disk) and "
+        "rerun; the files the run wrote before are kept whole"
+    )
 
 
 def lazy_run(module: str) -> Callable[[DictConfig], Any]:
@@ -196,12 +291,14 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
             check_keys(
                 cfg
             )  # a key added with `+` (also under -m, where compose_or_exit is not used)
+            refuse_secrets(cfg, scrub=True)  # e.g. a password in a YAML file's tracking.uri
             check_input_paths(cfg)  # a path that is not there, before the stage imports anything
             result = run(cfg)
-        except EXPECTED as err:
-            if full_error():
+        except Exception as err:
+            line = None if full_error() else expected_line(err)
+            if line is None:
                 raise
-            message = f"saleval-{config_name}: {one_line(err)}"
+            message = f"saleval-{config_name}: {line}"
             if _multirun():
                 raise JobFailed(message) from err
             print(message, file=sys.stderr, flush=True)
@@ -219,6 +316,10 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         args = sys.argv[1:]
         overrides = [a for a in args if not a.startswith("-") and "=" in a]
+        secret = secret_in_command_line(overrides)  # before Hydra writes any file
+        if secret:
+            print(f"saleval-{config_name}: {secret}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_USER_ERROR)
         try:  # a module metrics.plugins names registers first: its settings compose
             register_configs([*search_path_override(args), *overrides], config_name)
         except ValueError as err:  # that module cannot be imported
@@ -282,9 +383,12 @@ def compose_or_exit(config_name: str, overrides: list[str]) -> DictConfig:
         with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
         check_keys(cfg)
+        refuse_secrets(cfg)  # before Hydra writes the config anywhere
         check_input_paths(cfg)  # before Hydra makes a run dir
         return cfg
-    except (HydraException, OmegaConfBaseException, UnknownKeyError, InputError) as err:
+    except (
+        HydraException, OmegaConfBaseException, UnknownKeyError, InputError, UserError
+    ) as err:  # fmt: skip
         if full_error():
             raise
         print(f"saleval-{config_name}: {composition_error(err)}", file=sys.stderr, flush=True)

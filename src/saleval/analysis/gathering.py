@@ -75,9 +75,13 @@ def _has_stage(pipeline_dir: Path, stage: str) -> bool:
     return True
 
 
-def dirs_of(value: Any, output_root: str | Path | None = None) -> list[Path]:
+def dirs_of(
+    value: Any, output_root: str | Path | None = None, allow_unfinished: bool = False
+) -> list[Path]:
     """Every run dir named by ``inputs.runs``: runs, ``runs:/<id>``, sweep dirs (their
-    jobs), ``saleval-run`` dirs (their compare run, else their score and metrics runs)."""
+    jobs), ``saleval-run`` dirs (their compare run, else their score and metrics runs).
+    A run that did not finish is refused unless ``allow_unfinished``
+    (:mod:`saleval.pipeline.run_checks`)."""
     out: list[Path] = []
     for spec in merge.as_specs(value):
         path = Path(spec).expanduser()
@@ -86,7 +90,8 @@ def dirs_of(value: Any, output_root: str | Path | None = None) -> list[Path]:
             if job.is_dir() and (job / merge.PIPELINE_JSON).is_file():
                 out += _stage_runs(job)
             else:
-                out.append(resolve_input("runs", str(job) if job != path else spec, output_root))
+                given = str(job) if job != path else spec
+                out.append(resolve_input("runs", given, output_root, allow_unfinished))
     return out
 
 

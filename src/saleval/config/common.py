@@ -25,6 +25,10 @@ class TrackingConfig:
     experiment: str | None = None  # null: saleval/<dataset name>
     run_name: str | None = None  # null: what ran (stage · dataset · model · methods)
     log_model: bool = True  # train: log the classifier as an MLflow model (transformers)
+    # how long a stage waits, before any work, for a tracking server (or database) to answer
+    # (docs/tracking.md, "When the tracking server fails"); a run that has started keeps
+    # MLflow's own retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, ..._TIMEOUT)
+    wait_s: float = 15.0
 
 
 @dataclass

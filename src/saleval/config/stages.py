@@ -41,6 +41,9 @@ class StageConfig(RootConfig):
     each stage's comes from its own config or the profile)."""
 
     seed: int = 42
+    # read input runs that are not FINISHED (FAILED, KILLED, RUNNING) anyway; each such run
+    # is named in this run's provenance and in every run downstream (docs/tracking.md)
+    allow_unfinished_inputs: bool = False
 
 
 #: the ``method`` group: method key -> its settings, ``_target_`` naming the class. The

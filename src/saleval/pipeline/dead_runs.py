@@ -87,7 +87,9 @@ def killed_when_stopped() -> Iterator[None]:
 
 def mark_killed(client: MlflowClient, runs: Sequence[Any], why: str) -> list[str]:
     """End ``runs`` (RUNNING MLflow runs whose process is known dead) as KILLED, now,
-    and say so in one warning line naming each; their ``run.json`` says KILLED too.
+    and say so in one warning line naming each; their ``run.json`` says KILLED too when it
+    still said RUNNING (a run that recorded its own end keeps it: FAILED, or FINISHED when
+    only its logging was cut short, which ``saleval-catch-up`` completes).
     Returns their ids. The one way saleval ends a dead run (:func:`end_dead_runs`,
     ``saleval-run``'s resume)."""
     ids = []
@@ -99,8 +101,15 @@ def mark_killed(client: MlflowClient, runs: Sequence[Any], why: str) -> list[str
             info = json.loads(run_json.read_text())
         except (OSError, ValueError):
             continue
-        if info.get("run_id") == r.info.run_id and info.get("status") == "RUNNING":
+        if info.get("run_id") != r.info.run_id:
+            continue
+        if info.get("status") == "RUNNING":
             run_json.write_text(json.dumps({**info, "status": "KILLED"}, indent=2))
+        elif info.get("status") == "FINISHED":  # its work is done; its end never reached here
+            log.warning(
+                "%s finished, but the tracking store missed its end: saleval-catch-up %s "
+                "logs what it lacks and ends it as FINISHED", run_json.parent, run_json.parent,
+            )  # fmt: skip
     if ids:
         named = ", ".join(
             f"{r.info.run_name or r.data.tags.get('stage', '?')} ({r.info.run_id}"

@@ -29,13 +29,14 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from saleval.pipeline import run_checks
+from saleval.pipeline.run_checks import RUN_JSON
 from saleval.pipeline.tables import TableSpec
 
 #: Hydra writes this file into the sweep dir of every ``-m`` run
 MULTIRUN_YAML = "multirun.yaml"
 #: ``saleval-run`` writes this file into its run dir (one subdir per stage)
 PIPELINE_JSON = "pipeline.json"
-RUN_JSON = "run.json"
 
 
 class MergeError(ValueError):
@@ -85,13 +86,20 @@ def as_specs(value: Any) -> list[str]:
 
 
 def expand(
-    name: str, value: Any, resolve_one: Callable[[str, str], Path], stage: str
+    name: str,
+    value: Any,
+    resolve_one: Callable[[str, str], Path],
+    stage: str,
+    allow_unfinished: bool = False,
 ) -> list[Path]:
     """Every run dir an ``inputs.<name>`` value names, in order, each resolved once.
 
     A list names several runs; a sweep dir names its jobs; a ``saleval-run`` dir (or a
     sweep of them) names its run of ``stage`` (the stage producing this input).
     ``resolve_one(name, spec)`` resolves a single run (a dir, ``runs:/<id>``, ``latest``).
+    A sweep job that did not finish (no ``run.json``, or one that is not FINISHED) is
+    refused naming the sweep's rerun, unless ``allow_unfinished``
+    (:func:`saleval.pipeline.run_checks.unfinished_message`).
     """
     out: list[Path] = []
     for spec in as_specs(value):
@@ -102,9 +110,15 @@ def expand(
                 job = pipeline_stage_dir(job, stage)
             elif swept and not (job / RUN_JSON).is_file():
                 raise MergeError(
-                    f"inputs.{name}: sweep job {job} has no {RUN_JSON}: did it fail? Re-run "
-                    "it or list the jobs that finished"
+                    f"inputs.{name}: sweep job {job} has no {RUN_JSON}: did it fail? Rerun the "
+                    f"sweep's unfinished jobs (the same command with hydra.sweep.dir={path}) or "
+                    "list the jobs that finished"
                 )
+            elif swept and not allow_unfinished:
+                info = json.loads((job / RUN_JSON).read_text())
+                problem = run_checks.unfinished_message(name, job, info, sweep=path)
+                if problem:
+                    raise MergeError(problem)
             out.append(resolve_one(name, str(job) if job != path else spec))
     if not out:
         raise MergeError(f"inputs.{name}: an empty list names no run")

@@ -10,6 +10,9 @@ the stage's own config does not give is **adopted** from its parents; a value it
 **checked** against theirs; two parents that disagree, or a given value that differs from
 a parent's, fail naming both values and where they came from. ``simulated`` is the one
 exception: it is true when any parent (or the stage itself) says so, and cannot be unset.
+``unfinished`` is sticky the same way: the runs read although they had not finished
+(``allow_unfinished_inputs=true``, :mod:`saleval.pipeline.run_checks`) stay named in every
+run downstream of them.
 
 >>> a = Provenance(dataset="imdb", label_names=("negative", "positive"))
 >>> inherit("dataset", None, {"explain": a}, {"explain": "runs/e"})
@@ -55,10 +58,14 @@ class Provenance:
     population: Population | None = None
     #: a simulated crowd answered somewhere upstream: every table and plot must say so
     simulated: bool = False
+    #: runs read although they had not FINISHED (``allow_unfinished_inputs=true``), here or
+    #: upstream, as ``<run dir> (<status>)``: their tables may be partial
+    unfinished: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["label_names"] = None if self.label_names is None else list(self.label_names)
+        out["unfinished"] = list(self.unfinished)
         for key in ("target", "population"):
             out[key] = None if out[key] is None else str(out[key])
         return out
@@ -77,6 +84,7 @@ class Provenance:
             target=None if data.get("target") is None else Target(data["target"]),
             population=None if data.get("population") is None else Population(data["population"]),
             simulated=bool(data.get("simulated", False)),
+            unfinished=tuple(str(r) for r in data.get("unfinished") or ()),
         )
 
     @classmethod
@@ -216,4 +224,7 @@ def resolve(
         **values,
         label_names=labels,
         simulated=own.simulated or any(p.simulated for p in parents.values()),
+        unfinished=tuple(
+            dict.fromkeys([*own.unfinished, *(r for p in parents.values() for r in p.unfinished)])
+        ),
     )

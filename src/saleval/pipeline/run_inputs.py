@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saleval import paths, renames
 from saleval.config import DatasetConfig
 from saleval.modeling.data import complete_label_names
-from saleval.pipeline import merge, stage_table, tracking
+from saleval.pipeline import merge, run_checks, stage_table, tracking, tracking_health
 from saleval.pipeline.input_paths import (
     LATEST,
     InputError,
@@ -36,8 +36,8 @@ from saleval.pipeline.input_paths import (
     latest_link,
     what_it_takes,
 )
-from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance, ProvenanceError, resolve
+from saleval.pipeline.run_checks import RUN_JSON
 from saleval.pipeline.tables import TableSpec
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,26 @@ PRODUCERS = stage_table.producers()
 
 
 def resolve_input(
-    name: str, spec: str | os.PathLike[str], output_root: str | Path | None = None
+    name: str,
+    spec: str | os.PathLike[str],
+    output_root: str | Path | None = None,
+    allow_unfinished: bool = False,
 ) -> Path:
-    """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files."""
-    spec = str(spec)
+    """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files.
+
+    The run must have FINISHED (:func:`saleval.pipeline.run_checks.unfinished_message`)
+    unless ``allow_unfinished``."""
+    run_dir = _locate(name, str(spec), output_root)
+    if not allow_unfinished:
+        problem = run_checks.unfinished_message(name, run_dir, read_run_info(run_dir))
+        if problem:
+            raise InputError(problem)
+    return run_dir
+
+
+def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
+    """Where the run ``spec`` names sits (downloaded first when it is an MLflow run that is
+    not on this machine)."""
     if spec in ("???", "", "None"):
         raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
     root = output_root or paths.project_root() / "outputs"
@@ -62,9 +78,16 @@ def resolve_input(
         spec = str(latest_link(root, PRODUCERS.get(name, name)).resolve())
     if spec.startswith("runs:/"):
         run_id = spec.removeprefix("runs:/").strip("/").split("/")[0]
+        tracking_health.check_store(mlflow.get_tracking_uri())  # one line when it is down
         try:
             run = mlflow.tracking.MlflowClient().get_run(run_id)
         except mlflow.exceptions.MlflowException as err:
+            cause = tracking_health.store_failure(err)
+            if cause is not None and not cause.startswith("403"):
+                raise tracking_health.TrackingError(
+                    f"inputs.{name}={spec}: the tracking store "
+                    f"{tracking_health.redact(mlflow.get_tracking_uri())} failed ({cause})"
+                ) from err
             raise InputError(f"inputs.{name}={spec}: no such MLflow run ({err})") from err
         local = run.data.tags.get("run_dir")
         if local and Path(local, RUN_JSON).is_file():
@@ -82,15 +105,22 @@ def resolve_input(
     return path.resolve()
 
 
-def resolve_inputs(name: str, value: Any, output_root: str | Path | None = None) -> list[Path]:
+def resolve_inputs(
+    name: str, value: Any, output_root: str | Path | None = None, allow_unfinished: bool = False
+) -> list[Path]:
     """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
     list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
-    stage producing ``<name>``); see :mod:`saleval.pipeline.merge`."""
+    stage producing ``<name>``); see :mod:`saleval.pipeline.merge`. Each must have
+    FINISHED unless ``allow_unfinished``."""
     if value is None or (isinstance(value, str) and value in ("???", "", "None")):
         return [resolve_input(name, "" if value is None else value, output_root)]
     try:
         return merge.expand(
-            name, value, lambda n, s: resolve_input(n, s, output_root), PRODUCERS.get(name, name)
+            name,
+            value,
+            lambda n, s: resolve_input(n, s, output_root, allow_unfinished),
+            PRODUCERS.get(name, name),
+            allow_unfinished,
         )
     except merge.MergeError as err:
         raise InputError(str(err)) from err
@@ -186,9 +216,10 @@ class RunInputs:
         simulated: bool = False,
     ) -> None:
         root = OmegaConf.select(cfg, "paths.output_root", default=None)
+        allow = bool(OmegaConf.select(cfg, run_checks.ALLOW_UNFINISHED, default=False))
         #: every run behind each input (several for a list or a sweep dir: saleval.pipeline.merge)
         self.input_runs: dict[str, list[Path]] = {
-            k: resolve_inputs(k, v, root) for k, v in (inputs or {}).items() if v is not None
+            k: resolve_inputs(k, v, root, allow) for k, v in (inputs or {}).items() if v is not None
         }
         #: each run by its label (the input's name; ``<name>.<i>`` when it has several)
         self.runs: dict[str, Path] = {
@@ -199,6 +230,13 @@ class RunInputs:
         #: each parent run's run.json and config.yaml by label, read once
         self.infos = {k: read_run_info(p) for k, p in self.runs.items()}
         self._check_kinds(stage)
+        self._check_tables()
+        #: the parents read although they had not finished (allow_unfinished_inputs=true)
+        self.unfinished = tuple(
+            f"{p} ({self.infos[k].get('status') or 'no status'})"
+            for k, p in self.runs.items()
+            if run_checks.status_problem(self.infos[k]) is not None
+        )
         self.configs = {k: read_run_config(p) for k, p in self.runs.items()}
         self._provenance = {
             k: Provenance.of_run(p, self.infos[k], self.configs[k]) for k, p in self.runs.items()
@@ -232,6 +270,14 @@ class RunInputs:
                         f"{what_it_takes(name)}"
                     )
 
+    def _check_tables(self) -> None:
+        """Every table a parent recorded is the one it wrote (its checksum), before a stage
+        reads any: a table edited, cut short or damaged since is named with its run."""
+        for label, run in self.runs.items():
+            changed = run_checks.changed_tables(run, self.infos[label])
+            if changed:
+                raise InputError(run_checks.changed_message(run, self.infos[label], changed))
+
     def _resolve(
         self,
         cfg: DictConfig,
@@ -247,12 +293,8 @@ class RunInputs:
                     for i in range(len(self.input_runs[n]))]
                 for f, names in inherits.items()
             }  # fmt: skip
-        out = resolve(
-            Provenance.from_config(cfg),
-            self._provenance,
-            {k: str(p) for k, p in self.runs.items()},
-            inherits,
-        )
+        own = dataclasses.replace(Provenance.from_config(cfg), unfinished=self.unfinished)
+        out = resolve(own, self._provenance, {k: str(p) for k, p in self.runs.items()}, inherits)
         return dataclasses.replace(out, simulated=True) if simulated else out
 
     def _require(self, stage: str, requires: Sequence[str]) -> None:

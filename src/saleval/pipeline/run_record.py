@@ -15,10 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from saleval.pipeline import stage_table, views
+from saleval.pipeline import run_checks, stage_table, views
 from saleval.pipeline.input_paths import LATEST, latest_link
-from saleval.pipeline.merge import RUN_JSON
 from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.run_checks import RUN_JSON
 from saleval.pipeline.run_inputs import PRODUCERS, RunInputs
 
 
@@ -46,7 +46,10 @@ def write_run_json(
 ) -> None:
     """``run.json``: what the run is (its parents, provenance, fingerprint), where it is
     tracked, which machine and process ran it (the jobs of a parallel multirun or a
-    cluster differ) and ``extra`` (status, seconds, error)."""
+    cluster differ) and ``extra`` (status, seconds, error, the checksums of its tables:
+    :mod:`saleval.pipeline.run_checks`; what its tracking store took:
+    :mod:`saleval.pipeline.tracking_journal`). Written whole or not at all
+    (:func:`~saleval.pipeline.run_checks.write_atomically`)."""
     import mlflow
 
     info = {
@@ -61,9 +64,24 @@ def write_run_json(
         "host": socket.gethostname(),
         "pid": os.getpid(),
         **({"mlflow_view": view} if view else {}),
-        **extra,
+        **{k: v for k, v in extra.items() if v is not None},
     }
-    (run_dir / RUN_JSON).write_text(json.dumps(info, indent=2))
+    run_checks.write_atomically(run_dir / RUN_JSON, json.dumps(info, indent=2))
+
+
+def not_logged_line(stage: str, run_dir: Path, record: Mapping[str, Any]) -> str:
+    """The line a finished run prints when its tracking store missed part of it.
+
+    >>> print(not_logged_line("explain", Path("/o/e"), {"lost": "connection refused",
+    ...                       "not_logged": ["file attributions.parquet", "end (FINISHED)"]}))
+    [saleval-explain] not all logged: the tracking store failed (connection refused); the run dir is complete and its run.json lists what MLflow lacks (file attributions.parquet, end (FINISHED)): once the store answers, saleval-catch-up /o/e
+    """
+    missed = ", ".join(record.get("not_logged") or [])
+    return (
+        f"[saleval-{stage}] not all logged: the tracking store failed ({record.get('lost')}); "
+        f"the run dir is complete and its run.json lists what MLflow lacks ({missed}): "
+        f"once the store answers, saleval-catch-up {run_dir}"
+    )
 
 
 def link_latest(output_root: str | None, stage: str, run_dir: Path) -> None:

@@ -20,10 +20,18 @@ Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
 starting, it marks KILLED the RUNNING runs of this host
 whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
+
+What a run can be trusted for (docs/tracking.md): it starts only once its tracking store
+has answered (:func:`saleval.pipeline.tracking_health.check_store`), its parents having
+FINISHED with their tables unchanged (:mod:`saleval.pipeline.run_checks`); ``run.json``
+holds the checksum of every table it writes; everything it logs is kept in its run dir
+too (:mod:`saleval.pipeline.tracking_journal`), so a store that fails mid-run costs no
+work and ``saleval-catch-up`` sends the rest later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -34,13 +42,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval.pipeline import run_record, tracking
-from saleval.pipeline.merge import RUN_JSON
+from saleval.pipeline import run_checks, run_record, tracking, tracking_health
 from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.run_checks import RUN_JSON
 from saleval.pipeline.run_inputs import RunInputs, read_run_info
 from saleval.pipeline.stage_tracking import StageTracking
 from saleval.pipeline.tables import TableSpec
@@ -141,6 +148,9 @@ class Stage:
         self.is_main = is_main_process()
         self.tracking = StageTracking(stage, cfg, self.resolved, lambda: self.provenance)
         self._t0 = 0.0
+        #: the declared tables written (their checksums go into run.json)
+        self._tables: list[str] = []
+        self._recorded: dict[str, Any] | None = None  # run.json's tracking record, last written
 
     @property
     def run_id(self) -> str | None:
@@ -168,14 +178,22 @@ class Stage:
     def __enter__(self) -> Stage:
         if not self.is_main:  # a DDP rank > 0: rank 0 owns the run dir and the MLflow run
             return self
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        # the store actually used (MLFLOW_TRACKING_URI wins), in config.yaml and the params
+        # the store actually used (MLFLOW_TRACKING_URI wins), in config.yaml and the params;
+        # one holding a password, or one that does not answer, fails here, before any work
         uri = tracking.tracking_uri(OmegaConf.select(self.cfg, "tracking.uri", default=None))
+        tracking_health.check_store(
+            uri,
+            OmegaConf.select(self.cfg, "tracking.wait_s", default=None),
+            OmegaConf.select(self.cfg, "tracking.experiment", default=None),
+        )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         if OmegaConf.select(self.cfg, "tracking", default=None) is not None:
             with open_dict(self.cfg):
                 self.cfg.tracking.uri = uri
             self.resolved["tracking"]["uri"] = uri
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        run_checks.write_atomically(
+            self.run_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True)
+        )
         self.tracking.start(uri, self.run_dir, self.fingerprint, self.run_inputs, self.extra_tags)
         self._write_run_json(status="RUNNING")
         self._t0 = time.perf_counter()
@@ -189,20 +207,63 @@ class Stage:
         # a failure of the stage: KILLED, as a run whose process died is marked later
         killed = exc_type is not None and not issubclass(exc_type, Exception)
         status = "KILLED" if killed else "FAILED" if exc_type else "FINISHED"
+        journal = self.tracking.journal
+        if exc is not None and journal is not None and journal.lost is None:
+            cause = tracking_health.store_failure(exc)
+            if cause is not None:  # the store failed outside saleval's logging: end quickly
+                journal.lost = cause
+        if exc_type is None:
+            self.tracking.recover()  # the store back after an outage: send what it missed
+            self.tracking.keep_direct_metrics()  # e.g. Lightning's curves, into the run dir
+        failure = exc
         try:
             if not exc_type:
                 tracking.log_metrics({"stage_seconds": seconds})
+                tracking.log_files([self.run_dir / "config.yaml"])
                 self._write_run_json(status=status, seconds=seconds)
-                tracking.log_files([self.run_dir / "config.yaml", self.run_dir / RUN_JSON])
+                tracking.log_files([self.run_dir / RUN_JSON])
             else:
                 self._write_run_json(status=status, seconds=seconds, error=repr(exc))
+        except Exception as err:
+            if exc_type is not None:
+                # a second failure (the disk is full, say) must not hide the first one
+                log.warning("%s: could not record the run's end: %s", self.run_dir, err)
+            else:  # the work is done but its record could not be written: not FINISHED
+                status, failure = "FAILED", err
+                with contextlib.suppress(Exception):
+                    self._write_run_json(status=status, seconds=seconds, error=repr(err))
+                raise
         finally:
             if self.run_id is not None:
-                mlflow.end_run(status=status)
+                self._end(status, seconds, failure)
         if not exc_type and not self.tracking.nested:  # saleval-run prints its own summary
             root = OmegaConf.select(self.cfg, "paths.output_root", default=None)
             run_record.link_latest(root, self.stage, self.run_dir)
             print(self.summary(), flush=True)
+            missed = self.tracking.record() or {}
+            if not missed.get("logged", True):
+                print(run_record.not_logged_line(self.stage, self.run_dir, missed), flush=True)
+
+    def _end(self, status: str, seconds: float, exc: Any) -> None:
+        """End the MLflow run; when its store missed part of the run, ``run.json`` then says
+        what (its ``tracking`` record), the work being complete on disk."""
+        try:
+            self.tracking.end(status)
+        except Exception as err:
+            if exc is None:
+                raise
+            log.warning("%s: could not end its MLflow run: %s", self.run_dir, err)
+        record = self.tracking.record()
+        if record is not None and record != self._recorded:
+            try:
+                extra = (
+                    {"seconds": seconds}
+                    if exc is None
+                    else {"seconds": seconds, "error": repr(exc)}
+                )
+                self._write_run_json(status=status, **extra)
+            except OSError as err:
+                log.warning("%s: could not record what was not logged: %s", self.run_dir, err)
 
     def summary(self) -> str:
         """Where the run went and the command(s) that take it further (run_record.summary)."""
@@ -214,9 +275,15 @@ class Stage:
                                   t.experiment_id, t.view, t.tags.get("sweep"))  # fmt: skip
 
     def _write_run_json(self, **extra: Any) -> None:
-        run_record.write_run_json(self.run_dir, self.stage, self.run_id, self.fingerprint,
-                                  self.run_inputs, self.provenance, self.tracking.view,
-                                  **extra)  # fmt: skip
+        """``run.json`` (:func:`saleval.pipeline.run_record.write_run_json`) with the checksum
+        of every table written so far and what its tracking store has taken."""
+        run_record.write_run_json(
+            self.run_dir, self.stage, self.run_id, self.fingerprint, self.run_inputs,
+            self.provenance, self.tracking.view,
+            checksums=run_checks.table_checksums(self.run_dir, self._tables),
+            tracking=self.tracking.record(), **extra,
+        )  # fmt: skip
+        self._recorded = self.tracking.record()
 
     # -- inputs -------------------------------------------------------------------
     def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
@@ -232,11 +299,15 @@ class Stage:
         return self.run_dir / name
 
     def write(self, spec: TableSpec, df: pd.DataFrame) -> Path:
-        """Validate, write into the run dir, and log the table as an artifact."""
+        """Validate, write into the run dir (its checksum goes into ``run.json``), and log
+        the table as an artifact."""
         if not self.is_main:  # a DDP rank > 0: rank 0 writes the same table
             return spec.path(self.run_dir)
         path = spec.write(df, self.run_dir)
-        mlflow.log_artifact(str(path))
+        self._tables.append(spec.filename)
+        if self.run_id is not None:  # the record follows what is on disk, table by table
+            self._write_run_json(status="RUNNING")
+        tracking.log_files([path])
         return path
 
     def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:

@@ -17,7 +17,15 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.pipeline import dead_runs, run_naming, run_record, tracking, views
+from saleval.pipeline import (
+    dead_runs,
+    run_naming,
+    run_record,
+    tracking,
+    tracking_health,
+    tracking_journal,
+    views,
+)
 from saleval.pipeline.provenance import Provenance
 from saleval.pipeline.run_inputs import RunInputs
 
@@ -43,6 +51,8 @@ class StageTracking:
         self.nested = False  # inside saleval-run's pipeline run
         self._params: dict[str, str] = {}  # the identity params logged so far
         self._name: str | None = None  # the run name given to MLflow
+        #: what the run sent to MLflow, kept in its run dir (tracking_journal)
+        self.journal: tracking_journal.Journal | None = None
 
     def start(
         self,
@@ -55,31 +65,64 @@ class StageTracking:
         """Start the run (nested under an active pipeline run) in the config's experiment
         (default ``saleval/<dataset>``), tagged (:func:`run_tags`), with the stage's params
         and a ``-m`` job's overrides; first, outside a pipeline, end as KILLED the runs of
-        this host whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`)."""
+        this host whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`).
+        From here on, what the run logs is kept in its run dir too (its journal,
+        :mod:`saleval.pipeline.tracking_journal`). A store that refuses or fails here, before
+        any work, is one :class:`~saleval.pipeline.tracking_health.TrackingError` line."""
         p = self._provenance()
         dataset, model = str(p.dataset or "none"), str(p.model or "none")
-        experiment = OmegaConf.select(self.cfg, "tracking.experiment", default=None)
-        self.experiment_id = tracking.setup(
-            uri,
-            str(experiment or f"saleval/{dataset}"),
-            OmegaConf.select(self.cfg, "tracking.artifact_root", default=None),
+        experiment = str(
+            OmegaConf.select(self.cfg, "tracking.experiment", default=None) or f"saleval/{dataset}"
         )
         tags = run_tags(self.stage, dataset, model, run_dir, fingerprint, parents, extra)
         if p.simulated:
             tags["simulated"] = "true"
-        self.nested = mlflow.active_run() is not None
-        if not self.nested:  # inside saleval-run, the pipeline did this when it started
-            dead_runs.end_dead_runs()
-        self._name = self.run_name()
-        self.run_id = mlflow.start_run(
-            run_name=self._name, nested=self.nested, tags=tags
-        ).info.run_id
+        if p.unfinished:
+            tags["unfinished_inputs"] = "; ".join(p.unfinished)[:5000]
+        try:
+            self.experiment_id = tracking.setup(
+                uri, experiment, OmegaConf.select(self.cfg, "tracking.artifact_root", default=None)
+            )
+            self.nested = mlflow.active_run() is not None
+            if not self.nested:  # inside saleval-run, the pipeline did this when it started
+                dead_runs.end_dead_runs()
+            self._name = self.run_name()
+            self.journal = tracking.start_run(
+                run_dir, uri, experiment, self._name, tags, nested=self.nested
+            )
+        except Exception as err:
+            line = tracking_health.start_message(err, uri, experiment)
+            if line is None:
+                raise
+            raise tracking_health.TrackingError(line) from err
+        self.run_id = self.journal.target.run_id
         self.tags = tags
         # a sweep job's overrides add what it varies; the resolved values win where both
         # name a key (MLflow refuses a param logged twice with different strings)
         swept = run_naming.override_params(run_record.sweep_overrides())
         tracking.log_params({**swept, **run_naming.stage_params(self.stage, self.resolved, uri)})
         self.log_identity()
+
+    def recover(self) -> None:
+        """When the store failed during the run, ask it once more (within ``tracking.wait_s``
+        seconds) and, if it answers now, send what it missed (:func:`tracking.recover`)."""
+        if self.journal is not None and self.journal.lost is not None:
+            wait = OmegaConf.select(self.cfg, "tracking.wait_s", default=None)
+            tracking.recover(self.journal, None if wait is None else float(wait))
+
+    def keep_direct_metrics(self) -> None:
+        """Journal what reached the run without the journal (:func:`tracking.keep_direct_metrics`)."""
+        if self.journal is not None:
+            tracking.keep_direct_metrics(self.journal)
+
+    def end(self, status: str) -> None:
+        """End the run with ``status`` (:func:`tracking.end_run`)."""
+        if self.journal is not None:
+            tracking.end_run(self.journal, status)
+
+    def record(self) -> dict[str, Any] | None:
+        """What ``run.json`` says of the run's tracking (None before it starts)."""
+        return None if self.journal is None else self.journal.record()
 
     def run_name(self) -> str:
         """``tracking.run_name`` when given, else what ran (:func:`saleval.pipeline.run_naming.run_name`)."""
@@ -108,14 +151,14 @@ class StageTracking:
             self._params.update(new)
         name = self.run_name()
         if name != self._name:
-            mlflow.tracking.MlflowClient().update_run(self.run_id, name=name)
+            tracking.rename_run(name)
             self._name = name
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Tag the run (and keep the tags for its child runs and summary)."""
         self.tags.update(tags)
         if self.run_id is not None:
-            mlflow.set_tags(dict(tags))
+            tracking.set_tags(dict(tags))
             self.log_identity()
 
     def log_method_rows(
@@ -147,10 +190,12 @@ class StageTracking:
         )
         columns = views.rows_view_columns(rows, key)
         if self.experiment_id is not None and columns:
-            self.view = views.save_view(
-                self.experiment_id, self.run_id, self.run_name(), columns,
-                order_by=order_by or columns[0], ascending=ascending,
-            )  # fmt: skip
+            self.view = (
+                views.save_run_view(
+                    self.run_name(), columns, order_by=order_by or columns[0], ascending=ascending
+                )
+                or self.view
+            )
         return ids
 
 

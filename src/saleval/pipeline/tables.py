@@ -12,13 +12,17 @@ on the dataset (``prob_<label name>`` in predictions).
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from saleval.errors import UserError
+from saleval.pipeline import run_checks
 
 
 class TableError(UserError, ValueError):
@@ -79,29 +83,52 @@ class TableSpec:
 
     # -- I/O ----------------------------------------------------------------------
     def write(self, df: pd.DataFrame, run_dir: str | Path) -> Path:
+        """Validate, then write through a temporary file renamed into place: a write cut
+        short (a full disk, a kill) leaves no half table under the table's name."""
         path = self.path(run_dir)
         checked = self.validate(df, where=str(path))
         path.parent.mkdir(parents=True, exist_ok=True)
-        if self.fmt == "parquet":
-            checked.to_parquet(path, index=False)
-        else:
-            checked.to_csv(path, index=False)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            if self.fmt == "parquet":
+                checked.to_parquet(tmp, index=False)
+            else:
+                checked.to_csv(tmp, index=False)
+            os.replace(tmp, path)
+        except OSError as err:  # name the table (pyarrow's message does not) and the errno
+            code = err.errno or (errno.ENOSPC if "No space left" in str(err) else errno.EIO)
+            raise OSError(code, err.strerror or os.strerror(code), str(path)) from err
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def read(self, run_dir_or_file: str | Path) -> pd.DataFrame:
+        """Read and validate; a table its run dir's record lists with another checksum
+        (:func:`saleval.pipeline.run_checks.table_problem`) or a file that cannot be parsed
+        is one :class:`TableError` naming the file."""
         path = Path(run_dir_or_file)
         if path.is_dir():
             path = self.path(path)
         if not path.is_file():
             raise TableError(f"{path}: table '{self.name}' not found")
-        if self.fmt == "parquet":
-            df = pd.read_parquet(path)
-        else:
-            # string columns stay strings ('5' must not come back as '5.0', '007' as '7')
-            strings = {
-                c: str for c, t in {**self.columns, **self.optional}.items() if t == "string"
-            }
-            df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=strings)
+        changed = run_checks.table_problem(path)
+        if changed:
+            raise TableError(changed)
+        try:
+            if self.fmt == "parquet":
+                df = pd.read_parquet(path)
+            else:
+                # string columns stay strings ('5' must not come back as '5.0', '007' as '7')
+                strings = {
+                    c: str for c, t in {**self.columns, **self.optional}.items() if t == "string"
+                }
+                df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=strings)
+        except (OSError, ValueError, pa.ArrowException) as err:  # truncated, corrupt, not a table
+            reason = " ".join(str(err).split())[:200] or type(err).__name__
+            raise TableError(
+                f"{path}: table '{self.name}' cannot be read ({reason}): the file is damaged; "
+                "rerun the run that wrote it"
+            ) from err
         return self.validate(df, where=str(path))
 
 

@@ -22,6 +22,7 @@ The rest of the MLflow side is one module per concept: run names, params and key
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -39,7 +40,11 @@ import pandas as pd
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from saleval.errors import UserError
+from saleval.pipeline import tracking_health, tracking_journal
+from saleval.pipeline.jsonfiles import plain
 from saleval.pipeline.run_naming import METHOD, SEP, flatten, metric_key, param_key
+from saleval.pipeline.tracking_journal import Target, applies, send
 
 try:
     import fcntl
@@ -58,12 +63,15 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 def tracking_uri(configured: str | None) -> str:
+    """The store a run uses: ``MLFLOW_TRACKING_URI`` when set, else ``tracking.uri``; one
+    holding a password is refused (:func:`saleval.pipeline.tracking_health.check_uri`):
+    it would be written into every run dir and MLflow."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    if not configured:
+    uri = env or configured
+    if not uri:
         raise ValueError("tracking.uri is empty and MLFLOW_TRACKING_URI is not set")
-    return configured
+    tracking_health.check_uri(uri)
+    return uri
 
 
 def is_local(uri: str) -> bool:
@@ -124,9 +132,128 @@ def setup(uri: str | None, experiment: str, artifact_root: str | None = None) ->
     return experiment_id
 
 
+def start_run(
+    run_dir: Path,
+    uri: str,
+    experiment: str,
+    run_name: str,
+    tags: Mapping[str, str],
+    nested: bool = False,
+    fresh: bool = True,
+) -> tracking_journal.Journal:
+    """Start a saleval run (nested under the active run when ``nested``) and its journal in
+    ``run_dir`` (:mod:`saleval.pipeline.tracking_journal`): from here on, what it logs is
+    kept in the run dir as well, so a store that fails later loses nothing."""
+    outer = mlflow.active_run() if nested else None
+    run = mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags))
+    start = {
+        "run_id": run.info.run_id,
+        "experiment": experiment,
+        "run_name": run_name,
+        "tags": dict(tags),
+        "uri": tracking_health.redact(uri),
+        "nested_in": None if outer is None else outer.info.run_id,
+        "nested_in_dir": None if outer is None else outer.data.tags.get("run_dir"),
+    }
+    target = Target(run.info.run_id, run.info.experiment_id, Path(run_dir), run_name=run_name)
+    return tracking_journal.open_journal(Path(run_dir), uri, target, start, fresh)
+
+
+def end_run(journal: tracking_journal.Journal, status: str) -> None:
+    """End the journal's run (the active one) with ``status``. When its store failed
+    earlier (see :func:`recover`), the run is left to ``saleval-catch-up`` and only this
+    process lets go of it."""
+    op = {"op": "end", "status": status}
+    try:
+        journal.write(op)
+    except OSError as err:  # a full disk: the store still hears of the end
+        log.warning("%s: the run's end could not be journaled: %s", journal.path, err)
+    try:
+        if journal.lost is not None:
+            with tracking_health.quick_requests(3), contextlib.suppress(Exception):
+                mlflow.end_run(status=status)  # leaves MLflow's stack; the store may be down
+            return
+        try:
+            mlflow.end_run(status=status)
+        except Exception as err:
+            cause = tracking_health.store_failure(err)
+            if cause is None:
+                raise
+            journal.lose(cause, op)
+            return
+        journal.sent = journal.ops
+    finally:
+        tracking_journal.close_journal(journal)
+
+
+def recover(journal: tracking_journal.Journal, wait_s: float | None = None) -> bool:
+    """Send what a journal's run could not, if its store answers again within ``wait_s``
+    seconds; True when everything written so far has been sent."""
+    tracking_health.forget_checks()
+    try:
+        tracking_health.check_store(journal.uri, wait_s)
+        replay(journal)
+    except Exception as err:  # whatever stops it, the run's work is done: saleval-catch-up
+        cause = tracking_health.store_failure(err)
+        journal.lost = cause or journal.lost
+        text = " ".join(str(err).split())[:300]
+        if cause or isinstance(err, UserError):  # still down: the run's last line says so
+            log.debug("the tracking store is still unavailable: %s", text)
+        else:
+            log.warning("sending what the tracking store missed failed: %s", text)
+        return False
+    return True
+
+
+def keep_direct_metrics(journal: tracking_journal.Journal) -> None:
+    """Journal the metrics that reached the run without saleval's journal (Lightning's
+    per-epoch curves, logged by its callback straight to MLflow), read back from the store
+    with their steps and times, so a catch-up into another store has them too. Nothing is
+    sent; a store that fails here is left alone (the run's own ops are all kept)."""
+    if journal.lost is not None:
+        return
+    client = MlflowClient()
+    run_id = journal.target.run_id
+    try:
+        known = {
+            k for op in tracking_journal.read_ops(journal.run_dir)
+            if op.get("op") == "metrics" for k in op["metrics"]
+        }  # fmt: skip
+        direct = [k for k in client.get_run(run_id).data.metrics if k not in known]
+        points: dict[tuple[int, int], dict[str, float]] = {}
+        for key in sorted(direct):
+            for m in client.get_metric_history(run_id, key):
+                points.setdefault((m.step, m.timestamp), {})[key] = m.value
+    except Exception as err:
+        if tracking_health.store_failure(err) is None:
+            raise
+        return
+    for (step, when), values in sorted(points.items()):
+        journal.write({"op": "metrics", "metrics": values, "step": step, "time": when,
+                       "model_id": None})  # fmt: skip
+    journal.sent = journal.ops  # they are in the store already
+
+
+def replay(journal: tracking_journal.Journal) -> None:
+    """Send the journal's ops the store has not taken yet (its run is the active one), as a
+    catch-up does; the first failure stops it where it is."""
+    ops = tracking_journal.read_ops(journal.run_dir)
+    target = dataclasses.replace(journal.target, replay=True)
+    for op in ops[journal.sent :]:
+        tracking_journal.apply(op, target)
+        journal.sent += 1
+    journal.lost = None
+
+
 def log_params(params: Mapping[str, Any]) -> None:
     """Log (flattened) params in batches, truncating values MLflow would refuse."""
-    items = [(param_key(k), str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
+    items = {param_key(k): str(v)[:_MAX_PARAM_LEN] for k, v in flatten(params).items()}
+    send({"op": "params", "params": items})
+
+
+@applies("params")
+def _send_params(op: dict[str, Any], target: Target) -> None:
+    items = list(op["params"].items())
     for i in range(0, len(items), _BATCH):
         mlflow.log_params(dict(items[i : i + _BATCH]))
 
@@ -142,18 +269,82 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None, **kwargs: A
     """Log values under :func:`metric_key` names (None is skipped; ``kwargs``: MLflow's
     ``model_id``/``dataset``, which link them to a logged model and a dataset)."""
     clean = {metric_key(k): float(v) for k, v in metrics.items() if v is not None}
-    items = list(clean.items())
+    op = {
+        "op": "metrics",
+        "metrics": clean,
+        "step": step,
+        "time": int(time.time() * 1000),
+        "model_id": kwargs.pop("model_id", None),
+    }
+    if kwargs:  # a dataset object: sent as it is (a catch-up sends the values without it)
+        send(op, lambda: _send_metrics(op, Target("", ""), **kwargs))
+    else:
+        send(op)
+
+
+@applies("metrics")
+def _send_metrics(op: dict[str, Any], target: Target, **kwargs: Any) -> None:
+    model_id = op.get("model_id")
+    if model_id is not None:  # the model as the target store knows it
+        model_id = target.models.get(model_id) or target.models.get("*") or model_id
+    items = list(op["metrics"].items())
     for i in range(0, len(items), _BATCH):
-        mlflow.log_metrics(dict(items[i : i + _BATCH]), step=step, **kwargs)
+        mlflow.log_metrics(
+            dict(items[i : i + _BATCH]), step=op.get("step"), timestamp=op.get("time"),
+            model_id=model_id, **kwargs,
+        )  # fmt: skip
+
+
+def set_tags(tags: Mapping[str, Any]) -> None:
+    """Tag the active run."""
+    send({"op": "tags", "tags": {str(k): str(v) for k, v in tags.items()}})
+
+
+@applies("tags")
+def _send_tags(op: dict[str, Any], target: Target) -> None:
+    mlflow.set_tags(op["tags"])
+
+
+def rename_run(name: str) -> None:
+    """Give the active run a new name (it says what ran, learnt as the stage runs)."""
+    send({"op": "name", "name": name})
+
+
+@applies("name")
+def _send_name(op: dict[str, Any], target: Target) -> None:
+    run = mlflow.active_run()
+    assert run is not None
+    MlflowClient().update_run(run.info.run_id, name=op["name"])
+    target.run_name = op["name"]
 
 
 def log_files(paths: Iterable[str | Path], artifact_path: str | None = None) -> None:
+    """Log files and directories (a directory under its own name) to the active run; a path
+    that is not there is left out. Inside a run dir they are journaled by their path in it."""
+    run = mlflow.active_run()
+    journal = tracking_journal.active(run.info.run_id if run is not None else None)
     for p in paths:
         p = Path(p)
-        if p.is_dir():
-            mlflow.log_artifacts(str(p), artifact_path=(artifact_path or "") + p.name)
-        elif p.is_file():
-            mlflow.log_artifact(str(p), artifact_path=artifact_path)
+        if not p.exists():
+            continue
+        where = str(p.resolve())
+        if journal is not None and journal.run_dir.resolve() in p.resolve().parents:
+            where = str(p.resolve().relative_to(journal.run_dir.resolve()))
+        send({"op": "file", "path": where, "artifact_path": artifact_path})
+
+
+@applies("file")
+def _send_file(op: dict[str, Any], target: Target) -> None:
+    p = Path(op["path"])
+    if not p.is_absolute() and target.run_dir is not None:
+        p = target.run_dir / p
+    artifact_path = op.get("artifact_path")
+    if p.is_dir():
+        mlflow.log_artifacts(str(p), artifact_path=(artifact_path or "") + p.name)
+    elif p.is_file():
+        mlflow.log_artifact(str(p), artifact_path=artifact_path)
+    else:
+        log.warning("%s is gone: not logged", p)
 
 
 def log_method_rows(
@@ -177,43 +368,97 @@ def log_method_rows(
     artifact view. ``key``: the column naming the rows when they are not methods (e.g.
     ``design`` for saleval-plan); it takes the place of ``method`` in names and tags.
     """
-    parent = mlflow.active_run()
-    if parent is None:
+    if mlflow.active_run() is None:
         return {}
     if rows[key].duplicated().any():
         dup = sorted(rows.loc[rows[key].duplicated(), key].astype(str))
         raise ValueError(f"log_method_rows({stage}): {key}s {dup} have more than one row")
+    op = {
+        "op": "rows",
+        "stage": stage,
+        "key": key,
+        "names": rows[key].astype(str).tolist(),
+        "columns": [str(c) for c in rows.columns],
+        "data": plain(rows.to_numpy().tolist()),
+        "table": table,
+        "tags": dict(tags or {}),
+        "params": plain(dict(params or {})),
+        "settings": plain(dict(settings or {})),
+    }
+    ids = send(op, lambda: _send_rows(rows, op, Target("", "")))
+    return ids or {}
+
+
+@applies("rows")
+def _send_rows_op(op: dict[str, Any], target: Target) -> dict[str, str]:
+    rows = pd.DataFrame(op["data"], columns=op["columns"])
+    for c in rows.columns:  # numbers come back as numbers (None as NaN)
+        if c != op["key"]:
+            converted = pd.to_numeric(rows[c], errors="coerce")
+            if converted.notna().sum() == rows[c].notna().sum():
+                rows[c] = converted
+    return _send_rows(rows, op, target)
+
+
+def _send_rows(rows: pd.DataFrame, op: Mapping[str, Any], target: Target) -> dict[str, str]:
+    """The child runs of :func:`log_method_rows`; catching up (``target.replay``), a child
+    made before is completed, not made twice."""
+    parent = mlflow.active_run()
+    if parent is None:
+        return {}
+    stage, key, table = op["stage"], op["key"], op.get("table")
+    tags, params, settings = op.get("tags") or {}, op.get("params") or {}, op.get("settings") or {}
     client = MlflowClient()
     experiment_id = parent.info.experiment_id
+    made: dict[str, Any] = {}
+    if target.replay:
+        for child in client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+            max_results=10_000,
+        ):
+            if child.data.tags.get("stage") == stage and key in child.data.tags:
+                made[child.data.tags[key]] = child
     values = rows.drop(columns=[key]).select_dtypes(include="number")
     now = int(time.time() * 1000)
     ids: dict[str, str] = {}
     for i, method in enumerate(rows[key].astype(str)):
+        old = made.get(method)
+        if old is not None and old.info.status == "FINISHED":
+            ids[method] = old.info.run_id
+            continue
         run_tags = {
-            **(tags or {}),
+            **tags,
             "stage": stage,
             key: method,
             "mlflow.parentRunId": parent.info.run_id,
         }
-        child = client.create_run(experiment_id, tags=run_tags, run_name=f"{method}{SEP}{stage}")
+        if old is not None:
+            child_id = old.info.run_id
+        else:
+            child_id = client.create_run(
+                experiment_id, tags=run_tags, run_name=f"{method}{SEP}{stage}"
+            ).info.run_id
         row = values.iloc[i]
         metrics = [
             Metric(metric_key(str(k)), float(v) if _finite(v) else math.nan, now, 0)
             for k, v in row.items()
         ]
-        own = (settings or {}).get(method, {})
+        own = settings.get(method, {})
         run_params = [
             Param(param_key(k), str(v)[:_MAX_PARAM_LEN])
-            for k, v in {**own, **(params or {}), key: method}.items()
+            for k, v in {**own, **params, key: method}.items()
         ]
+        if old is not None:  # params are kept once logged: log only the missing ones
+            run_params = [p for p in run_params if p.key not in old.data.params]
         for j in range(0, max(len(metrics), 1), _BATCH):
             client.log_batch(
-                child.info.run_id,
+                child_id,
                 metrics=metrics[j : j + _BATCH],
                 params=run_params if j == 0 else (),
             )
-        client.set_terminated(child.info.run_id)
-        ids[method] = child.info.run_id
+        client.set_terminated(child_id)
+        ids[method] = child_id
     if table:
         mlflow.log_table(rows.reset_index(drop=True), artifact_file=f"tables/{table}.json")
     return ids
@@ -252,21 +497,46 @@ def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None =
             name=name,
             targets=targets if targets in columns else None,
         )
-        for attempt in range(3):
-            try:
-                mlflow.log_input(dataset, context=context)  # the schema is inferred here
-                return
-            except mlflow.exceptions.MlflowException as err:
-                # the jobs of a sweep log the same split at once: the store looks for the
-                # dataset, then inserts it, and the second insert breaks its unique key;
-                # the row is there now, and logging again links it
-                if attempt == 2 or not _DUPLICATE.search(str(err)):
-                    raise
-                time.sleep(0.5 * (attempt + 1))
+        described = dataset.to_dict()  # the schema is inferred here
+    op = {"op": "dataset", "name": name, "dataset": described, "context": context}
+    send(op, lambda: _log_input(dataset, context))
+
+
+def _log_input(dataset: Any, context: str) -> None:
+    """``mlflow.log_input``, again after a store's unique-key error: the jobs of a sweep
+    log the same split at once, the store looks for the dataset, then inserts it, and the
+    second insert breaks its unique key; the row is there then, and logging again links it."""
+    for attempt in range(3):
+        try:
+            mlflow.log_input(dataset, context=context)
+            return
+        except mlflow.exceptions.MlflowException as err:
+            if attempt == 2 or not _DUPLICATE.search(str(err)):
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 #: a tracking store's unique-key error (PostgreSQL, SQLite, MySQL), as its server relays it
 _DUPLICATE = re.compile(r"UniqueViolation|duplicate key|UNIQUE constraint failed|Duplicate entry")
+
+
+@applies("dataset")
+def _send_dataset(op: dict[str, Any], target: Target) -> None:
+    """Catching up: the dataset as the live run described it (name, digest, schema)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    d = op["dataset"]
+    entity = Dataset(
+        name=d["name"], digest=d["digest"], source_type=d["source_type"], source=d["source"],
+        schema=d.get("schema"), profile=d.get("profile"),
+    )  # fmt: skip
+    run = mlflow.active_run()
+    assert run is not None
+    MlflowClient().log_inputs(
+        run.info.run_id,
+        datasets=[DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, op["context"])])],
+    )
 
 
 def _pinned(packages: Sequence[str]) -> list[str]:
@@ -279,13 +549,37 @@ def _pinned(packages: Sequence[str]) -> list[str]:
     return out
 
 
-def log_hf_model(model: Any, tokenizer: Any, name: str = "model") -> str:
+def log_hf_model(model: Any, tokenizer: Any, name: str = "model") -> str | None:
     """The classifier as an MLflow model (the ``transformers`` flavor: loads as a
-    text-classification pipeline, or through ``mlflow.pyfunc``); returns its model id.
+    text-classification pipeline, or through ``mlflow.pyfunc``); returns its model id
+    (None when the store could not take it: the run dir's ``model/`` keeps it, and
+    ``saleval-catch-up`` logs it from there).
 
     The requirements are pinned from the installed packages, which spares MLflow
     inferring them by loading the model again in a subprocess.
     """
+    from saleval.modeling.models import MODEL_DIR
+
+    op = {"op": "model", "name": name, "dir": MODEL_DIR}
+    model_id = send(op, lambda: _log_model(model, tokenizer, name))
+    return None if model_id is None else str(model_id)
+
+
+@applies("model")
+def _send_model(op: dict[str, Any], target: Target) -> str:
+    """Catching up: the model saved in the run dir, logged as the live run would have."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if target.run_dir is None:
+        raise ValueError("a model is logged from its run dir")
+    where = target.run_dir / str(op["dir"])
+    model = AutoModelForSequenceClassification.from_pretrained(where)
+    model_id = _log_model(model, AutoTokenizer.from_pretrained(where), str(op["name"]))
+    target.models["*"] = model_id
+    return model_id
+
+
+def _log_model(model: Any, tokenizer: Any, name: str) -> str:
     flavor_log = logging.getLogger("mlflow.transformers")
     level = flavor_log.level
     flavor_log.setLevel(logging.ERROR)  # offline it warns that no hub model card was found

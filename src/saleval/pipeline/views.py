@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from saleval.pipeline.run_naming import METHOD, metric_key
 from saleval.pipeline.tracking import is_local
+from saleval.pipeline.tracking_journal import Target, applies, send
 
 
 def ui_url(uri: str, experiment_id: str, view: str | None = None) -> str:
@@ -130,3 +132,32 @@ def save_view(
     for _, tag in sorted(ours)[:-MAX_VIEWS]:
         client.delete_experiment_tag(experiment_id, tag)
     return key
+
+
+def save_run_view(
+    run_name: str, columns: Sequence[str], order_by: str | None = None, ascending: bool = False
+) -> str | None:
+    """:func:`save_view` of the active run's child runs, through its journal
+    (:mod:`saleval.pipeline.tracking_journal`): a run caught up later, or moved to another
+    store, gets its view there. None when the store did not take it."""
+    op = {
+        "op": "view",
+        "run_name": run_name,
+        "columns": list(columns),
+        "order_by": order_by,
+        "ascending": ascending,
+    }
+    key = send(op)
+    return None if key is None else str(key)
+
+
+@applies("view")
+def _send_view(op: dict[str, Any], target: Target) -> str:
+    import mlflow
+
+    run = mlflow.active_run()
+    assert run is not None
+    return save_view(
+        run.info.experiment_id, run.info.run_id, str(op["run_name"]), op["columns"],
+        order_by=op.get("order_by"), ascending=bool(op.get("ascending")),
+    )  # fmt: skip

@@ -48,6 +48,8 @@ from saleval.analysis.gathering import (
 from saleval.cli import hydra_main
 from saleval.pipeline import run_naming, tables
 from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.run_checks import ALLOW_UNFINISHED, status_problem
+from saleval.pipeline.run_inputs import read_run_info
 from saleval.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -72,8 +74,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         rcfg.columns if isinstance(rcfg.columns, str) else [str(c) for c in rcfg.columns]
     )
     root = OmegaConf.select(cfg, "paths.output_root", default=None)
+    allow = bool(OmegaConf.select(cfg, ALLOW_UNFINISHED, default=False))
+    # runs that did not finish are refused before the report's run starts, unless allowed
+    dirs = [] if runs is None else dirs_of(runs, root, allow)
+    unfinished = tuple(
+        f"{d} ({info.get('status') or 'no status'})"
+        for d in dirs
+        if status_problem(info := read_run_info(d)) is not None
+    )
     with Stage(cfg, "report") as st:
-        dirs = [] if runs is None else dirs_of(runs, root)
+        if unfinished:  # allow_unfinished_inputs=true: this run's provenance says so
+            st.provide(unfinished=unfinished)
         if experiments:
             dirs += search_dirs(experiments, str(scfg.filter or ""), int(scfg.max_results))
         sources = sources_of(dirs)

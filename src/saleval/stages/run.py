@@ -38,10 +38,18 @@ from saleval.analysis.validation import published_ranking_agreement
 from saleval.cli import hydra_main
 from saleval.config.keys import check_keys
 from saleval.errors import UserError
-from saleval.pipeline import dead_runs, run_naming, stage_table, tracking, views
+from saleval.pipeline import (
+    dead_runs,
+    run_naming,
+    run_record,
+    stage_table,
+    tracking,
+    tracking_health,
+    views,
+)
 from saleval.pipeline.compose import compose_root, register_configs, stage_overrides
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.merge import RUN_JSON
+from saleval.pipeline.run_checks import RUN_JSON
 from saleval.pipeline.run_inputs import read_run_info, resolve_input
 from saleval.pipeline.stage import stage_fingerprint
 
@@ -128,31 +136,37 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     selected = list(profile.stages_to_run or [s for s, *_ in PIPELINE])
     check_profile(profile, selected)
     out_root = Path(str(cfg.run_dir)) if cfg.run_dir else _hydra_dir()
-    out_root.mkdir(parents=True, exist_ok=True)
     uri = tracking.tracking_uri(cfg.tracking.uri)
-    experiment_id = tracking.setup(uri, f"saleval/{profile.dataset}", cfg.tracking.artifact_root)
-    mark_orphans_killed(out_root)
-    dead_runs.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
+    experiment = f"saleval/{profile.dataset}"
+    tracking_health.check_store(uri, cfg.tracking.wait_s, experiment)  # before any work
+    out_root.mkdir(parents=True, exist_ok=True)
     dirs: dict[str, Path] = {}
     timings: dict[str, dict[str, Any]] = {}
 
     simulated = "simulate" in selected
     what = ["run", str(profile.name), str(profile.dataset), str(profile.model)]
-    with (
-        mlflow.start_run(
-            run_name=run_naming.SEP.join(what + (["SIMULATED"] if simulated else [])),
-            tags={
-                "stage": "run",
-                "profile": str(profile.name),
-                "dataset": str(profile.dataset),
-                "model": str(profile.model),
-                "run_dir": str(out_root),
-                "simulated": "true" if simulated else "false",
-                **dead_runs.process_tags(),
-            },
-        ) as parent,
-        dead_runs.killed_when_stopped(),
-    ):
+    tags = {
+        "stage": "run",
+        "profile": str(profile.name),
+        "dataset": str(profile.dataset),
+        "model": str(profile.model),
+        "run_dir": str(out_root),
+        "simulated": "true" if simulated else "false",
+        **dead_runs.process_tags(),
+    }
+    try:
+        experiment_id = tracking.setup(uri, experiment, cfg.tracking.artifact_root)
+        mark_orphans_killed(out_root)
+        dead_runs.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
+        name = run_naming.SEP.join(what + (["SIMULATED"] if simulated else []))
+        journal = tracking.start_run(out_root, uri, experiment, name, tags)
+    except Exception as err:
+        line = tracking_health.start_message(err, uri, experiment)
+        if line is None:
+            raise
+        raise tracking_health.TrackingError(line) from err
+    status = "FAILED"
+    try:
         tracking.log_params(
             {
                 "dataset": str(profile.dataset),
@@ -167,7 +181,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if given.get(stage):  # this stage's run is given: use it instead of running it
                 dirs[stage] = resolve_input(stage, given[stage])
                 timings[stage] = {"seconds": 0.0, "reused": True, "run_dir": str(dirs[stage])}
-                mlflow.set_tag(f"given.{stage}", read_run_info(dirs[stage]).get("run_id", ""))
+                tracking.set_tags({f"given.{stage}": read_run_info(dirs[stage]).get("run_id", "")})
                 print(f"[saleval-run] {stage:<9} given  {dirs[stage]}", flush=True)
                 continue
             t0 = time.perf_counter()
@@ -186,8 +200,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 f"{seconds:8.1f} s  {dirs[stage]}",
                 flush=True,
             )
-        summary = {
-            "parent_run_id": parent.info.run_id,
+        summary: dict[str, Any] = {
+            "parent_run_id": journal.target.run_id,
             "stages": timings,
             "tracking_uri": uri,
             "profile": str(profile.name),
@@ -198,9 +212,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 summary["published_ranking"] = agreement
                 if agreement["spearman"] is not None:
                     tracking.log_metrics({"published_spearman": agreement["spearman"]})
+        if journal.lost is not None:  # the store back after an outage: send what it missed
+            tracking.recover(journal, cfg.tracking.wait_s)
+        summary["tracking"] = journal.record()
         write_json(out_root / "pipeline.json", summary)
-        mlflow.log_artifact(str(out_root / "pipeline.json"))
+        tracking.log_files([out_root / "pipeline.json"])
+        status = "FINISHED"
+    except BaseException as err:
+        # stopped from outside (Ctrl-C, scancel's SIGTERM) is KILLED, as a stage's run is
+        status = "FAILED" if isinstance(err, Exception) else "KILLED"
+        cause = tracking_health.store_failure(err)
+        if isinstance(err, tracking_health.TrackingError):
+            cause = "a stage could not start its run"
+        if journal.lost is None and cause is not None:
+            journal.lost = cause  # the store is down: do not wait minutes to end this run
+        raise
+    finally:
+        tracking.end_run(journal, status)
+        if status == "FINISHED" and summary["tracking"] != journal.record():
+            summary["tracking"] = journal.record()
+            write_json(out_root / "pipeline.json", summary)
     _final_report(dirs, timings, uri, experiment_id, summary.get("published_ranking"))
+    if not journal.record()["logged"]:
+        print(run_record.not_logged_line("run", out_root, journal.record()), flush=True)
     return summary
 
 
@@ -249,10 +283,16 @@ def _run_or_reuse(
         if isinstance(v, str) and Path(v).is_dir()
     }
     fp = stage_fingerprint(stage_cfg, stage, input_dirs)
-    reused = find_reusable(stage, fp) if cfg.reuse else None
+    try:
+        reused = find_reusable(stage, fp) if cfg.reuse else None
+    except Exception as err:  # the store went away between two stages: one line
+        line = tracking_health.failure_message(err, mlflow.get_tracking_uri())
+        if line is None:
+            raise
+        raise tracking_health.TrackingError(f"before stage {stage}: {line}") from err
     if reused is not None:
         log.info("[run] %s: reusing %s (fingerprint %s)", stage, reused, fp)
-        mlflow.set_tag(f"reused.{stage}", read_run_info(reused).get("run_id", ""))
+        tracking.set_tags({f"reused.{stage}": read_run_info(reused).get("run_id", "")})
         return reused, reused
     log.info("[run] %s: running (fingerprint %s) -> %s", stage, fp, stage_dir)
     fn: Callable[[DictConfig], Any] = importlib.import_module(module).run
