@@ -232,6 +232,13 @@ def test_tiny_training_run_lowers_loss_and_is_in_mlflow(tiny_train_run: Path) ->
     assert history, "per-epoch training loss was not logged"
     assert len(history) == 3
     assert history[-1].value < history[0].value, [h.value for h in history]
+    # the per-epoch values went through the run dir's journal (a store that dies mid-training
+    # costs no epoch: docs/tracking.md), one entry per epoch, in epoch order
+    from saleval.pipeline.tracking_journal import read_ops
+
+    epochs = [op for op in read_ops(tiny_train_run) if "train_loss" in op.get("metrics", {})]
+    assert [op["step"] for op in epochs] == [0, 1, 2]
+    assert [op["metrics"]["train_loss"] for op in epochs] == [h.value for h in history]
     model, _ = load_trained(tiny_train_run)
     assert model.config.id2label[3] == "Sci/Tech"
     assert resolve_input("model", f"runs:/{info['run_id']}") == tiny_train_run.resolve()

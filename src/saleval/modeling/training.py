@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -302,8 +302,9 @@ class MlflowEpochLogger(Callback):
         "train_loss_epoch": "train_loss",
     }
 
-    def __init__(self) -> None:
+    def __init__(self, log: Callable[[Mapping[str, float], int], None] | None = None) -> None:
         self.t0 = time.perf_counter()
+        self.log_values = log
 
     def _log(self, trainer: L.Trainer) -> None:
         if trainer.global_rank != 0 or mlflow.active_run() is None:
@@ -312,7 +313,10 @@ class MlflowEpochLogger(Callback):
             self.KEYS[k]: float(v) for k, v in trainer.callback_metrics.items() if k in self.KEYS
         }
         vals["elapsed_seconds"] = time.perf_counter() - self.t0
-        mlflow.log_metrics(vals, step=trainer.current_epoch)
+        if self.log_values is not None:  # the stage's: journaled, an outage costs no epoch
+            self.log_values(vals, trainer.current_epoch)
+        else:
+            mlflow.log_metrics(vals, step=trainer.current_epoch)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning runs the epoch's validation before this hook: both are available.
@@ -382,8 +386,13 @@ def fit(
     data: TextDataModule,
     trainer_cfg: TrainerConfig | Mapping[str, Any] | Any,
     workdir: Path,
+    log_metrics: Callable[[Mapping[str, float], int], None] | None = None,
 ) -> dict[str, float]:
-    """Fit with early stopping on validation accuracy, restore the best epoch, test it."""
+    """Fit with early stopping on validation accuracy, restore the best epoch, test it.
+
+    ``log_metrics(values, epoch)``: where the per-epoch metrics go (the stage passes its
+    own, which keeps them in the run dir's journal when the tracking store is down);
+    None logs them to the active MLflow run directly."""
     tc = trainer_config(trainer_cfg)
     precision = resolve_precision(tc.precision, tc.accelerator)
     ckpt_dir = workdir / "checkpoints"
@@ -398,7 +407,7 @@ def fit(
     callbacks: list[Callback] = [
         checkpoint,
         EarlyStopping(monitor="val_acc", mode="max", patience=tc.early_stopping.patience),
-        MlflowEpochLogger(),
+        MlflowEpochLogger(log_metrics),
     ]
     if tc.progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=tc.progress_refresh))

@@ -89,7 +89,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             seed=int(cfg.seed),
             interface=interface(model, tokenizer),
         )
-        result = fit(model, dm, cfg.trainer, st.run_dir)
+        result = fit(model, dm, cfg.trainer, st.run_dir, log_metrics=st.log_metrics)
         if not st.is_main:  # a DDP rank > 0 (trainer=ddp): rank 0 saves and logs the model
             return {"run_dir": str(st.run_dir), "run_id": None, **result}
         model.save_pretrained(st.path(MODEL_DIR))
