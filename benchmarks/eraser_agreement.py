@@ -300,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not (args.scorer / "rationale_benchmark" / "metrics.py").is_file():
         ap.error(f"--scorer {args.scorer}: no rationale_benchmark/metrics.py there")
+    if os.sep in args.python:  # a path: the scorer runs from its checkout (not resolve():
+        args.python = str(Path(args.python).absolute())  # a venv's python is a link)
     root = (args.root or Path(tempfile.mkdtemp(prefix="eraser_agreement_"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
     if args.metrics_run is None:
