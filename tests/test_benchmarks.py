@@ -317,3 +317,122 @@ def test_gpu_check_examples_run() -> None:
     for module in (gpu, gpu_pack):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+# -- issue #46: saleval's ERASER convention against ERASER's scorer ------------------
+#
+# The scorer's code is not in the repository (the user gives a checkout), so the suite
+# checks the half it owns: reading the scorer's score file, setting it beside metrics.csv,
+# and the command line around both, with a hand-written stand-in for the scorer.
+
+#: a score file as ERASER's scorer writes it (--score_file), hand-written: the figures
+#: saleval compares sit next to others it must not take (micro averages, rationale_prf,
+#: average_precision, another IOU threshold)
+SCORE_FILE = {
+    "iou_scores": [
+        {"threshold": 0.3, "micro": {"p": 0.9, "r": 0.9, "f1": 0.9},
+         "macro": {"p": 0.8, "r": 0.8, "f1": 0.8}},
+        {"threshold": 0.5, "micro": {"p": 0.3, "r": 0.2, "f1": 0.24},
+         "macro": {"p": 0.25, "r": 1 / 3, "f1": 2 / 7}},
+    ],
+    "rationale_prf": {"instance_micro": {"p": 0.1, "r": 0.1, "f1": 0.1},
+                      "instance_macro": {"p": 0.1, "r": 0.1, "f1": 0.1}},
+    "token_prf": {"instance_micro": {"p": 0.6, "r": 0.6, "f1": 0.6},
+                  "instance_macro": {"p": 0.625, "r": 0.625, "f1": 0.625}},
+    "token_soft_metrics": {"auprc": 0.8671875, "average_precision": 0.875,
+                           "roc_auc_score": 0.9},
+}  # fmt: skip
+#: the same figures as metrics.csv rows of a metrics run in ERASER's convention
+METRICS_ROWS = [
+    ("review", "eraser_token_f1", 0.625),
+    ("review", "eraser_auprc", 0.8671875),
+    ("review", "eraser_iou_f1", 2 / 7),
+    ("review", "eraser_iou_precision", 0.25),
+    ("review", "eraser_iou_recall", 1 / 3),
+    ("review", "auprc", 0.875),  # saleval's own convention: not compared
+]
+
+
+def test_eraser_agreement_reads_the_scorers_figures() -> None:
+    from benchmarks.eraser_agreement import scorer_figures
+
+    assert scorer_figures(SCORE_FILE) == {
+        "eraser_token_f1": 0.625,  # token_prf's instance macro, not micro or rationale_prf
+        "eraser_auprc": 0.8671875,  # the trapezoid auprc, not average_precision
+        "eraser_iou_f1": 2 / 7,  # the macro F1 at the run's threshold
+        "eraser_iou_precision": 0.25,
+        "eraser_iou_recall": 1 / 3,
+    }
+    assert scorer_figures(SCORE_FILE, threshold=0.3)["eraser_iou_f1"] == 0.8
+    with pytest.raises(ValueError, match="no iou_scores at threshold 0.7"):
+        scorer_figures(SCORE_FILE, threshold=0.7)
+    soft_only = {k: v for k, v in SCORE_FILE.items() if k == "token_soft_metrics"}
+    with pytest.raises(ValueError, match="no token_prf"):
+        scorer_figures({**soft_only, "iou_scores": SCORE_FILE["iou_scores"]})
+
+
+def test_eraser_agreement_compares_by_method() -> None:
+    import pandas as pd
+    from benchmarks.eraser_agreement import compare, saleval_figures, scorer_figures, table
+
+    csv = pd.DataFrame(METRICS_ROWS, columns=["method", "metric", "value"])
+    ours = saleval_figures(csv)
+    assert list(ours.index) == ["review"] and "auprc" not in ours.columns
+    diffs = compare(ours, {"review": scorer_figures(SCORE_FILE)})
+    assert len(diffs) == 5 and diffs["diff"].max() == 0.0
+    off = dict(scorer_figures(SCORE_FILE), eraser_iou_f1=2 / 7 + 3e-4)
+    diffs = compare(ours, {"review": off})
+    worst = diffs.loc[diffs["diff"].idxmax()]
+    assert worst["figure"] == "eraser_iou_f1" and worst["diff"] == pytest.approx(3e-4)
+    assert "| review | 0.625000 / 0.625000 | 0.867188 / 0.867188 | 0.286014 / 0.285714 " in (
+        table(diffs)
+    )
+    with pytest.raises(ValueError, match="methods differ"):
+        compare(ours, {"review": off, "random": off})
+    with pytest.raises(ValueError, match="no eraser_"):
+        saleval_figures(csv[csv["metric"] == "auprc"])
+
+
+#: a stand-in for the scorer's checkout: checks the arguments the benchmark passes, then
+#: writes the score file held in the environment (the suite has no ERASER code)
+STAND_IN = """
+import argparse, json, os, pathlib
+ap = argparse.ArgumentParser()
+for flag in ("--split", "--data_dir", "--results", "--score_file"):
+    ap.add_argument(flag, required=True)
+ap.add_argument("--iou_thresholds", nargs="+", type=float, required=True)
+a = ap.parse_args()
+assert a.split == "test" and a.iou_thresholds == [0.5], (a.split, a.iou_thresholds)
+assert pathlib.Path(a.data_dir, "test.jsonl").is_file() and pathlib.Path(a.results).is_file()
+pathlib.Path(a.score_file).write_text(os.environ["STAND_IN_SCORES"])
+"""
+
+
+def test_eraser_agreement_command_line(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    import pandas as pd
+    from benchmarks.eraser_agreement import main
+    from omegaconf import OmegaConf
+
+    scorer = tmp_path / "eraserbenchmark"
+    (scorer / "rationale_benchmark").mkdir(parents=True)
+    (scorer / "rationale_benchmark" / "__init__.py").write_text("")
+    (scorer / "rationale_benchmark" / "metrics.py").write_text(STAND_IN)
+    run = tmp_path / "metrics"
+    (run / "eraser").mkdir(parents=True)
+    (run / "eraser" / "test.jsonl").write_text('{"annotation_id": "review"}\n')
+    (run / "eraser" / "review.jsonl").write_text('{"annotation_id": "review"}\n')
+    OmegaConf.save({"metrics": {"plausibility": {"iou_threshold": 0.5}}}, run / "config.yaml")
+    rows = pd.DataFrame(METRICS_ROWS, columns=["method", "metric", "value"])
+    rows.assign(k="").to_csv(run / "metrics.csv", index=False)
+    args = ["--scorer", str(scorer), "--metrics-run", str(run)]
+    monkeypatch.setenv("STAND_IN_SCORES", json.dumps(SCORE_FILE))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "| review | 0.625000 / 0.625000 |" in out and "largest |difference|: 0.00e+00" in out
+    monkeypatch.setenv("STAND_IN_SCORES", json.dumps({**SCORE_FILE, "token_soft_metrics": {
+        "auprc": 0.8671875 + 2e-4}}))  # fmt: skip
+    assert main(args) == 1  # past --tol 1e-4
+    assert "2.00e-04 (review, eraser_auprc)" in capsys.readouterr().out
+    assert main([*args, "--tol", "1e-3"]) == 0

@@ -277,3 +277,62 @@ def test_eraser_results_line_is_what_the_scorer_reads() -> None:
     assert rat["soft_rationale_predictions"] == doc.scores.tolist()
     with pytest.raises(ValueError, match="do not cover the rationale's characters"):
         E.gold_token_spans([(1, 4)], E.document_tokens(REVIEW), [[0, 3]], "review")
+
+
+def test_eraser_auprc_of_a_document_without_gold_is_the_scorers() -> None:
+    """ERASER's scorer takes scikit-learn's curve as it comes, and so does saleval. For a
+    document without a gold token (posR_161 of the movies' training split) scikit-learn
+    (≥ 1.1, as locked) sets recall to 1 at every threshold, where precision is 0, and
+    closes the curve at recall 0, precision 1: the trapezoid is 1 · (0 + 1) / 2 = 0.5,
+    whatever the scores. Checked against the scorer (docs/benchmarks.md#eraser-agreement);
+    under its own pinned scikit-learn 0.20.3 recall there is 0/0 and its AUPRC NaN."""
+    from saleval.metrics import eraser as E
+
+    for scores in ([0.1, 0.5, 0.2, 0.2], [3.0, 2.0, 1.0, 0.0]):
+        doc = E.Document.build("none", [], np.array(scores), top_k=2)
+        assert E.auprc(doc) == 0.5
+        values = E.per_document(doc, 0.5)
+        assert values["eraser_token_f1"] == 0.0  # predicted, nothing to find: F1 0, counted
+        assert values["eraser_iou_precision"] == 0.0 and math.isnan(values["eraser_iou_recall"])
+    # with k = its gold tokens (none) nothing is predicted: out of token F1 and IOU
+    silent = E.per_document(E.Document.build("none", [], np.array([1.0, 0.0])), 0.5)
+    assert math.isnan(silent["eraser_token_f1"]) and math.isnan(silent["eraser_iou_precision"])
+
+
+class _RunDir:
+    """What write_eraser_inputs asks of a Stage: a path in the run dir, a file to log."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def log_file(self, path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+
+@pytest.mark.skipif(not DATA_ROOT.is_dir(), reason="../shared/data not present")
+def test_eraser_inputs_warn_when_a_method_explains_fewer_documents(tmp_path, caplog) -> None:
+    """The scorer takes every annotation of eraser/test.jsonl as truth, so a method missing
+    one of them scores 0 there in ERASER's terms, while saleval leaves it out: said."""
+    from saleval.metrics import eraser as E
+    from saleval.stages.metrics import write_eraser_inputs
+
+    dcfg = compose_config("train", ["dataset=eraser_movies"]).dataset
+    doc = E.Document.build("d", [(0, 1)], np.array([1.0, 0.0]))
+    line = {a: E.results_line(a, a, doc) for a in ("negR_900.txt", "negR_901.txt")}
+    both = {"random": list(line.values()), "oracle": list(line.values())}
+    scored = E.Scored(pd.DataFrame(), pd.DataFrame(), both, E.Coverage(2, 0, 2, 0))
+    with caplog.at_level("WARNING", logger="saleval.stages.metrics"):
+        out = write_eraser_inputs(_RunDir(tmp_path), scored, dcfg, "test")
+    assert not caplog.records
+    kept = [json.loads(x)["annotation_id"] for x in (out / "test.jsonl").read_text().splitlines()]
+    assert sorted(kept) == ["negR_900.txt", "negR_901.txt"]
+    scored.results["oracle"] = [line["negR_900.txt"]]
+    with caplog.at_level("WARNING", logger="saleval.stages.metrics"):
+        write_eraser_inputs(_RunDir(tmp_path), scored, dcfg, "test")
+    (record,) = caplog.records
+    assert "eraser/oracle.jsonl explains 1 of the 2 documents in eraser/test.jsonl" in (
+        record.getMessage()
+    )
