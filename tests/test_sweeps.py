@@ -332,7 +332,7 @@ def test_a_real_sweep_logs_what_it_varies_as_a_param(
     the runs table and the parallel-coordinates plot can tell the jobs apart."""
     from mlflow.tracking import MlflowClient
 
-    from tests.test_cli import script
+    from tests.cli_support import script
 
     done = script(
         "explain", "-m", f"inputs.model={tiny_train_run}", "method=[lime]",
