@@ -16,8 +16,9 @@ break them:
 * ``PRIMARY KEY (assignment_id, position)`` and ``UNIQUE (assignment_id, task_id)`` on
   answers: an answer is never stored twice; the first one wins.
 
-An assignment is active until it is released: its lease ran out (``annotate.lease_minutes``
-after the worker's last action), or the admin released or reassigned it. A released assignment keeps its answers (they were acknowledged) and its
+An assignment is active until it is released: its lease ran out
+(``annotate.lease_minutes`` after the worker's last action), or the admin released or
+reassigned it. A released assignment keeps its answers (they were acknowledged) and its
 bundle goes back to the pool. Every lease change is a ``BEGIN IMMEDIATE`` transaction
 like an answer, so a late answer and the claim that releases its bundle are ordered:
 exactly one of them wins. docs/annotate.md describes the rules for operators.
