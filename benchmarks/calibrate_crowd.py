@@ -8,9 +8,9 @@ the study's samples removed (at most the reader's ``max_train`` of them, drawn a
 ``saleval-simulate`` draws them), then reads every published task once per reader
 setting (the reader grid: ``READER_GRIDS``, narrowed by ``--dots``, ``--dot-weights``,
 ``--bow-weights``, ``--views``).
-A vectorised twin of the worker model (:mod:`saleval.crowd.simulate`: per answer a lapse
-drawn from Beta, an "I don't know" threshold with jitter, a label drawn from the tempered
-probabilities; a spammer's answer dropped, as the import's speed filter drops them; the
+A vectorised twin of the worker model (:mod:`saleval.crowd.simulation.workers`: per
+answer a lapse drawn from Beta, an "I don't know" threshold with jitter, a label drawn from
+the tempered probabilities; a spammer's answer dropped, as the import's speed filter drops them; the
 strict majority) gives the expected accuracy per (method, k) over ``--replicates``
 simulated crowds. Objective (docs/simulated-crowd.md): the mean absolute error per
 (method, k) cell, in points, plus the largest gap of the accuracy-vs-k curve (mean over
@@ -32,9 +32,9 @@ import pandas as pd
 from scipy import stats
 
 from saleval.analysis import scoring
-from saleval.crowd.published import exclude_texts, read_study
-from saleval.crowd.readers import BowReader, EmbeddingReader, shared_encoder
-from saleval.crowd.simulate import normalised_confidence, tempered
+from saleval.crowd.importing.published_study import exclude_texts, read_study
+from saleval.crowd.simulation.readers import BowReader, EmbeddingReader, shared_encoder
+from saleval.crowd.simulation.workers import normalised_confidence, tempered
 from saleval.modeling.data import load_dataset
 
 KEY = ["sample_id", "method", "k"]
@@ -227,7 +227,7 @@ def main() -> None:
         published = load(name, root)
         train = published.train
         n_excl = published.excluded
-        if max_train and len(train) > max_train:  # as saleval.crowd.simulate.read_tasks draws
+        if max_train and len(train) > max_train:  # as simulation.workers.read_tasks draws
             train = train.sample(n=max_train, random_state=args.seed)
         print(f"{name}: {len(train)} training texts, {n_excl} study texts excluded", flush=True)
         real, tasks = published.real, published.tasks

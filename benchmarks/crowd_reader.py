@@ -44,8 +44,8 @@ from sklearn.metrics import roc_auc_score
 
 from benchmarks.calibrate_crowd import DATASETS, KEY, Published, fast_crowd, load, true_first
 from saleval.analysis import scoring
-from saleval.crowd.lexicon import TOKEN_PATTERN, LexiconReader
-from saleval.crowd.readers import BowReader
+from saleval.crowd.simulation.lexicon import TOKEN_PATTERN, LexiconReader
+from saleval.crowd.simulation.readers import BowReader
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_KEYS = ("lapse", "idk", "temperature")

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from saleval.annotate.app import background_server, create_app
-from saleval.annotate.state import AppSettings
 from saleval.annotate.study import Study, load_study
+from saleval.config.annotate import AnnotateConfig
 from saleval.testing import make_task_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,6 +33,13 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TOKEN = "admin-token-for-tests"
+
+
+def settings(db: Path, **fields: Any) -> AnnotateConfig:
+    """The ``annotate`` node an app is built from, as a test gives it: its database, the
+    tests' admin token, and ``fields`` (any other ``annotate.*`` setting)."""
+    return AnnotateConfig(db=str(db), admin_token=TOKEN, **fields)
+
 
 needs_chromium = pytest.mark.skipif(
     not CHROMIUM.is_file(),
@@ -51,13 +58,13 @@ class Served:
 
 @contextmanager
 def served_app(
-    root: Path, n_bundles: int = 3, bundle_size: int = 5, **settings: Any
+    root: Path, n_bundles: int = 3, bundle_size: int = 5, **fields: Any
 ) -> Iterator[Served]:
     """A fresh task run and database under ``root``, served from a thread on loopback."""
     tasks_dir = make_task_run(root / "tasks", n_bundles=n_bundles, bundle_size=bundle_size)
     db = root / "annotations.sqlite"
     study = load_study(tasks_dir)
-    app = create_app(study, AppSettings(db, TOKEN, **settings))
+    app = create_app(study, settings(db, **fields))
     try:
         with background_server(app) as url:
             yield Served(url, app, study, tasks_dir, db)

@@ -1,4 +1,5 @@
-"""Fake parent runs for the metrics and comparison tests (no training, no explain stage).
+"""What the metrics tests share: fake parent runs (no training, no explain stage), the
+tiny model, and a hand-built classifier whose metrics have closed forms.
 
 The run dirs look like what saleval-train / saleval-explain / saleval-import /
 saleval-score write: config.yaml, run.json and the declared tables.
@@ -7,12 +8,16 @@ saleval-score write: config.yaml, run.json and the declared tables.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import torch
 from omegaconf import OmegaConf
 
+from saleval.metrics.config import MetricsConfig, SwitchingConfig
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
 from saleval.words import segment
@@ -96,3 +101,63 @@ def fake_explain_run(
     tables.ATTRIBUTIONS.write(attributions, run_dir)
     tables.PREDICTIONS.write(predictions, run_dir)
     return run_dir
+
+
+# --- a hand-built classifier (tests/test_faithfulness.py's module docstring) ---------------
+# Its logits count token ids: every ``good`` adds 1 to class 1, every ``bad`` adds 1.5 to
+# class 0, and ``[CLS]`` adds a bias of 0.25 to class 1, so with g goods and b bads left
+# p(1|x) = σ(0.25 + g − 1.5 b) and every metric has a closed form.
+
+
+class CountModel(torch.nn.Module):
+    """Logits = sum over (unpadded) tokens of a per-id weight row: a bag-of-ids classifier."""
+
+    def __init__(self, tok, weights: dict[str, tuple[float, float]]) -> None:
+        super().__init__()
+        w = torch.zeros(tok.vocab_size, 2)
+        for token, row in weights.items():
+            w[tok.convert_tokens_to_ids(token)] = torch.tensor(row)
+        self.w = torch.nn.Parameter(w, requires_grad=False)
+        self.config = SimpleNamespace(num_labels=2)
+        self.calls = 0
+
+    def forward(self, input_ids, attention_mask, **_):
+        self.calls += 1
+        logits = (self.w[input_ids] * attention_mask[..., None]).sum(dim=1)
+        return SimpleNamespace(logits=logits)
+
+
+WEIGHTS = {"good": (0.0, 1.0), "bad": (1.5, 0.0), "[CLS]": (0.0, 0.25)}
+
+
+def sig(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def p1(goods: int, bads: int) -> float:
+    """Hand formula of the model: p(class 1) with this many goods and bads left."""
+    return sig(0.25 + goods - 1.5 * bads)
+
+
+TEXT = "good bad good, unbelievably plot"  # words: good bad good unbelievably plot
+SCORES = {
+    # good0, bad, good2, unbelievably, plot
+    "oracle": [3.0, 0.0, 2.0, 1.0, 0.5],  # order: good0 good2 unbelievably plot bad
+    "neutral_first": [3.0, 1.0, 2.0, 5.0, 4.0],  # unbelievably plot good0 good2 bad
+    "bad_first": [1.0, 9.0, 2.0, 3.0, 4.0],  # bad plot unbelievably good2 good0
+}
+CFG = MetricsConfig(
+    ks=[1, 2, 3],
+    eraser_grid=[0.2, 0.5],
+    aopc_k=3,
+    log_odds_fraction=0.2,
+    switching=SwitchingConfig(chunk=2),
+)
+
+
+#: three AG News texts for fake explain runs
+AG_TEXTS = {
+    "ag-1": "Stocks rally as oil prices fall; investors cheer (Reuters)",
+    "ag-2": "Red Sox beat Yankees 5-3 in extra innings at Fenway Park",
+    "ag-3": "NASA probe sends unbelievably sharp images of Saturn's rings",
+}

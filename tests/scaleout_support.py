@@ -1,5 +1,7 @@
-"""Helpers for the tests that run sweeps on real engines (SLURM, Ray, a PostgreSQL-backed
-MLflow server): docs/scale-out.md, walked by ``tests/test_scaleout_page.py``.
+"""Helpers for the scale-out tests (docs/scale-out.md): the launcher configs composed as a
+multirun sees them, the environment a console script gets, and, for the tests that run
+sweeps on real engines (SLURM, Ray, a PostgreSQL-backed MLflow server; the page walked by
+``tests/test_scaleout_page.py``), skipping or failing where a piece is missing.
 
 Those tests need system packages and root. Off CI they skip, naming the command that
 installs what is missing; on CI (``CI`` set, as ``.ci/run`` runs) a missing piece fails
@@ -16,11 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
 
-from tests.test_scaleout import _env
+from saleval import paths
+from saleval.pipeline.compose import register_configs
 
-__all__ = ["BIN", "Finished", "launch", "on_ci", "require", "runs_of", "subprocess_env"]
+__all__ = [
+    "BIN", "Finished", "clean_env", "hydra_config", "launch", "on_ci", "require", "runs_of",
+    "subprocess_env",
+]  # fmt: skip
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
 
@@ -38,10 +47,20 @@ def require(missing: str | None) -> None:
     pytest.skip(missing)
 
 
+def clean_env(tracking_uri: str | None = None) -> dict[str, str]:
+    """The test process's environment without pytest's marker, MLflow pointed at ``tracking_uri``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    return env
+
+
 def subprocess_env(tracking_uri: str | None = None, **extra: str) -> dict[str, str]:
     """The environment a console script gets: this one, MLflow at ``tracking_uri``, one
     thread per process (two cores run two jobs), and ``extra``."""
-    env = _env(tracking_uri)
+    env = clean_env(tracking_uri)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
@@ -81,3 +100,11 @@ def runs_of(client: MlflowClient, filter_string: str = "") -> list:
     """Every run of every experiment of ``client``'s store that matches ``filter_string``."""
     exps = [e.experiment_id for e in client.search_experiments()]
     return client.search_runs(exps, filter_string=filter_string, max_results=1000) if exps else []
+
+
+def hydra_config(overrides: Sequence[str]) -> DictConfig:
+    """``conf/train.yaml`` composed with its ``hydra`` node, as a multirun would see it."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -15,14 +17,14 @@ from omegaconf import DictConfig
 
 from saleval.annotate.app import create_app
 from saleval.annotate.security import valid_worker_id
-from saleval.annotate.state import AppSettings
-from saleval.annotate.store_db import LeasePolicy
 from saleval.annotate.study import IDK, load_study
+from saleval.config.annotate import AnnotateConfig
 from saleval.config.crowd import WorkerIdCase
 from saleval.pipeline import tables
+from saleval.schema import to_schema
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
-from tests.annotate_support import TOKEN
+from tests.annotate_support import TOKEN, settings
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
 
@@ -36,7 +38,7 @@ def tasks_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def app(tmp_path: Path, tasks_dir: Path) -> Iterator[object]:
-    app = create_app(tasks_dir, AppSettings(tmp_path / "db.sqlite", TOKEN))
+    app = create_app(tasks_dir, settings(tmp_path / "db.sqlite"))
     yield app
     app.state.store.close()
 
@@ -200,12 +202,99 @@ def test_admin_needs_the_token_never_a_worker_session(app: object) -> None:
 
 def test_admin_token_must_be_set(tmp_path: Path, tasks_dir: Path) -> None:
     with pytest.raises(ValueError, match="admin_token"):
-        create_app(tasks_dir, AppSettings(tmp_path / "x.sqlite", ""))
+        create_app(tasks_dir, AnnotateConfig(db=str(tmp_path / "x.sqlite"), admin_token=""))
+    # the schema's own defaults are interpolations, for Hydra: refused, never used as such
+    with pytest.raises(ValueError, match="not resolved"):
+        create_app(tasks_dir, AnnotateConfig(db=str(tmp_path / "x.sqlite")))
+    with pytest.raises(ValueError, match="not resolved"):
+        create_app(tasks_dir, AnnotateConfig(admin_token=TOKEN))
+    assert not (tmp_path / "x.sqlite").exists()
+
+
+def test_the_app_is_built_from_the_annotate_config_as_composed(
+    tmp_path: Path, tasks_dir: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    """One declaration of the settings (``saleval.config.annotate``): every
+    ``annotate.*`` and ``crowd.*`` key reaches the app and its store as composed, under its
+    own name, and only the admin token is put back from where it was read."""
+    given = {
+        "lease_minutes": 7.5,
+        "max_claims_per_client": 2,
+        "claim_window_minutes": 3.0,
+        "completion_url": "https://platform.example/done?cc={code}",
+        "allowed_origins": ["https://study.example.org"],
+        "admin_max_failures": 4,
+        "resume_max_failures": 3,
+        "title": "Which topic?",
+        "completion_code": "C0DE1234",
+        "synchronous": "NORMAL",
+        "secure_cookies": True,
+    }
+    overrides = [
+        f"inputs.tasks={tasks_dir}",
+        f"annotate.db={tmp_path / 'db.sqlite'}",
+        "crowd.worker_id_case=sensitive",
+        *(f"annotate.{k}={v!r}" for k, v in given.items() if isinstance(v, str)),
+        *(f"annotate.{k}={v}" for k, v in given.items() if not isinstance(v, str | list)),
+        "annotate.allowed_origins=['https://study.example.org']",
+    ]
+    cfg = make_cfg("annotate", overrides, name="serve")
+    app = annotate_stage.build_app(load_study(tasks_dir), cfg, TOKEN)
+    try:
+        state, store = app.state.annotate, app.state.store
+        assert state.settings == replace(to_schema(AnnotateConfig, cfg.annotate), admin_token=TOKEN)
+        assert {k: getattr(state.settings, k) for k in given} == given
+        assert store.settings is state.settings and store.path == tmp_path / "db.sqlite"
+        assert store.crowd.worker_id_case == WorkerIdCase.sensitive
+        assert store.synchronous == "NORMAL" and state.title == "Which topic?"
+        assert (state.admin_throttle.limit, state.resume_throttle.limit) == (4, 3)
+        assert state.allowed_origins == {"https://study.example.org"}
+        codes = [
+            client(app).post("/start", data={"worker_id": f"x{i}"}).status_code for i in (1, 2)
+        ]
+        assert codes == [303, 303]
+        refused = client(app).post("/start", data={"worker_id": "x3"})
+        assert refused.status_code == 429  # max_claims_per_client=2 from one address
+        admin = client(app)
+        admin.headers["Authorization"] = f"Bearer {TOKEN}"
+        assert "Leases last 7.5 minutes" in admin.get("/admin").text
+    finally:
+        app.state.store.close()
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def test_annotation_settings_are_declared_once() -> None:
+    """No dataclass of the app or its store restates a setting of the ``annotate`` schema
+    with a default of its own (or renamed, as ``max_claims`` once was): they read
+    :class:`AnnotateConfig` itself. (An assignment's ``completion_code``, a value with no
+    default, is data, not a setting.)"""
+    import importlib
+    import pkgutil
+
+    import saleval.annotate
+
+    fields = {f.name for f in dataclasses.fields(AnnotateConfig)} | {"max_claims"}
+    classes = [
+        obj
+        for info in pkgutil.iter_modules(saleval.annotate.__path__, "saleval.annotate.")
+        for obj in vars(importlib.import_module(info.name)).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == info.name
+    ]
+    assert len(classes) >= 3, classes  # the modules were read (AppState, Assignment, ...)
+    restated = {
+        f"{c.__module__}.{c.__qualname__}": sorted(same)
+        for c in classes
+        if (same := fields & {f.name for f in dataclasses.fields(c) if _has_default(f)})
+    }
+    assert not restated, restated
 
 
 def test_worker_id_is_escaped_in_admin_view(tmp_path: Path, tasks_dir: Path) -> None:
     # Ids are validated, but the admin page escapes anyway ('+' and '@' are allowed).
-    app = create_app(tasks_dir, AppSettings(tmp_path / "db.sqlite", TOKEN))
+    app = create_app(tasks_dir, settings(tmp_path / "db.sqlite"))
     begin(client(app), "a+b@c.d")
     page = client(app).get("/admin", headers={"Authorization": f"Bearer {TOKEN}"}).text
     assert "<td>a+b@c.d</td>" in page
@@ -214,7 +303,7 @@ def test_worker_id_is_escaped_in_admin_view(tmp_path: Path, tasks_dir: Path) -> 
 
 # -- the stage ---------------------------------------------------------------------------
 def _fill(db: Path, tasks_dir: Path, answers: dict[str, list[str]]) -> None:
-    app = create_app(tasks_dir, AppSettings(db, TOKEN))
+    app = create_app(tasks_dir, settings(db))
     for worker, given in answers.items():
         c = client(app)
         begin(c, worker)
@@ -333,9 +422,9 @@ def test_one_worker_id_rule_from_login_to_the_scores(
     tasks_dir = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
     db = tmp_path / "db.sqlite"
     base = [f"inputs.tasks={tasks_dir}", f"annotate.db={db}", f"crowd.worker_id_case={case}"]
-    cfg = make_cfg("annotate", base, name="serve")
-    lease = LeasePolicy(worker_id_case=WorkerIdCase(cfg.crowd.worker_id_case))
-    app = create_app(tasks_dir, AppSettings(db, TOKEN, lease=lease))
+    app = annotate_stage.build_app(
+        load_study(tasks_dir), make_cfg("annotate", base, name="serve"), TOKEN
+    )
     first = client(app)
     begin(first, "Ann ")
     code = RESUME_CODE.search(first.get("/task").text).group(1)

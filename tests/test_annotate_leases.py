@@ -20,13 +20,12 @@ from fastapi.testclient import TestClient
 
 from saleval.annotate.app import create_app
 from saleval.annotate.security import SECURITY_HEADERS
-from saleval.annotate.state import AppSettings
 from saleval.annotate.store_answers import AnnotationStore, AnswerRejected
-from saleval.annotate.store_db import LeasePolicy
 from saleval.annotate.store_leases import BundleRefused
 from saleval.annotate.study import Study, load_study
+from saleval.config.annotate import AnnotateConfig
 from saleval.testing import make_task_run
-from tests.annotate_support import TOKEN
+from tests.annotate_support import TOKEN, settings
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
 
@@ -60,7 +59,9 @@ def clock() -> Clock:
 @pytest.fixture
 def store(tmp_path: Path, study: Study, clock: Clock) -> Iterator[AnnotationStore]:
     s = AnnotationStore(
-        tmp_path / "db.sqlite", lease=LeasePolicy(lease_minutes=30, max_claims=0), clock=clock
+        tmp_path / "db.sqlite",
+        AnnotateConfig(lease_minutes=30, max_claims_per_client=0),
+        clock=clock,
     )
     s.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
     yield s
@@ -173,7 +174,7 @@ def test_admin_release_and_reassign(store: AnnotationStore, study: Study) -> Non
 
 
 def test_claims_per_client_are_bounded(tmp_path: Path, study: Study) -> None:
-    s = AnnotationStore(tmp_path / "c.sqlite", lease=LeasePolicy(max_claims=2))
+    s = AnnotationStore(tmp_path / "c.sqlite", AnnotateConfig(max_claims_per_client=2))
     s.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
     s.assign(study.run_key, "x1", client="10.0.0.1")
     s.assign(study.run_key, "x2", client="10.0.0.1")
@@ -186,7 +187,7 @@ def test_claims_per_client_are_bounded(tmp_path: Path, study: Study) -> None:
 
 def test_many_threads_claiming_never_share_a_bundle(tmp_path: Path) -> None:
     st = load_study(make_task_run(tmp_path / "many", n_bundles=12, bundle_size=2, seed=3))
-    s = AnnotationStore(tmp_path / "m.sqlite", lease=LeasePolicy(max_claims=0))
+    s = AnnotationStore(tmp_path / "m.sqlite", AnnotateConfig(max_claims_per_client=0))
     s.register_run(st.run_key, st.dataset, str(st.tasks_dir), st.bundles)
     got: list[str] = []
     refused: list[int] = []
@@ -211,7 +212,7 @@ def test_many_threads_claiming_never_share_a_bundle(tmp_path: Path) -> None:
 def _race_once(db: Path, study: Study) -> bool:
     """One round: a claim that releases h0's expired bundle against h0's late answer."""
     clock = Clock()
-    s = AnnotationStore(db, lease=LeasePolicy(lease_minutes=1, max_claims=0), clock=clock)
+    s = AnnotationStore(db, AnnotateConfig(lease_minutes=1, max_claims_per_client=0), clock=clock)
     s.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
     holders = [s.assign(study.run_key, f"h{i}") for i in range(3)]
     a = holders[0]
@@ -303,7 +304,7 @@ def test_version_1_database_is_upgraded_in_place(tmp_path: Path, study: Study) -
 # -- identity and hygiene over HTTP --------------------------------------------------------
 @pytest.fixture
 def app(tmp_path: Path, study: Study) -> Iterator[object]:
-    app = create_app(study, AppSettings(tmp_path / "app.sqlite", TOKEN))
+    app = create_app(study, settings(tmp_path / "app.sqlite"))
     yield app
     app.state.store.close()
 
@@ -338,7 +339,7 @@ def test_worker_id_alone_never_hands_out_a_session(app: object) -> None:
 
 
 def test_resume_code_guessing_is_throttled(tmp_path: Path, study: Study) -> None:
-    app = create_app(study, AppSettings(tmp_path / "t.sqlite", TOKEN, resume_max_failures=3))
+    app = create_app(study, settings(tmp_path / "t.sqlite", resume_max_failures=3))
     start(client(app), "w1")
     guesser = client(app)
     codes = [
@@ -352,7 +353,7 @@ def test_resume_code_guessing_is_throttled(tmp_path: Path, study: Study) -> None
 def test_prolific_link_mode_identity_and_completion_redirect(tmp_path: Path, study: Study) -> None:
     url = "https://app.prolific.com/submissions/complete?cc={code}"
     app = create_app(
-        study, AppSettings(tmp_path / "p.sqlite", TOKEN, completion_url=url, completion_code="C0DE")
+        study, settings(tmp_path / "p.sqlite", completion_url=url, completion_code="C0DE")
     )
     c = client(app)
     page = c.get("/", params={"PROLIFIC_PID": "5f3a9", "STUDY_ID": "s1", "SESSION_ID": "sess-x"})
@@ -427,7 +428,7 @@ def test_wrong_admin_cookies_count_and_form_failures_block_bearer(app: object) -
 
 
 def test_admin_lockout_leaves_resume_codes_working(tmp_path: Path, study: Study) -> None:
-    app = create_app(study, AppSettings(tmp_path / "r.sqlite", TOKEN, admin_max_failures=2))
+    app = create_app(study, settings(tmp_path / "r.sqlite", admin_max_failures=2))
     code = start(client(app), "w1")  # the worker's first browser
     nat = client(app)  # another browser behind the same address (the test client's)
     for i in range(4):
@@ -513,9 +514,7 @@ def test_over_http_bots_block_only_until_their_leases_run_out(
 ) -> None:
     app = create_app(
         study,
-        AppSettings(
-            tmp_path / "b.sqlite", TOKEN, lease=LeasePolicy(lease_minutes=30, max_claims=0)
-        ),
+        settings(tmp_path / "b.sqlite", lease_minutes=30, max_claims_per_client=0),
     )
     app.state.store.clock = clock
     for i in range(3):  # a script claims every bundle and leaves
@@ -530,9 +529,7 @@ def test_over_http_bots_block_only_until_their_leases_run_out(
 
 
 def test_over_http_claims_per_client_are_bounded(tmp_path: Path, study: Study) -> None:
-    app = create_app(
-        study, AppSettings(tmp_path / "q.sqlite", TOKEN, lease=LeasePolicy(max_claims=2))
-    )
+    app = create_app(study, settings(tmp_path / "q.sqlite", max_claims_per_client=2))
     codes = [client(app).post("/start", data={"worker_id": f"x{i}"}).status_code for i in range(3)]
     assert codes == [303, 303, 429]
     app.state.store.close()

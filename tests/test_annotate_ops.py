@@ -14,14 +14,13 @@ from fastapi.testclient import TestClient
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.annotate.app import create_app
-from saleval.annotate.state import AppSettings
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.store_db import StoreError
 from saleval.annotate.study import load_study
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
-from tests.annotate_support import TOKEN
+from tests.annotate_support import settings
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
 
@@ -58,7 +57,7 @@ def test_online_backup_while_serving_holds_every_answer(
 ) -> None:
     tasks_dir = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
     db = tmp_path / "live.sqlite"
-    app = create_app(tasks_dir, AppSettings(db, TOKEN))
+    app = create_app(tasks_dir, settings(db))
     _answer_all(app, "w1")
     live = app.state.store  # still open: the answers sit in the WAL
     assert Path(f"{db}-wal").stat().st_size > 0
@@ -90,7 +89,7 @@ def test_export_reads_without_writing_and_names_the_path(
 ) -> None:
     tasks_dir = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
     db = tmp_path / "archive.sqlite"
-    app = create_app(tasks_dir, AppSettings(db, TOKEN))
+    app = create_app(tasks_dir, settings(db))
     _answer_all(app, "w1")
     app.state.store.close()  # the last close checkpoints: one file, as archived
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
@@ -114,7 +113,7 @@ def test_read_only_export_of_a_copy_with_its_wal_but_no_shm(
 ) -> None:
     tasks_dir = make_task_run(tmp_path / "tasks", n_bundles=2, bundle_size=3)
     db = tmp_path / "live" / "annotations.sqlite"
-    app = create_app(tasks_dir, AppSettings(db, TOKEN))
+    app = create_app(tasks_dir, settings(db))
     live = app.state.store
     live._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the schema in the main file
     _answer_all(app, "w1")  # the answers only in the WAL: the server is still running
@@ -181,7 +180,7 @@ def test_task_run_without_label_descriptions_serves_and_exports(
     study = load_study(tasks_dir)
     assert study.label_descriptions == {}
     db = tmp_path / "db.sqlite"
-    app = create_app(study, AppSettings(db, TOKEN))
+    app = create_app(study, settings(db))
     _answer_all(app, "w1")
     app.state.store.close()
     out = annotate_stage.run(

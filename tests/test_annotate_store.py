@@ -15,6 +15,7 @@ from saleval.annotate.store_answers import AnnotationStore, AnswerRejected
 from saleval.annotate.store_db import StoreError
 from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
 from saleval.annotate.study import IDK, Study, StudyError, load_study
+from saleval.config.annotate import AnnotateConfig
 from saleval.pipeline import tables
 from saleval.testing import make_task_run
 
@@ -137,7 +138,7 @@ def test_completion_sets_a_code_and_refuses_a_second_bundle(
 
 
 def test_fixed_completion_code(tmp_path: Path, study: Study) -> None:
-    s = AnnotationStore(tmp_path / "fixed.sqlite", completion_code="C1A2B3")
+    s = AnnotationStore(tmp_path / "fixed.sqlite", AnnotateConfig(completion_code="C1A2B3"))
     s.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
     a = s.assign(study.run_key, "w1")
     answer_all(s, a, ["World"] * 3)

@@ -25,7 +25,7 @@ from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
 from saleval.words import rank_words
 from tests.conftest import compose_config
-from tests.test_extending import TINY
+from tests.metrics_support import TINY_CFG
 
 AG = ["World", "Sports", "Business", "Sci/Tech"]
 METHODS = "[random,occlusion,vanilla_gradient,lime]"
@@ -40,8 +40,8 @@ TEXTS = [
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny BERT with AG News' classes, saved as a user's own checkpoint."""
     d = tmp_path_factory.mktemp("api") / "tiny-ag"
-    build_model(TINY, AG, attn_implementation="eager", seed=7).save_pretrained(d)
-    load_tokenizer(TINY).save_pretrained(d)
+    build_model(TINY_CFG, AG, attn_implementation="eager", seed=7).save_pretrained(d)
+    load_tokenizer(TINY_CFG).save_pretrained(d)
     return d
 
 

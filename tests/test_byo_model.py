@@ -20,7 +20,7 @@ from saleval.modeling.models import (
 )
 from saleval.pipeline import tables
 from saleval.pipeline.provenance import ProvenanceError
-from tests.test_extending import TINY
+from tests.metrics_support import TINY_CFG
 
 AG = ["World", "Sports", "Business", "Sci/Tech"]
 EXPLAIN = [
@@ -92,9 +92,9 @@ def _logits(model: torch.nn.Module, tok, text: str) -> torch.Tensor:
 
 
 def test_labels_in_another_order_are_matched_by_name() -> None:
-    tok = load_tokenizer(TINY)
+    tok = load_tokenizer(TINY_CFG)
     shuffled = ["Sci/Tech", "World", "Business", "Sports"]
-    model = build_model(TINY, shuffled, seed=0).eval()
+    model = build_model(TINY_CFG, shuffled, seed=0).eval()
     before = dict(zip(shuffled, _logits(model, tok, "stocks rallied on friday").tolist()))
     align_labels(model, AG, where="test")
     after = _logits(model, tok, "stocks rallied on friday").tolist()
@@ -103,10 +103,10 @@ def test_labels_in_another_order_are_matched_by_name() -> None:
 
 
 def test_other_labels_fail_naming_both_and_unnamed_ones_are_taken_in_order(caplog) -> None:
-    model = build_model(TINY, ["neg", "pos"], seed=0)
+    model = build_model(TINY_CFG, ["neg", "pos"], seed=0)
     with pytest.raises(ModelError, match=r"\['neg', 'pos'\] differ from the dataset's"):
         align_labels(model, ["negative", "positive"], where="inputs.model=x")
-    unnamed = build_model(TINY, ["LABEL_0", "LABEL_1"], seed=0)
+    unnamed = build_model(TINY_CFG, ["LABEL_0", "LABEL_1"], seed=0)
     with caplog.at_level(logging.WARNING):
         align_labels(unnamed, ["negative", "positive"], where="inputs.model=x")
     assert "taking them as the dataset's" in caplog.text

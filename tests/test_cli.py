@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from saleval import cli, paths
+from saleval import cli
+from tests.cli_support import ROOT, SCRIPTS, environment, script
 from tests.conftest import compose_config
-
-ROOT = paths.project_root()
-SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 #: a file (or dir) each stage writes, as its help must name it
 WRITES = {
@@ -48,28 +44,6 @@ WRITES = {
 LIGHTNING_CHATTER = ("Tip:", "GPU available", "TPU available", "HPU available", "was configured")
 
 
-def script(
-    stage: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """``saleval-<stage> args...`` through the function pyproject.toml names."""
-    module, attr = SCRIPTS[f"saleval-{stage}"].split(":")
-    code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        env=environment(env),
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This interpreter's import path, no HYDRA_FULL_ERROR unless ``extra`` sets it."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return {**env, "PYTHONPATH": os.pathsep.join(sys.path), **(extra or {})}
-
-
 def scratch(tmp_path: Path) -> list[str]:
     """Overrides that keep run dirs and the MLflow store out of the repository."""
     return [f"paths.output_root={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/ml.db"]
@@ -77,7 +51,7 @@ def scratch(tmp_path: Path) -> list[str]:
 
 def test_every_script_is_a_stage_of_saleval_cli() -> None:
     """...or one of the tools that are not stages (``saleval-catch-up``)."""
-    from tests.test_stage_table import TOOLS
+    from tests.cli_support import TOOLS
 
     stages = {k: v for k, v in SCRIPTS.items() if k not in TOOLS}
     assert set(stages) == {f"saleval-{s}" for s in cli.STAGES}

@@ -25,11 +25,11 @@ from saleval.config.crowd import (
     StudyConfig,
 )
 from saleval.config.keys import UnknownKeyError
-from saleval.crowd.aggregation import StrictMajority
 from saleval.crowd.answers import AnswerParser, normalise
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.importer import AnswersSource, PublishedSource
-from saleval.crowd.source import crowd_source
+from saleval.crowd.importing.aggregation import StrictMajority
+from saleval.crowd.importing.builtin import AnswersSource, PublishedSource
+from saleval.crowd.importing.source import crowd_source
 from saleval.schema import to_schema
 from saleval.vocab import IDK_ALIASES
 from tests.conftest import compose_config
@@ -140,9 +140,12 @@ def test_the_crowd_source_is_picked_by_target() -> None:
     published = crowd_source(compose_config("score", ["crowd=lu2024", "crowd.path=f.csv"]).crowd)
     assert type(published) is PublishedSource and published.path == "f.csv"
     # a plain dict with a _target_ gets the target's schema (defaults, unknown keys)
-    assert crowd_source({"_target_": "saleval.crowd.importer.PublishedSource"}).name == "lu2024"
+    assert (
+        crowd_source({"_target_": "saleval.crowd.importing.builtin.PublishedSource"}).name
+        == "lu2024"
+    )
     with pytest.raises(ConfigKeyError, match="bogus"):
-        crowd_source({"_target_": "saleval.crowd.importer.AnswersSource", "bogus": 1})
+        crowd_source({"_target_": "saleval.crowd.importing.builtin.AnswersSource", "bogus": 1})
     with pytest.raises(CrowdImportError, match="names no _target_"):
         crowd_source({"name": "answers", "format": "answers"})
     with pytest.raises(CrowdImportError, match="StudyConfig is not a crowd source.*CrowdSource"):
@@ -154,7 +157,7 @@ def test_the_crowd_source_is_picked_by_target() -> None:
 @pytest.mark.parametrize(
     "option,cls",
     [
-        ("strict_majority", "saleval.crowd.aggregation.StrictMajority"),
+        ("strict_majority", "saleval.crowd.importing.aggregation.StrictMajority"),
         ("majority_vote", "crowdkit.aggregation.classification.majority_vote.MajorityVote"),
         ("dawid_skene", "crowdkit.aggregation.classification.dawid_skene.DawidSkene"),
         ("mace", "crowdkit.aggregation.classification.mace.MACE"),

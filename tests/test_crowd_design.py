@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
 from saleval.config.crowd import StudyConfig
 from saleval.crowd.design import (
@@ -24,103 +23,16 @@ from saleval.crowd.design import (
     render,
     task_id,
 )
-from saleval.crowd.exports import bundles_wide
-from saleval.crowd.sampling import SamplingError, select_samples
+from saleval.crowd.design.sampling import SamplingError, select_samples
+from saleval.crowd.export.formats import bundles_wide
 from saleval.pipeline import tables
 from saleval.pipeline.provenance import ProvenanceError
 from saleval.schema import to_schema
 from saleval.vocab import IDK
 from tests.conftest import compose_config
+from tests.crowd_support import AG_LABELS, METHODS, synthetic_explain, write_explain_run
 
-AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-METHODS = [
-    "random",
-    "all_attention",
-    "last_attention",
-    "vanilla_gradient",
-    "input_x_gradient",
-    "integrated_gradients",
-    "deeplift",
-    "lime",
-]
 PAPER_KS = [5, 10, 20, 30, 40]
-
-
-# --- synthetic explain runs ---------------------------------------------------------
-
-
-def synthetic_explain(
-    n_samples: int = 140,
-    n_words: int | Sequence[int] = 60,
-    methods: Sequence[str] = METHODS,
-    labels: Sequence[str] = AG_LABELS,
-    wrong_every: int = 7,
-    seed: int = 0,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Predictions + word attributions shaped like an explain run's tables.
-
-    Sample i has class i mod C; every ``wrong_every``-th sample is misclassified.
-    """
-    rng = np.random.default_rng(seed)
-    c = len(labels)
-    preds, attrs = [], []
-    for i in range(n_samples):
-        sid = f"syn-{i:03d}"
-        label = i % c
-        pred = (label + 1) % c if i % wrong_every == 0 else label
-        nw = n_words if isinstance(n_words, int) else n_words[i % len(n_words)]
-        words = [f"w{i}x{j}" for j in range(nw)]
-        prob = np.full(c, 0.2 / (c - 1))
-        prob[pred] = 0.8
-        preds.append(
-            {
-                "sample_id": sid,
-                "text": " ".join(words) + ".",
-                "label": label,
-                "pred": pred,
-                **{f"prob_{n}": float(prob[j]) for j, n in enumerate(labels)},
-            }
-        )
-        start = 0
-        spans = []
-        for w in words:
-            spans.append((start, start + len(w)))
-            start += len(w) + 1
-        for m in methods:
-            scores = rng.normal(size=nw)
-            for j, (w, (s, e)) in enumerate(zip(words, spans)):
-                attrs.append((sid, m, j, w, s, e, float(scores[j])))
-    return pd.DataFrame(preds), pd.DataFrame(
-        attrs,
-        columns=["sample_id", "method", "word_index", "word", "char_start", "char_end", "score"],
-    )
-
-
-def write_explain_run(
-    run_dir: Path, preds: pd.DataFrame, attrs: pd.DataFrame, dataset: str = "ag_news"
-) -> Path:
-    """An explain run dir as the explain stage leaves it (tables, run.json, config.yaml)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tables.PREDICTIONS.write(preds, run_dir)
-    tables.ATTRIBUTIONS.write(attrs, run_dir)
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {
-                "stage": "explain",
-                "run_id": "",
-                "fingerprint": "synthetic",
-                "simulated": "false",
-                "status": "FINISHED",
-            }
-        )
-    )
-    labels = [c.removeprefix("prob_") for c in preds.columns if c.startswith("prob_")]
-    # the dataset's whole config node, as a real explain run records it (later stages adopt it)
-    composed = OmegaConf.to_container(compose_config("train", [f"dataset={dataset}"]), resolve=True)
-    node = composed["dataset"]  # type: ignore[index]
-    assert list(node["label_names"]) == labels, (node["label_names"], labels)
-    OmegaConf.save(OmegaConf.create({"dataset": node}), run_dir / "config.yaml")
-    return run_dir
 
 
 @pytest.fixture(scope="module")
@@ -516,7 +428,6 @@ def test_tasks_stage_forward_study_and_dataset_checks(tmp_path: Path, make_cfg: 
 
 
 def test_study_options_compose_for_the_tasks_stage() -> None:
-    from tests.conftest import compose_config
 
     main = compose_config("tasks", ["inputs.explain=x"])
     assert main.study.n_samples == 100 and main.study.bundle_size == 100 and main.study.repeats == 5
@@ -549,7 +460,7 @@ def test_bundles_wide_pads_short_bundles() -> None:
 
 
 def test_instruction_examples_never_come_from_the_study() -> None:
-    from saleval.crowd.exports import pick_examples
+    from saleval.crowd.export.formats import pick_examples
 
     preds = pd.DataFrame(
         {

@@ -13,19 +13,19 @@ import pandas as pd
 import pytest
 from omegaconf import DictConfig
 
-from saleval.crowd import reading
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.long_format import read_answers
+from saleval.crowd.importing import rows
+from saleval.crowd.importing.long_format import read_answers
 from saleval.pipeline import tables
 from saleval.stages import import_
-from tests.test_crowd_results import LABELS, make_answers, make_task_run
+from tests.crowd_support import LABELS, hand_made_answers, hand_made_task_run
 
 HUGE = 200_000
 
 
 @pytest.fixture
 def task_run(tmp_path: Path) -> Path:
-    return make_task_run(tmp_path)
+    return hand_made_task_run(tmp_path)
 
 
 def test_a_200000_character_field_is_read_never_a_traceback(task_run: Path, tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_a_200000_character_field_is_read_never_a_traceback(task_run: Path, tmp_
     assert [(r.row, r.field) for r in rejects.itertuples()] == [(2, "answer")]
     problem = rejects["problem"].iloc[0]
     assert problem.startswith("unknown label 'xxx") and "characters left out" in problem
-    assert len(problem) < 2 * reading.MAX_PROBLEM_CHARS and "I don't know" in problem
+    assert len(problem) < 2 * rows.MAX_PROBLEM_CHARS and "I don't know" in problem
 
 
 def test_what_csv_still_refuses_is_a_located_error(
@@ -50,25 +50,25 @@ def test_what_csv_still_refuses_is_a_located_error(
     path = tmp_path / "a.csv"
     path.write_text("worker_id,task_id,answer,duration_s\nw1,s0-random-k2,negative,3\nw1,x,yy,4\n")
     # a csv module with a tiny field limit stands for whatever it may still refuse
-    monkeypatch.setattr(reading, "allow_any_field_size", lambda: csv.field_size_limit(2))
+    monkeypatch.setattr(rows, "allow_any_field_size", lambda: csv.field_size_limit(2))
     try:
         with pytest.raises(CrowdImportError, match=r"a\.csv, row header \(line 1\)"):
             read_answers(path, tables.TASKS.read(task_run), None, LABELS)
         path.write_text("w,t\nw1,x\nw1,long\n")
         csv.field_size_limit(3)
-        monkeypatch.setattr(reading, "allow_any_field_size", lambda: None)
+        monkeypatch.setattr(rows, "allow_any_field_size", lambda: None)
         with pytest.raises(CrowdImportError, match=r"a\.csv, row 2 \(line 3\): .*field larger"):
-            reading.read_rows(path)
+            rows.read_rows(path)
     finally:
         monkeypatch.undo()
-        reading.allow_any_field_size()
+        rows.allow_any_field_size()
     assert csv.field_size_limit() > HUGE
 
 
 def _bad_answers(task_run: Path, tmp_path: Path) -> Path:
     """The hand-made crowd's answers with three bad rows: a latin-1 byte in a worker ID
     (row 4), an empty task id (row 6) and a 200,000-character answer (row 9)."""
-    answers = make_answers(tables.BUNDLES.read(task_run), spam=False)
+    answers = hand_made_answers(tables.BUNDLES.read(task_run), spam=False)
     answers.loc[3, "worker_id"] = "Jos\xe9"
     answers.loc[5, "task_id"] = ""
     answers.loc[8, "answer"] = "y" * HUGE
@@ -135,7 +135,7 @@ def test_worker_ids_are_stripped_and_compared_without_case(
         "w9 ,b01,1,negative,3\n"
     )
     tasks, bundles = tables.TASKS.read(task_run), tables.BUNDLES.read(task_run)
-    with caplog.at_level(logging.WARNING, logger="saleval.crowd.long_format"):
+    with caplog.at_level(logging.WARNING, logger="saleval.crowd.importing.long_format"):
         accepted, rejects, info = read_answers(path, tasks, bundles, LABELS)
     assert accepted["worker_id"].tolist() == ["A1b2", "A1b2", "W9", "W9"]  # first spelling
     assert [(r.row, r.field) for r in rejects.itertuples()] == [(3, "task_id")]
@@ -148,7 +148,7 @@ def test_worker_ids_are_stripped_and_compared_without_case(
     assert info["bundles_with_several_workers"] == {}  # one worker per bundle after merging
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="saleval.crowd.long_format"):
+    with caplog.at_level(logging.WARNING, logger="saleval.crowd.importing.long_format"):
         accepted, rejects, info = read_answers(
             path, tasks, bundles, LABELS, worker_id_case="sensitive"
         )
@@ -169,7 +169,7 @@ def test_worker_ids_are_stripped_and_compared_without_case(
 def test_worker_id_case_is_a_crowd_option(
     task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
-    answers = make_answers(tables.BUNDLES.read(task_run), spam=False)
+    answers = hand_made_answers(tables.BUNDLES.read(task_run), spam=False)
     answers["worker_id"] = [
         w.upper() if i % 2 else f" {w} " for i, w in enumerate(answers["worker_id"])
     ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -18,132 +17,29 @@ from omegaconf import DictConfig
 
 from saleval import paths
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.long_format import read_answers
-from saleval.crowd.lu2024 import read_lu2024
-from saleval.crowd.reading import sha256_file
+from saleval.crowd.importing.long_format import read_answers
+from saleval.crowd.importing.published_format import read_lu2024
+from saleval.crowd.importing.rows import sha256_file
 from saleval.pipeline import tables
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.tracking import method_rows
 from saleval.stages import import_, score
 from tests.conftest import DATA_ROOT, compose_config
+from tests.crowd_support import (
+    COMBOS,
+    LABELS,
+    SAMPLES,
+    hand_made_answers,
+    hand_made_task_id,
+    hand_made_task_run,
+)
 
-LABELS = ["negative", "positive"]
-SAMPLES = {"s0": 0, "s1": 1, "s2": 0, "s3": 1}
-COMBOS = [("vanilla_gradient", 2), ("vanilla_gradient", 5), ("random", 2), ("random", 5)]
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 PUBLISHED = DATA_ROOT / "published" / "lu2024"
-
-
-def _task_id(sample: str, method: str, k: int) -> str:
-    return f"{sample}-{method}-k{k}"
-
-
-def make_task_run(root: Path, target: str = "gold") -> Path:
-    """A hand-made saleval-tasks run: 4 samples × 2 methods × k ∈ {2, 5} + 1 gold item,
-    12 bundles (3 replicates × 4 method/k rotations), each with one task per sample."""
-    run = root / "tasks_run"
-    run.mkdir(parents=True)
-    tasks = [
-        {
-            "task_id": _task_id(s, m, k),
-            "sample_id": s,
-            "method": m,
-            "k": k,
-            "label": y,
-            "display_text": "word . other ",
-            "n_words_shown": 2,
-            "is_gold": False,
-            "target": target,
-        }
-        for s, y in SAMPLES.items()
-        for m, k in COMBOS
-    ]
-    tasks.append(
-        {
-            "task_id": "gold-1",
-            "sample_id": "g1",
-            "method": "gold",
-            "k": 0,
-            "label": 1,
-            "display_text": "a wonderful film ",
-            "n_words_shown": 3,
-            "is_gold": True,
-            "target": target,
-        }
-    )
-    bundles = []
-    for r in range(3):
-        for c in range(4):
-            b = f"b{r}{c}"
-            for pos, s in enumerate(SAMPLES):
-                m, k = COMBOS[(c + pos) % 4]
-                bundles.append(
-                    {
-                        "bundle_id": b,
-                        "position": pos,
-                        "task_id": _task_id(s, m, k),
-                        "is_gold": False,
-                    }
-                )
-            bundles.append({"bundle_id": b, "position": 4, "task_id": "gold-1", "is_gold": True})
-    tables.TASKS.write(pd.DataFrame(tasks), run)
-    tables.BUNDLES.write(pd.DataFrame(bundles), run)
-    (run / "config.yaml").write_text(
-        "dataset:\n  name: imdb\n  label_names: [negative, positive]\n"
-        f"study:\n  target: {target}\n  population: correct\n"
-    )
-    (run / "run.json").write_text(
-        json.dumps({"run_id": "hand-made-tasks", "fingerprint": "t", "status": "FINISHED"})
-    )
-    return run
-
-
-def intended(bundle: str, pos: int, worker: int) -> str:
-    """What the hand-made crowd answers: vanilla_gradient is recognised, random is not,
-    except that one of three replicates answers 'I don't know' on random k=5."""
-    s = list(SAMPLES)[pos]
-    m, k = COMBOS[(int(bundle[2]) + pos) % 4]
-    y = SAMPLES[s]
-    if m == "vanilla_gradient":
-        return [LABELS[y].upper(), str(y), f" {LABELS[y]} "][worker % 3]
-    if k == 5 and worker % 3 == 0:
-        return "I don't know"
-    return LABELS[1 - y]
-
-
-def make_answers(bundles: pd.DataFrame, spam: bool = True) -> pd.DataFrame:
-    rows = []
-    for w, (b, g) in enumerate(bundles.groupby("bundle_id", sort=True)):
-        t = T0 + timedelta(hours=w)
-        for pos, task in zip(g["position"], g["task_id"]):
-            ans = "positive" if task == "gold-1" else intended(b, pos, int(b[1]))
-            rows.append(
-                {
-                    "worker_id": f"w{w:02d}",
-                    "task_id": task,
-                    "answer": ans,
-                    "started_at": t.isoformat(),
-                    "submitted_at": (t + timedelta(seconds=40)).isoformat(),
-                }
-            )
-            t += timedelta(seconds=41)
-    if spam:  # takes bundle b00 again in 5 seconds, answers "I don't know" everywhere
-        for task in bundles.loc[bundles["bundle_id"] == "b00", "task_id"]:
-            rows.append(
-                {
-                    "worker_id": "spammer",
-                    "task_id": task,
-                    "answer": "idk",
-                    "started_at": T0.isoformat(),
-                    "submitted_at": (T0 + timedelta(seconds=1)).isoformat(),
-                }
-            )
-    return pd.DataFrame(rows)
 
 
 @pytest.fixture
 def task_run(tmp_path: Path) -> Path:
-    return make_task_run(tmp_path)
+    return hand_made_task_run(tmp_path)
 
 
 # --- importer error report -------------------------------------------------------------
@@ -244,7 +140,7 @@ def test_generated_bad_rows_nothing_lost_in_report_mode(
     task_run: Path, tmp_path: Path, corrupt: dict[int, str], dupes: list[int]
 ) -> None:
     tasks, bundles = tables.TASKS.read(task_run), tables.BUNDLES.read(task_run)
-    answers = make_answers(bundles[~bundles["is_gold"]], spam=False)  # 48 valid rows
+    answers = hand_made_answers(bundles[~bundles["is_gold"]], spam=False)  # 48 valid rows
     for i, kind in corrupt.items():
         fld, value = _CORRUPTIONS[kind]
         answers.loc[i, fld] = value
@@ -275,12 +171,12 @@ def test_round_trip_answers_import_score(
     bundles = tables.BUNDLES.read(task_run)
     answers = tmp_path / "export" / "answers.csv"
     answers.parent.mkdir()
-    make_answers(bundles).to_csv(answers, index=False)
+    hand_made_answers(bundles).to_csv(answers, index=False)
     expert = tmp_path / "expert.csv"  # experts: right on s0's tasks, wrong on s1's
     expert.write_text(
         "task_id,answer\n"
-        + "".join(f"{_task_id('s0', m, k)},negative\n" for m, k in COMBOS)
-        + "".join(f"{_task_id('s1', m, k)},I don't know\n" for m, k in COMBOS)
+        + "".join(f"{hand_made_task_id('s0', m, k)},negative\n" for m, k in COMBOS)
+        + "".join(f"{hand_made_task_id('s1', m, k)},I don't know\n" for m, k in COMBOS)
     )
     out = _import(
         make_cfg,
@@ -359,7 +255,7 @@ def test_simulated_answers_are_marked_everywhere(
 ) -> None:
     sim = tmp_path / "simulate_run"
     sim.mkdir()
-    make_answers(tables.BUNDLES.read(task_run), spam=False).assign(simulated=True).to_csv(
+    hand_made_answers(tables.BUNDLES.read(task_run), spam=False).assign(simulated=True).to_csv(
         sim / "answers.csv", index=False
     )
     (sim / "run.json").write_text(
@@ -407,7 +303,7 @@ def test_strict_policy_fails_and_writes_only_the_rejects(
 def test_forward_prediction_round_trip_writes_outcomes(
     tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
-    task_run = make_task_run(tmp_path, target="prediction")
+    task_run = hand_made_task_run(tmp_path, target="prediction")
     tasks = tables.TASKS.read(task_run)
     preds = {"s0": 0, "s1": 0, "s2": 1, "s3": 1}  # s0 TN, s1 FN, s2 FP, s3 TP
     tasks["gold_label"] = tasks["sample_id"].map(SAMPLES).fillna(1).astype(int)
@@ -415,7 +311,7 @@ def test_forward_prediction_round_trip_writes_outcomes(
     tasks["label"] = tasks["pred"]
     tables.TASKS.write(tasks, task_run)
     answers = tmp_path / "answers.csv"
-    make_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
+    hand_made_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
     out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={answers}"])
     sc = score.run(make_cfg("score", [f"inputs.crowd={out['run_dir']}"], name="score"))
     outcomes = pd.read_csv(Path(sc["run_dir"]) / "outcomes.csv", dtype={"k": str})
@@ -433,11 +329,11 @@ def test_forward_prediction_round_trip_writes_outcomes(
 def test_misclassified_study_writes_count_tables(
     tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
-    task_run = make_task_run(tmp_path)
+    task_run = hand_made_task_run(tmp_path)
     cfg_text = (task_run / "config.yaml").read_text().replace("correct", "misclassified")
     (task_run / "config.yaml").write_text(cfg_text)
     answers = tmp_path / "answers.csv"
-    make_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
+    hand_made_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
     out = _import(make_cfg, [f"inputs.tasks={task_run}", f"inputs.answers={answers}"])
     sc = score.run(make_cfg("score", [f"inputs.crowd={out['run_dir']}"], name="score"))
     counts = pd.read_csv(Path(sc["run_dir"]) / "counts.csv").set_index(["method", "k"])
@@ -559,7 +455,7 @@ def test_aggregator_option_changes_the_aggregation(
     task_run: Path, tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
     answers = tmp_path / "answers.csv"
-    make_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
+    hand_made_answers(tables.BUNDLES.read(task_run)).to_csv(answers, index=False)
     out = _import(
         make_cfg,
         [

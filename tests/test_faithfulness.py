@@ -7,9 +7,7 @@ and b bads left, p(1|x) = σ(0.25 + g − 1.5 b) and every metric has a closed f
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -24,7 +22,19 @@ from saleval.metrics import faithfulness as F
 from saleval.pipeline import tables
 from saleval.pipeline.tracking import method_rows
 from saleval.words import segment
-from tests.metrics_support import fake_explain_run, fake_train_run, load_tok
+from tests.metrics_support import (
+    AG_TEXTS,
+    CFG,
+    SCORES,
+    TEXT,
+    WEIGHTS,
+    CountModel,
+    fake_explain_run,
+    fake_train_run,
+    load_tok,
+    p1,
+    sig,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,52 +45,6 @@ def tok():
 @pytest.fixture(scope="module")
 def train_run(tmp_path_factory, tok) -> Path:
     return fake_train_run(tmp_path_factory.mktemp("train") / "run", tok)
-
-
-class CountModel(torch.nn.Module):
-    """Logits = sum over (unpadded) tokens of a per-id weight row: a bag-of-ids classifier."""
-
-    def __init__(self, tok, weights: dict[str, tuple[float, float]]) -> None:
-        super().__init__()
-        w = torch.zeros(tok.vocab_size, 2)
-        for token, row in weights.items():
-            w[tok.convert_tokens_to_ids(token)] = torch.tensor(row)
-        self.w = torch.nn.Parameter(w, requires_grad=False)
-        self.config = SimpleNamespace(num_labels=2)
-        self.calls = 0
-
-    def forward(self, input_ids, attention_mask, **_):
-        self.calls += 1
-        logits = (self.w[input_ids] * attention_mask[..., None]).sum(dim=1)
-        return SimpleNamespace(logits=logits)
-
-
-WEIGHTS = {"good": (0.0, 1.0), "bad": (1.5, 0.0), "[CLS]": (0.0, 0.25)}
-
-
-def sig(x: float) -> float:
-    return 1 / (1 + math.exp(-x))
-
-
-def p1(goods: int, bads: int) -> float:
-    """Hand formula of the model: p(class 1) with this many goods and bads left."""
-    return sig(0.25 + goods - 1.5 * bads)
-
-
-TEXT = "good bad good, unbelievably plot"  # words: good bad good unbelievably plot
-SCORES = {
-    # good0, bad, good2, unbelievably, plot
-    "oracle": [3.0, 0.0, 2.0, 1.0, 0.5],  # order: good0 good2 unbelievably plot bad
-    "neutral_first": [3.0, 1.0, 2.0, 5.0, 4.0],  # unbelievably plot good0 good2 bad
-    "bad_first": [1.0, 9.0, 2.0, 3.0, 4.0],  # bad plot unbelievably good2 good0
-}
-CFG = F.MetricsConfig(
-    ks=[1, 2, 3],
-    eraser_grid=[0.2, 0.5],
-    aopc_k=3,
-    log_odds_fraction=0.2,
-    switching=F.SwitchingConfig(chunk=2),
-)
 
 
 @pytest.fixture(scope="module")
@@ -231,13 +195,6 @@ def test_random_method_scores_near_its_expectation(tok) -> None:
 
 
 # --- the stage -----------------------------------------------------------------------
-
-
-AG_TEXTS = {
-    "ag-1": "Stocks rally as oil prices fall; investors cheer (Reuters)",
-    "ag-2": "Red Sox beat Yankees 5-3 in extra innings at Fenway Park",
-    "ag-3": "NASA probe sends unbelievably sharp images of Saturn's rings",
-}
 
 
 def test_metrics_stage_writes_tables_and_mlflow_names(

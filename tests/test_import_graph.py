@@ -110,11 +110,12 @@ def test_the_graph_sees_function_local_and_package_imports() -> None:
     graph = import_graph(SRC)
     # saleval.words.rank_words imports saleval.vocab inside the function
     assert "saleval.vocab" in graph["saleval.words"]
-    # `from saleval.crowd import aggregation, quality` names modules, not the package
-    assert {"saleval.crowd.aggregation", "saleval.crowd.quality"} <= graph["saleval.crowd.importer"]
-    # the crowd layers point one way: formats and filters never reach the orchestration
-    for low in ("answers", "reading", "long_format", "lu2024", "quality", "aggregation"):
-        assert "saleval.crowd.importer" not in graph[f"saleval.crowd.{low}"], low
+    # `from saleval.crowd.importing import aggregation, quality` names modules, not the package
+    importing = "saleval.crowd.importing"
+    assert {f"{importing}.aggregation", f"{importing}.quality"} <= graph[f"{importing}.builtin"]
+    # the import's layers point one way: formats and filters never reach the sources
+    for low in ("rows", "long_format", "published_format", "quality", "aggregation"):
+        assert f"{importing}.builtin" not in graph[f"{importing}.{low}"], low
 
 
 def test_config_schemas_import_nothing_of_the_crowd_package() -> None:
@@ -130,7 +131,7 @@ def test_config_schemas_import_nothing_of_the_crowd_package() -> None:
         if d == "saleval.crowd" or d.startswith("saleval.crowd.")
     }
     assert not up, sorted(up)
-    assert "saleval.config.crowd" in graph["saleval.crowd.quality"]
+    assert "saleval.config.crowd" in graph["saleval.crowd.importing.quality"]
 
 
 def test_find_cycle_on_synthetic_graphs() -> None:
@@ -219,10 +220,10 @@ def test_the_layer_check_finds_an_import_that_points_up() -> None:
     # swap two layers that import each other one way: every such import now points up
     swapped = {**layers, "crowd": layers["analysis"], "analysis": layers["crowd"]}
     bad = imports_against_layers(graph, swapped)
-    assert ("saleval.analysis.planning", "saleval.crowd.aggregation") in bad
+    assert ("saleval.analysis.planning", "saleval.crowd.importing.aggregation") in bad
     # a package beside another in the same layer may not import it either
     sideways = {**layers, "analysis": layers["crowd"]}
-    assert ("saleval.analysis.planning", "saleval.crowd.aggregation") in (
+    assert ("saleval.analysis.planning", "saleval.crowd.importing.aggregation") in (
         imports_against_layers(graph, sideways)
     )
     # a package the table leaves out is named
@@ -247,10 +248,10 @@ def _names_in(path: Path) -> set[str]:
 def test_no_stage_or_analysis_module_names_a_crowd_source_class() -> None:
     """The stages ask a source what it provides (``CrowdSource.provides``), never which
     class it is (docs/architecture.md, section 6)."""
-    from saleval.crowd import importer
-    from saleval.crowd.source import CrowdSource
+    from saleval.crowd.importing import builtin
+    from saleval.crowd.importing.source import CrowdSource
 
-    sources = {n for n, v in vars(importer).items() if isinstance(v, type) and issubclass(v, CrowdSource) and v is not CrowdSource}  # fmt: skip
+    sources = {n for n, v in vars(builtin).items() if isinstance(v, type) and issubclass(v, CrowdSource) and v is not CrowdSource}  # fmt: skip
     assert {"AnswersSource", "PublishedSource"} <= sources
     named = {
         str(p.relative_to(SRC)): sorted(hits)
@@ -259,3 +260,82 @@ def test_no_stage_or_analysis_module_names_a_crowd_source_class() -> None:
         if (hits := _names_in(p) & sources)
     }
     assert not named, named
+
+
+#: the crowd package's concepts, one subpackage each (docs/architecture.md, *Where things
+#: are*), and the other concepts each one may import; what they all share sits at the top
+CROWD_CONCEPTS: dict[str, set[str]] = {
+    "design": set(),  # what a study is: samples, tasks, gold, bundles
+    "simulation": {"design"},  # simulated workers read what the design renders
+    "export": {"design"},  # what goes to workers and platforms
+    "importing": {"design"},  # what comes back: sources, formats, filters, aggregation
+}
+CROWD_SHARED = {"answers", "errors", "seeding"}
+
+
+def _crowd_part(module: str) -> str | None:
+    """``saleval.crowd.<part>...`` -> ``<part>`` (a concept or a shared module); else None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["saleval", "crowd"] else None
+
+
+def test_the_crowd_package_is_one_subpackage_per_concept() -> None:
+    """``crowd/`` holds import, simulation, design and export as subpackages, and at its
+    top only the modules all of them share; those import no concept, and a concept
+    imports no other concept than the ones :data:`CROWD_CONCEPTS` gives it."""
+    crowd = SRC / "crowd"
+    assert {p.stem for p in crowd.glob("*.py")} - {"__init__"} == CROWD_SHARED
+    assert {p.parent.name for p in crowd.glob("*/__init__.py")} == set(CROWD_CONCEPTS)
+    bad = []
+    for module, deps in import_graph(SRC).items():
+        part = _crowd_part(module)
+        if part is None:
+            continue
+        allowed = CROWD_SHARED | {part} | CROWD_CONCEPTS.get(part, set())
+        bad += [(module, d) for d in deps if (p := _crowd_part(d)) and p not in allowed]
+    assert not bad, sorted(bad)
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_test_modules(source: str) -> list[str]:
+    """The ``test_*`` modules (or their names) that ``source`` imports, at any depth."""
+    found = []
+    for node in _import_nodes(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            dotted = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            dotted = [f"{base}.{a.name}" if base else a.name for a in node.names]
+        found += [d for d in dotted if any(p.startswith("test_") for p in d.split("."))]
+    return found
+
+
+@pytest.mark.parametrize(
+    "source,imported",
+    [
+        ("from tests.test_cli import script\n", ["tests.test_cli.script"]),
+        ("def f():\n    from tests import test_cli\n", ["tests.test_cli"]),
+        ("import tests.test_scaleout as t\n", ["tests.test_scaleout"]),
+        ("from .test_crowd_design import METHODS\n", ["test_crowd_design.METHODS"]),
+        ("from tests.conftest import compose_config\nfrom tests.crowd_support import X\n", []),
+        ("from saleval.testing import make_task_run\n", []),
+    ],
+)
+def test_the_test_import_check_sees_every_spelling(source: str, imported: list[str]) -> None:
+    assert imported_test_modules(source) == imported
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in fixtures (``tests/conftest.py``), support modules
+    (``tests/*_support.py``) or :mod:`saleval.testing`: a test module imported by another
+    runs its module-level code twice, hands on private helpers, and cannot be moved or
+    deleted alone. Support modules and benchmarks import no test module either."""
+    offenders = {
+        str(p.relative_to(TESTS.parent)): hits
+        for folder in (TESTS, TESTS.parent / "benchmarks")
+        for p in sorted(folder.rglob("*.py"))
+        if (hits := imported_test_modules(p.read_text()))
+    }
+    assert not offenders, offenders

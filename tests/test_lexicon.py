@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from saleval.config.crowd import SimulationConfig, SimulationError
-from saleval.crowd.lexicon import AutoReader, Lexicon, LexiconReader, read_phrases
-from saleval.crowd.readers import BowReader, build_reader
-from saleval.crowd.simulate import Reading, draw_workers, read_tasks, simulate_answers
+from saleval.crowd.simulation.lexicon import AutoReader, Lexicon, LexiconReader, read_phrases
+from saleval.crowd.simulation.readers import BowReader, build_reader
+from saleval.crowd.simulation.workers import Reading, draw_workers, read_tasks, simulate_answers
 
 # word -> (negative, positive) weights; polar above 1.5: "great" (spread 2), "bad" (4)
 HAND = Lexicon(
@@ -121,9 +121,9 @@ def test_auto_picks_the_lexicon_for_sentiment_and_the_corpus_reader_elsewhere(
     pd.DataFrame({"text": ["great", "dull"] * 5, "label": [1, 0] * 5}).to_csv(
         phrases, sep="\t", index=False
     )
-    node = {"_target_": "saleval.crowd.lexicon.AutoReader"}
+    node = {"_target_": "saleval.crowd.simulation.lexicon.AutoReader"}
     node["lexicon"] = {
-        "_target_": "saleval.crowd.lexicon.LexiconReader",
+        "_target_": "saleval.crowd.simulation.lexicon.LexiconReader",
         "phrases": str(phrases),
         "polar_threshold": 0.5,
     }

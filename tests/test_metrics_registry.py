@@ -23,8 +23,7 @@ from saleval.metrics import faithfulness as F
 from saleval.metrics import registry as R
 from saleval.words import segment
 from tests.conftest import compose_config
-from tests.metrics_support import load_tok
-from tests.test_faithfulness import CFG, SCORES, TEXT, WEIGHTS, CountModel, p1
+from tests.metrics_support import CFG, SCORES, TEXT, WEIGHTS, CountModel, load_tok, p1
 
 POSITIVE_SHARE = "positive_share"
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from sklearn.model_selection import train_test_split
 
-from saleval.crowd.exports import instructions
+from saleval.crowd.export.formats import instructions
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.modeling.models import build_model, load_trained

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from saleval.analysis import planning, scoring
-from saleval.crowd.aggregation import StrictMajority, aggregate, unique_winner
 from saleval.crowd.answers import AnswerParser
+from saleval.crowd.importing.aggregation import StrictMajority, aggregate, unique_winner
 from saleval.pipeline import tables
 from saleval.pipeline.input_paths import InputError
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from omegaconf.errors import ConfigKeyError
 
-from saleval.crowd.readers import BowReader, EmbeddingReader, Encoder, build_reader
+from saleval.crowd.simulation.readers import BowReader, EmbeddingReader, Encoder, build_reader
 from tests.conftest import compose_config
 
 POSITIVE = [

@@ -79,6 +79,31 @@ def test_a_run_recorded_with_old_targets_still_adopts(
     assert "saleval.data.read_ag_news" in (parent / "config.yaml").read_text()
 
 
+#: code a run's config.yaml named before crowd/ was split by concept (issue #47): its
+#: crowd source and aggregator, its simulated readers, the published study's datasets
+CROWD_TARGETS_BEFORE_THE_SPLIT = [
+    "saleval.crowd.importer.AnswersSource",
+    "saleval.crowd.importer.PublishedSource",
+    "saleval.crowd.aggregation.StrictMajority",
+    "saleval.crowd.lexicon.AutoReader",
+    "saleval.crowd.lexicon.LexiconReader",
+    "saleval.crowd.readers.BowReader",
+    "saleval.crowd.readers.EmbeddingReader",
+    "saleval.crowd.readers.FinetunedReader",
+    "saleval.crowd.published.read_lu2024_imdb",
+    "saleval.crowd.published.read_lu2024_ag_news",
+]
+
+
+@pytest.mark.parametrize("old", CROWD_TARGETS_BEFORE_THE_SPLIT)
+def test_crowd_targets_recorded_before_the_split_build_the_same_code(old: str) -> None:
+    new = renamed(old)
+    assert new.startswith(("saleval.crowd.importing.", "saleval.crowd.simulation.")), new
+    assert hydra.utils.get_object(new).__name__ == old.rpartition(".")[2]
+    with pytest.raises((ImportError, AttributeError)):
+        _importable(old)
+
+
 def test_renamed_matches_whole_dotted_parts_only() -> None:
     assert renamed("saleval.models.RandomSource") == "saleval.modeling.models.RandomSource"
     assert renamed("saleval.modelsx.Y") == "saleval.modelsx.Y"

@@ -42,10 +42,10 @@ from saleval.pipeline.stage import Stage
 from saleval.stages import tasks as tasks_stage
 from saleval.stages.run import compose_stage
 from saleval.testing import explain_frames, make_explain_run
+from tests.cli_support import script
 from tests.conftest import DATA_ROOT, FinishedPipeline
 from tests.scaleout_support import BIN, launch, subprocess_env
-from tests.test_cli import script
-from tests.test_sweeps import LABELS, fake_sweep, tasks_cfg
+from tests.sweeps_support import LABELS, fake_sweep, tasks_cfg
 
 pytestmark = pytest.mark.usefixtures("keep_mlflow_store")
 

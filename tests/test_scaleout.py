@@ -21,26 +21,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig
 
-from saleval import paths
-from saleval.pipeline.compose import register_configs
 from saleval.pipeline.tracking import method_rows
 from tests.conftest import DATA_ROOT
+from tests.scaleout_support import clean_env, hydra_config
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
-
-
-def _hydra_cfg(overrides: Sequence[str]) -> DictConfig:
-    """``conf/train.yaml`` composed with its ``hydra`` node, as a multirun would see it."""
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
-        return compose("train", overrides=list(overrides), return_hydra_config=True)
 
 
 # pytest resets warning filters per test; stage.py silences this one outside tests
@@ -49,11 +37,11 @@ def test_launcher_configs_compose_with_our_hydra_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SALEVAL_JOBS", "3")
-    joblib = _hydra_cfg(["hydra/launcher=joblib"]).hydra.launcher
+    joblib = hydra_config(["hydra/launcher=joblib"]).hydra.launcher
     assert joblib.n_jobs == 3  # an int, as joblib needs
     assert get_class(joblib._target_).__name__ == "JoblibLauncher"
 
-    cfg = _hydra_cfg(
+    cfg = hydra_config(
         ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", f"paths.output_root={tmp_path}"]
     )
     slurm = cfg.hydra.launcher
@@ -65,16 +53,6 @@ def test_launcher_configs_compose_with_our_hydra_defaults(
     # Submitit's pickles and logs sit inside our sweep dir, itself under paths.output_root
     assert slurm.submitit_folder.startswith(f"{cfg.hydra.sweep.dir}/.submitit/")
     assert cfg.hydra.sweep.dir.startswith(f"{tmp_path}/train/multirun/")
-
-
-def _env(tracking_uri: str | None = None) -> dict[str, str]:
-    """The test process's environment without pytest's marker, MLflow pointed at ``tracking_uri``."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    if tracking_uri:
-        env["MLFLOW_TRACKING_URI"] = tracking_uri
-    return env
 
 
 def _run(args: Sequence[str], env: dict[str, str], cwd: Path, timeout: float) -> int:
@@ -140,7 +118,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 f"127.0.0.1:{port},{SERVER_NAME}:{port}",
             ],
             cwd=where,
-            env=_env(),
+            env=clean_env(),
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -190,7 +168,7 @@ def test_stage_logs_params_metrics_tags_and_artifacts_through_a_tracking_server(
             "scoring.test_resamples=99",
             f"paths.output_root={out}",
         ],
-        _env(url),
+        clean_env(url),
         work,
         timeout=120,
     )

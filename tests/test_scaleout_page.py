@@ -733,7 +733,7 @@ def _catch_up_moves_a_chain_here(
     from saleval.stages import tasks as tasks_stage
     from saleval.testing import explain_frames, make_explain_run
     from tests.conftest import compose_config
-    from tests.test_sweeps import LABELS, fake_sweep
+    from tests.sweeps_support import LABELS, fake_sweep
 
     laptop = f"sqlite:///{where / 'mlflow.db'}"
     where.mkdir(parents=True)

@@ -18,8 +18,10 @@ import json
 import logging
 import logging.config
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
-from saleval.errors import Stopped
+from saleval.errors import Stopped, sigterm_raises
 from saleval.pipeline import dead_runs, slurm_state
 from saleval.pipeline.compose import register_configs
 from saleval.pipeline.stage import Stage
@@ -41,7 +43,7 @@ from saleval.scaleout import resume, tracking_server
 from saleval.scaleout.needs import GpuUse, job_gpus, sweep_gpus
 from saleval.scaleout.ray import RayLauncher
 from saleval.scaleout.slurm import LauncherError, Partition, SlurmLauncher, check_resources
-from tests.test_scaleout import _hydra_cfg
+from tests.scaleout_support import hydra_config
 
 
 def test_a_stage_stopped_from_outside_ends_killed_not_failed(
@@ -75,6 +77,66 @@ def test_a_pipeline_run_stopped_from_outside_ends_killed(mlflow_uri: str) -> Non
     with pytest.raises(RuntimeError), mlflow.start_run() as run, dead_runs.killed_when_stopped():
         raise RuntimeError("a bug")
     assert MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
+
+
+def test_sigterm_raises_in_its_block_and_puts_the_handler_back() -> None:
+    """``saleval.errors.sigterm_raises``: SIGTERM raises ``Stopped`` (or the exception the
+    caller makes of it) inside the block, the handler before it is back after, also when
+    nested and when the block raised; off the main thread nothing is installed."""
+    seen: list[int] = []
+
+    def before(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, before)
+    try:
+        with pytest.raises(Stopped, match="SIGTERM"), sigterm_raises():
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is before
+        with (
+            pytest.raises(KeyboardInterrupt, match="15"),
+            sigterm_raises(lambda n: KeyboardInterrupt(f"SIGTERM ({n})")),
+        ):
+            with sigterm_raises():
+                pass  # an inner block puts the outer one's handler back
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is before
+        inside: list[object] = []
+
+        def elsewhere() -> None:
+            with sigterm_raises():
+                inside.append(signal.getsignal(signal.SIGTERM))
+
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
+        assert inside == [before]
+        os.kill(os.getpid(), signal.SIGTERM)  # outside every block: the handler before
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_is_turned_into_an_exception_in_one_place() -> None:
+    """Every module that sets a signal handler: ``saleval.errors`` (``sigterm_raises``,
+    which the SLURM job, the explain job and the annotation server use) and the tracking
+    server's wrapper, which hands SIGTERM and SIGHUP on to ``mlflow server``, its child."""
+    import ast
+
+    import saleval
+
+    src = Path(saleval.__file__).parent
+    setters = sorted(
+        str(p.relative_to(src))
+        for p in src.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "signal"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "signal"
+    )
+    assert sorted(set(setters)) == ["errors.py", "scaleout/tracking_server.py"], setters
 
 
 def test_slurm_job_tags_only_inside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,10 +185,10 @@ def test_a_resubmitted_sweep_runs_only_its_unfinished_jobs(tmp_path: Path) -> No
 
 
 def test_jobs_have_dirs_only_where_hydra_numbers_them(tmp_path: Path) -> None:
-    cfg = _hydra_cfg([f"paths.output_root={tmp_path}", f"hydra.sweep.dir={tmp_path}/s"])
+    cfg = hydra_config([f"paths.output_root={tmp_path}", f"hydra.sweep.dir={tmp_path}/s"])
     jobs = resume.jobs_of(cfg, [["seed=1"], ["seed=2"]], 4)
     assert [(j.idx, j.dir) for j in jobs] == [(4, tmp_path / "s" / "4"), (5, tmp_path / "s" / "5")]
-    own = _hydra_cfg([f"paths.output_root={tmp_path}", "hydra.sweep.subdir=x${hydra.job.num}"])
+    own = hydra_config([f"paths.output_root={tmp_path}", "hydra.sweep.subdir=x${hydra.job.num}"])
     assert all(j.dir is None for j in resume.jobs_of(own, [["seed=1"]], 0))
 
 
@@ -179,10 +241,10 @@ def _run_cfg(overrides: list[str]) -> DictConfig:
 
 def test_what_a_job_uses_is_read_from_its_config(tmp_path: Path) -> None:
     out = f"paths.output_root={tmp_path}"
-    assert job_gpus(_hydra_cfg([out])) == GpuUse()  # accelerator auto
-    assert job_gpus(_hydra_cfg([out, "trainer=cpu"])) == GpuUse()
-    assert job_gpus(_hydra_cfg([out, "trainer=gpu"])) == GpuUse(1, "trainer=gpu")
-    assert job_gpus(_hydra_cfg([out, "trainer=ddp", "trainer.devices=4"])) == GpuUse(
+    assert job_gpus(hydra_config([out])) == GpuUse()  # accelerator auto
+    assert job_gpus(hydra_config([out, "trainer=cpu"])) == GpuUse()
+    assert job_gpus(hydra_config([out, "trainer=gpu"])) == GpuUse(1, "trainer=gpu")
+    assert job_gpus(hydra_config([out, "trainer=ddp", "trainer.devices=4"])) == GpuUse(
         4, "trainer=ddp"
     )
     # saleval-run: the trainer its profile gives a stage, composed as the pipeline does
@@ -192,12 +254,12 @@ def test_what_a_job_uses_is_read_from_its_config(tmp_path: Path) -> None:
     )
     assert job_gpus(on_gpu) == GpuUse(1, "profile stage train: trainer=gpu")
     # a sweep: a job whose own overrides change its trainer is composed with them
-    base = _hydra_cfg([out])
+    base = hydra_config([out])
     loaded: list[list[str]] = []
 
     def load(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         loaded.append(overrides)
-        return _hydra_cfg([out, *overrides])
+        return hydra_config([out, *overrides])
 
     jobs = [["trainer=cpu", "seed=1"], ["trainer=gpu", "seed=1"], ["trainer=gpu", "seed=2"]]
     assert sweep_gpus(base, jobs, load) == GpuUse(1, "trainer=gpu")
@@ -215,10 +277,10 @@ def test_gpus_and_unlimited_time_fit_a_gpu_partition() -> None:
 @pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/joblib' is validated:UserWarning")
 def test_the_launcher_configs_name_saleval_launchers(tmp_path: Path) -> None:
     out = f"paths.output_root={tmp_path}"
-    slurm = _hydra_cfg(["hydra/launcher=slurm", out]).hydra.launcher
+    slurm = hydra_config(["hydra/launcher=slurm", out]).hydra.launcher
     assert slurm._target_ == "hydra_plugins.saleval_launchers.SlurmLauncher"
     assert issubclass(get_class(slurm._target_), SlurmLauncher)
-    ray = _hydra_cfg(["hydra/launcher=ray", out]).hydra.launcher
+    ray = hydra_config(["hydra/launcher=ray", out]).hydra.launcher
     assert get_class(ray._target_).__mro__[1] is RayLauncher
     local = RayLauncher(**{k: v for k, v in ray.items() if k != "_target_"})
     assert local.init_args()["_node_ip_address"] == "127.0.0.1"  # loopback only

@@ -19,15 +19,15 @@ from omegaconf.errors import ConfigKeyError
 import saleval.pipeline.stage  # noqa: F401  (registers the config resolvers)
 from saleval.analysis.validation import calibration_note
 from saleval.config.crowd import SimulationConfig, SimulationError
-from saleval.crowd.readers import build_reader
-from saleval.crowd.simulate import simulate_crowd
+from saleval.crowd.simulation.readers import build_reader
+from saleval.crowd.simulation.workers import simulate_crowd
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables
 from saleval.schema import to_schema
 from saleval.vocab import IDK
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config
-from tests.test_crowd_design import AG_LABELS, METHODS, synthetic_explain, write_explain_run
+from tests.crowd_support import AG_LABELS, METHODS, synthetic_explain, write_explain_run
 
 #: the shipped IMDB figures as a notice quotes them: the reader, then its cell MAE
 VALIDATED_IMDB = re.compile(r"imdb: [\w-]+ reader: cell MAE")
@@ -192,7 +192,10 @@ def test_simulated_crowd_is_seeded_complete_and_marked(
     [
         ([], "validated against real workers (docs"),
         (["simulation.seed=7"], "validated against real workers (docs"),  # not calibrated
-        (["simulation/reader=embedding"], "reader._target_ = saleval.crowd.readers.Embedding"),
+        (
+            ["simulation/reader=embedding"],
+            "reader._target_ = saleval.crowd.simulation.readers.Embedding",
+        ),
         (
             ["simulation.reader.corpus.dot_weight=0.5"],
             "reader.corpus.dot_weight = 0.5 (validated: 2.0)",
@@ -251,7 +254,7 @@ def test_simulation_options_compose() -> None:
         sim = to_schema(SimulationConfig, cfg.simulation)
         assert sim.seed == 42 and build_reader(sim.reader).split == "train" and sim.name == name
     tuned = compose_config("simulate", ["simulation/reader=finetuned"]).simulation.reader
-    assert tuned["_target_"] == "saleval.crowd.readers.FinetunedReader"
+    assert tuned["_target_"] == "saleval.crowd.simulation.readers.FinetunedReader"
     ideal = compose_config("simulate", ["simulation=ideal"])
     assert (
         ideal.simulation.spammers.fraction == 0.0

@@ -23,6 +23,7 @@ from saleval import cli, paths
 from saleval.pipeline import run_inputs, stage_table
 from saleval.pipeline.compose import root_schemas
 from saleval.pipeline.stage_table import TABLE, StageSpec
+from tests.cli_support import TOOLS
 
 ROOT = paths.project_root()
 ROOTS = root_schemas()
@@ -31,10 +32,6 @@ NAMES = [row.name for row in TABLE]
 
 def test_names_are_unique() -> None:
     assert len(NAMES) == len(set(NAMES)), NAMES
-
-
-#: the console scripts that are not stages (no run dir of their own)
-TOOLS = {"saleval-catch-up": "saleval.pipeline.catch_up:main"}
 
 
 def test_pyproject_scripts_are_the_table() -> None:

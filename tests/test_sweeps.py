@@ -17,45 +17,8 @@ from saleval.pipeline.provenance import ProvenanceError
 from saleval.pipeline.run_inputs import resolve_inputs
 from saleval.stages import report
 from saleval.stages import tasks as tasks_stage
-from saleval.testing import explain_frames, make_explain_run, make_result_run
-
-LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # conf/dataset/ag_news.yaml
-
-
-def fake_sweep(root: Path, jobs: Sequence[Callable[[Path], Path]]) -> Path:
-    """A dir laid out as a Hydra ``-m`` run: ``multirun.yaml`` and one dir per job."""
-    root.mkdir(parents=True)
-    (root / "multirun.yaml").write_text("hydra: {}\n")
-    for i, make in enumerate(jobs):
-        make(root / str(i))
-    return root
-
-
-def explain_job(methods: Sequence[str], n: int = 6, dataset: str = "ag_news", seed: int = 0):
-    def make(run_dir: Path) -> Path:
-        labels = LABELS if dataset == "ag_news" else ["negative", "positive"]
-        preds, attrs = explain_frames(n, labels, seed=seed)  # the same texts for every seed
-        attrs = attrs[attrs["method"].isin(list(methods))]
-        return make_explain_run(run_dir, preds, attrs, dataset)
-
-    return make
-
-
-def tasks_cfg(make_cfg: Callable[..., DictConfig], explain: str, name: str) -> DictConfig:
-    return make_cfg(
-        "tasks",
-        [
-            f"inputs.explain={explain}",
-            "study.n_samples=4",
-            "study.population=correct",
-            "study.balance_by=none",
-            "study.methods=[random,lime]",
-            "study.bundle_size=4",
-            "study.repeats=1",
-            "kgrid.ks=[5]",
-        ],
-        name=name,
-    )
+from saleval.testing import make_result_run
+from tests.sweeps_support import explain_job, fake_sweep, tasks_cfg
 
 
 def test_tasks_take_a_sweep_dir_or_a_list_of_explain_runs(
@@ -332,7 +295,7 @@ def test_a_real_sweep_logs_what_it_varies_as_a_param(
     the runs table and the parallel-coordinates plot can tell the jobs apart."""
     from mlflow.tracking import MlflowClient
 
-    from tests.test_cli import script
+    from tests.cli_support import script
 
     done = script(
         "explain", "-m", f"inputs.model={tiny_train_run}", "method=[lime]",

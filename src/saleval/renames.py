@@ -32,14 +32,32 @@ RENAMES: Mapping[str, str] = {
     "saleval.crowd.published.published_ranking_agreement": (
         "saleval.analysis.validation.published_ranking_agreement"
     ),
+    # the crowd package, one subpackage per concept (issue #47)
+    **{
+        f"saleval.crowd.{old}": f"saleval.crowd.{new}"
+        for old, new in {
+            "reading": "importing.rows",
+            "source": "importing.source",
+            "long_format": "importing.long_format",
+            "lu2024": "importing.published_format",
+            "published": "importing.published_study",
+            "quality": "importing.quality",
+            "aggregation": "importing.aggregation",
+            "importer": "importing.builtin",
+            "readers": "simulation.readers",
+            "lexicon": "simulation.lexicon",
+            "simulate": "simulation.workers",
+            "sampling": "design.sampling",
+            "exports": "export.formats",
+        }.items()
+    },
     # the annotation store in its three layers, one module each
     **{
         f"saleval.annotate.store.{name}": f"saleval.annotate.{module}.{name}"
         for module, names in {
-            "store_db": (
+            "store_db": (  # LeasePolicy is gone: its fields are annotate.* (AnnotateConfig)
                 "SCHEMA_VERSION",
                 "SYNCHRONOUS",
-                "LeasePolicy",
                 "StoreDatabase",
                 "StoreError",
                 "utcnow",

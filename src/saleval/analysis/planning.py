@@ -7,8 +7,9 @@ was published) or up to R individual answer codes (a simulated crowd: 0 = "I don
 know", c + 1 = class c, as everywhere, saleval.crowd.answers). A **design** (n samples,
 methods, k grid, R answers per task, bundle size) is studied by drawing many studies of
 it from the pool — samples with replacement, and R of the pool's answers per task,
-aggregated by the study's strict majority (:func:`saleval.crowd.aggregation.unique_winner`)
-— and scoring each with the formulas of docs/scores.md (:mod:`saleval.analysis.scoring`):
+aggregated by the study's strict majority
+(:func:`saleval.crowd.importing.aggregation.unique_winner`) — and scoring each with the
+formulas of docs/scores.md (:mod:`saleval.analysis.scoring`):
 
 * ``p_best``: the share of studies whose top method is the reference's (ties share);
 * ``spearman``: Spearman's ρ between a study's method scores and the reference's;
@@ -46,8 +47,8 @@ import pandas as pd
 from scipy import stats
 
 from saleval.analysis import scoring
-from saleval.crowd.aggregation import unique_winner
 from saleval.crowd.answers import AnswerParser
+from saleval.crowd.importing.aggregation import unique_winner
 from saleval.errors import UserError
 
 

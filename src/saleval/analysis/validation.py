@@ -34,7 +34,7 @@ from sklearn.metrics import brier_score_loss, roc_auc_score
 
 from saleval.analysis import scoring
 from saleval.analysis.reports import SIMULATED, display_name
-from saleval.crowd.published import LU2024_READERS, published_verdicts
+from saleval.crowd.importing.published_study import LU2024_READERS, published_verdicts
 from saleval.modeling.data import dataset_config
 from saleval.pipeline import tables
 

@@ -45,27 +45,36 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
 
 from saleval.annotate import routes_admin, routes_worker
-from saleval.annotate.security import Throttle, security_headers
-from saleval.annotate.state import AppSettings, AppState, state_of
+from saleval.annotate.security import FAILURE_WINDOW_S, Throttle, security_headers
+from saleval.annotate.state import AppState, state_of
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import IDK, Study, load_study
+from saleval.config.annotate import AnnotateConfig, AnnotateCrowdConfig
 
 _HERE = Path(__file__).resolve().parent
 log = logging.getLogger(__name__)
 
 
-def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
-    """Build the app for one task set; the store is opened and the bundles registered now."""
+def create_app(
+    study: Study | str | Path,
+    settings: AnnotateConfig,
+    crowd: AnnotateCrowdConfig | None = None,
+) -> FastAPI:
+    """Build the app for one task set from ``saleval-annotate``'s typed ``annotate`` and
+    ``crowd`` nodes (``settings`` resolved: ``annotate.db`` a path and
+    ``annotate.admin_token`` the token itself, as
+    :func:`saleval.schema.to_schema` gives them); the store is opened and the bundles
+    registered now."""
     if not isinstance(study, Study):
         study = load_study(study)
+    if "${" in f"{settings.db} {settings.admin_token}":  # a schema default, never resolved
+        raise ValueError(
+            "annotate.db or annotate.admin_token is an interpolation (${...}), not resolved: "
+            "build the settings with saleval.schema.to_schema(AnnotateConfig, cfg.annotate)"
+        )
     if not settings.admin_token or len(settings.admin_token) < 8:
         raise ValueError("annotate.admin_token must be at least 8 characters")
-    store = AnnotationStore(
-        settings.db_path,
-        synchronous=settings.synchronous,
-        completion_code=settings.completion_code,
-        lease=settings.lease,
-    )
+    store = AnnotationStore(Path(settings.db), settings, crowd)
     store.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
     state = _state(study, store, settings)
 
@@ -89,9 +98,10 @@ def create_app(study: Study | str | Path, settings: AppSettings) -> FastAPI:
     return app
 
 
-def _state(study: Study, store: AnnotationStore, settings: AppSettings) -> AppState:
+def _state(study: Study, store: AnnotationStore, settings: AnnotateConfig) -> AppState:
     """The app's shared state: cookie names and the admin cookie's value are per task set
     (several apps may share a host), the cookie value an HMAC of the token."""
+    token = str(settings.admin_token)  # create_app checked it
     suffix = hashlib.sha256(study.run_key.encode()).hexdigest()[:10]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_HERE / "templates")),
@@ -104,15 +114,16 @@ def _state(study: Study, store: AnnotationStore, settings: AppSettings) -> AppSt
         settings=settings,
         templates=Jinja2Templates(env=env),
         title=settings.title or f"Which label? ({study.dataset})",
+        admin_token=token,
         session_cookie=f"saleval_s_{suffix}",
         admin_cookie=f"saleval_a_{suffix}",
         admin_cookie_value=hmac.new(
-            settings.admin_token.encode(), f"saleval-admin:{study.run_key}".encode(), "sha256"
+            token.encode(), f"saleval-admin:{study.run_key}".encode(), "sha256"
         ).hexdigest(),
         instructions_html=render_instructions(study.instructions_md),
         options=_options(study),
-        admin_throttle=Throttle(settings.admin_max_failures, settings.failure_window_s),
-        resume_throttle=Throttle(settings.resume_max_failures, settings.failure_window_s),
+        admin_throttle=Throttle(settings.admin_max_failures, FAILURE_WINDOW_S),
+        resume_throttle=Throttle(settings.resume_max_failures, FAILURE_WINDOW_S),
         allowed_origins=frozenset(o.rstrip("/").lower() for o in settings.allowed_origins),
     )
 

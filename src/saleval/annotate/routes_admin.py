@@ -44,7 +44,7 @@ def admin_refusal(request: Request, needs: str | None = None) -> Response | None
     cookie = request.cookies.get(st.admin_cookie, "")
     auth = request.headers.get("authorization", "")
     bearer = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
-    pairs = ((cookie, st.admin_cookie_value), (bearer, st.settings.admin_token))
+    pairs = ((cookie, st.admin_cookie_value), (bearer, st.admin_token))
     given = [(value, expected) for value, expected in pairs if value]
     verdict = admin_check(request, given) if given else -1
     if verdict == 0:
@@ -81,7 +81,7 @@ def admin_page(request: Request, notice: str | None = None, status: int = 200) -
         summary=summary,
         run_key=run_key,
         notice=notice,
-        lease_minutes=st.settings.lease.lease_minutes,
+        lease_minutes=st.settings.lease_minutes,
     )
 
 
@@ -93,7 +93,7 @@ def admin(request: Request) -> Response:
 @router.post("/admin/login")
 def admin_login(request: Request, token: str = Form("")) -> Response:
     st = state_of(request)
-    verdict = admin_check(request, [(token, st.settings.admin_token)])
+    verdict = admin_check(request, [(token, st.admin_token)])
     if verdict > 0:
         return st.too_many(request, verdict, login=True)
     if verdict < 0:

@@ -53,6 +53,11 @@ def same_secret(given: str, expected: str) -> bool:
     )
 
 
+#: the window of both throttles: ``annotate.admin_max_failures`` wrong admin credentials and
+#: ``annotate.resume_max_failures`` wrong resume codes per client per 15 minutes
+FAILURE_WINDOW_S = 15 * 60.0
+
+
 class Throttle:
     """At most ``limit`` failures per key in a sliding window (admin logins, resume codes)."""
 

@@ -1,5 +1,6 @@
-"""What the annotation app's routes share: its settings, its study and store, and the
-page helpers every route answers with.
+"""What the annotation app's routes share: its settings (the ``annotate`` node,
+:class:`~saleval.config.annotate.AnnotateConfig`), its study and store, and the page
+helpers every route answers with.
 
 One :class:`AppState` per app, kept as ``app.state.annotate`` and read by the routes
 (:func:`state_of`), so the worker routes (:mod:`saleval.annotate.routes_worker`) and the
@@ -9,8 +10,7 @@ than closures inside one long factory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -20,40 +20,25 @@ from markupsafe import Markup
 
 from saleval.annotate.security import SECURITY_HEADERS, Throttle
 from saleval.annotate.store_answers import AnnotationStore
-from saleval.annotate.store_db import LeasePolicy
 from saleval.annotate.store_leases import Assignment
 from saleval.annotate.study import Study
+from saleval.config.annotate import AnnotateConfig
 
 NOT_SAVED = "Your answer was NOT saved."
 
 
-@dataclass(frozen=True)
-class AppSettings:
-    """What the app needs besides the study. ``admin_token`` must be non-empty."""
-
-    db_path: Path
-    admin_token: str
-    title: str | None = None
-    completion_code: str | None = None
-    synchronous: str = "FULL"
-    secure_cookies: bool = False  # set when served over HTTPS behind a proxy
-    lease: LeasePolicy = field(default_factory=LeasePolicy)
-    completion_url: str | None = None  # "{code}" is replaced by the completion code
-    allowed_origins: tuple[str, ...] = ()  # more origins a POST may come from
-    admin_max_failures: int = 5  # wrong admin credentials (any path) per client per window
-    resume_max_failures: int = 5  # wrong resume codes per client per window
-    failure_window_s: float = 900.0
-
-
 @dataclass
 class AppState:
-    """One app's study, store, cookies, throttles and templates, built by ``create_app``."""
+    """One app's study, store, cookies, throttles and templates, built by ``create_app``
+    from the study and the typed ``annotate`` node (``settings``, resolved, with the admin
+    token in it)."""
 
     study: Study
     store: AnnotationStore
-    settings: AppSettings
+    settings: AnnotateConfig
     templates: Jinja2Templates
     title: str
+    admin_token: str  # settings.admin_token, checked by create_app
     session_cookie: str  # per task set: several apps may share a host
     admin_cookie: str
     admin_cookie_value: str

@@ -137,7 +137,7 @@ class AnnotationStore(BundleStore):
             if n_answered < a.n_tasks:
                 self._renew(c, assignment_id)
                 return AnswerResult(True, False, None)
-            code = self.completion_code or _new_code()
+            code = self.settings.completion_code or _new_code()
             c.execute(
                 "UPDATE assignments SET completed_at=?, completion_code=? WHERE assignment_id=?",
                 (self._now(), code, assignment_id),

@@ -16,8 +16,8 @@ break them:
 * ``PRIMARY KEY (assignment_id, position)`` and ``UNIQUE (assignment_id, task_id)`` on
   answers: an answer is never stored twice; the first one wins.
 
-An assignment is active until it is released: its lease ran out (``lease_minutes`` after
-the worker's last action; see :class:`LeasePolicy`), or the admin released or
+An assignment is active until it is released: its lease ran out
+(``annotate.lease_minutes`` after the worker's last action), or the admin released or
 reassigned it. A released assignment keeps its answers (they were acknowledged) and its
 bundle goes back to the pool. Every lease change is a ``BEGIN IMMEDIATE`` transaction
 like an answer, so a late answer and the claim that releases its bundle are ordered:
@@ -42,11 +42,10 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from saleval.config.crowd import WorkerIdCase
+from saleval.config.annotate import AnnotateConfig, AnnotateCrowdConfig
 from saleval.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -142,26 +141,19 @@ class StoreError(UserError, RuntimeError):
     """The database does not match what the app serves (e.g. a changed task set)."""
 
 
-@dataclass(frozen=True)
-class LeasePolicy:
-    """How long an idle bundle stays with its worker, and how many bundles one client may claim.
-
-    A lease runs ``lease_minutes`` from the worker's last action (start, instructions,
-    a task shown, an answer); when it has run out, the next claim by anyone returns the
-    bundle to the pool. ``max_claims`` new bundles per client address per
-    ``claim_window_minutes`` (0: no bound). ``worker_id_case``: which IDs name one worker,
-    the import's rule (``crowd.worker_id_case``), so a worker is one in the app and in
-    the scores.
-    """
-
-    lease_minutes: float = 60.0
-    max_claims: int = 5
-    claim_window_minutes: float = 60.0
-    worker_id_case: WorkerIdCase = WorkerIdCase.insensitive
-
-
 class StoreDatabase:
     """One SQLite database in WAL mode, thread-safe with one connection per thread.
+
+    Its settings are the ``annotate`` and ``crowd`` nodes of ``saleval-annotate``'s config,
+    typed (:class:`~saleval.config.annotate.AnnotateConfig`,
+    :class:`~saleval.config.annotate.AnnotateCrowdConfig`; their defaults when not given):
+    ``synchronous`` and ``completion_code`` here; a lease runs ``lease_minutes`` from the
+    worker's last action (start, instructions, a task shown, an answer), and when it has
+    run out the next claim by anyone returns the bundle to the pool;
+    ``max_claims_per_client`` new bundles per client address per ``claim_window_minutes``
+    (0: no bound); ``crowd.worker_id_case``, the import's rule of which IDs name one
+    worker, so a worker is one in the app and in the scores. The path is given apart:
+    a store is also opened on an archived copy or a backup.
 
     ``readonly=True`` opens an existing database without writing to it (an archived copy,
     a read-only mount): nothing is created, upgraded or locked for writing, and answers
@@ -171,20 +163,20 @@ class StoreDatabase:
     def __init__(
         self,
         path: str | Path,
-        synchronous: str = "FULL",
-        completion_code: str | None = None,
+        settings: AnnotateConfig | None = None,
+        crowd: AnnotateCrowdConfig | None = None,
         busy_timeout_s: float = 30.0,
-        lease: LeasePolicy | None = None,
         readonly: bool = False,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.path = Path(path)
+        self.settings = settings or AnnotateConfig()
+        self.crowd = crowd or AnnotateCrowdConfig()
+        synchronous = str(self.settings.synchronous)
         if synchronous.upper() not in SYNCHRONOUS:
-            raise ValueError(f"synchronous={synchronous!r}: use one of {SYNCHRONOUS}")
+            raise ValueError(f"annotate.synchronous={synchronous!r}: use one of {SYNCHRONOUS}")
         self.synchronous = synchronous.upper()
-        self.completion_code = completion_code
         self.busy_timeout_s = busy_timeout_s
-        self.lease = lease or LeasePolicy()
         self.readonly = readonly
         self.clock = clock or (lambda: datetime.now(UTC))
         self._local = threading.local()
@@ -381,7 +373,7 @@ class StoreDatabase:
         return _iso(self.clock())
 
     def _lease_end(self) -> str:
-        return _iso(self.clock() + timedelta(minutes=self.lease.lease_minutes))
+        return _iso(self.clock() + timedelta(minutes=self.settings.lease_minutes))
 
 
 def upgrade_from_v1(db: StoreDatabase) -> None:

@@ -224,11 +224,11 @@ class BundleStore(LeaseStore):
 
     def worker(self, c: _Connection, worker_id: str) -> str:
         """The worker ``worker_id`` names here, by the one worker-ID rule
-        (:meth:`~saleval.config.crowd.WorkerIdCase.key`, ``lease.worker_id_case``): the
+        (:meth:`~saleval.config.crowd.WorkerIdCase.key`, ``crowd.worker_id_case``): the
         spelling this store first recorded for that worker, else the ID without its
         surrounding spaces. Every way to a bundle (start, resume, the admin's assign)
         asks it, so "Ann " and "ann" hold one bundle under the default rule."""
-        case = self.lease.worker_id_case
+        case = self.crowd.worker_id_case
         key = case.key(worker_id)
         known = c.execute(
             "SELECT worker_id FROM assignments GROUP BY worker_id ORDER BY MIN(assignment_id)"
@@ -298,13 +298,14 @@ class BundleStore(LeaseStore):
                 _assignment(mine), session_token, resume_code, platform_session
             ):
                 return self._reactivate(c, int(mine["assignment_id"]))
-            if client and self.lease.max_claims > 0:
-                since = _iso(self.clock() - timedelta(minutes=self.lease.claim_window_minutes))
+            bound = self.settings.max_claims_per_client
+            if client and bound > 0:
+                since = _iso(self.clock() - timedelta(minutes=self.settings.claim_window_minutes))
                 n = c.execute(
                     "SELECT COUNT(*) FROM assignments WHERE client=? AND assigned_at>=?",
                     (client, since),
                 ).fetchone()[0]
-                if n >= self.lease.max_claims:
+                if n >= bound:
                     raise BundleRefused(
                         "Too many bundles were started from your network recently. "
                         "Please try again later.",

@@ -34,14 +34,11 @@ as given.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -60,6 +57,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
+from saleval.errors import sigterm_raises
 from saleval.modeling.inference import n_labels_of, predict_proba
 from saleval.modeling.interface import DEFAULT_MAX_LENGTH, check_padding
 from saleval.modeling.models import label_names_of
@@ -242,24 +240,14 @@ def _register_output_capture(model: torch.nn.Module) -> None:
             _CAN_RECORD_REGISTRY[mod] = getattr(mod, "_can_record_outputs", None)
 
 
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
+def _as_ctrl_c(signum: int) -> KeyboardInterrupt:
     """SIGTERM stops the explain job as Ctrl-C does. While it runs, Lightning replaces the
     SIGTERM handler with one that only sets a flag, which its loops read between batches;
     the whole job is one predict batch, so without this a user's or a scheduler's SIGTERM
-    would go unheard until the job ended."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set in the main thread
-        return
-
-    def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"SIGTERM ({signum})")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    would go unheard until the job ended. A ``KeyboardInterrupt``, not
+    :class:`saleval.errors.Stopped`: Lightning shuts down on it as on Ctrl-C, stopping the
+    other ranks of a multi-process job too."""
+    return KeyboardInterrupt(f"SIGTERM ({signum})")
 
 
 class _JobModule(L.LightningModule):
@@ -275,7 +263,7 @@ class _JobModule(L.LightningModule):
         if int(batch) != rank:
             raise AttributionError(f"rank {rank} of {world} got work item {batch}, not its own")
         _register_output_capture(self.model)
-        with torch.enable_grad(), _sigterm_stops():
+        with torch.enable_grad(), sigterm_raises(_as_ctrl_c):
             result = self.job.run(self.model, rank, world)
         if self.job.result_path is not None and self.trainer.local_rank == 0:
             with open(self.job.result_path, "wb") as f:

@@ -18,8 +18,8 @@ key and the allowed range.
 * :class:`AnswersCrowdConfig` / :class:`PublishedCrowdConfig` — ``crowd=answers`` /
   ``crowd=lu2024`` (``saleval-import``, ``saleval-score``). Their ``_target_`` names
   the source class that ``hydra.utils.instantiate`` builds (see
-  :func:`saleval.crowd.source.crowd_source`), and ``crowd.aggregator`` is itself an
-  instantiable node (``_target_`` + parameters; options in ``conf/crowd/aggregator``).
+  :func:`saleval.crowd.importing.source.crowd_source`), and ``crowd.aggregator`` is
+  itself an instantiable node (``_target_`` + parameters; options in ``conf/crowd/aggregator``).
 
 :func:`register_schemas` puts them in Hydra's ConfigStore under the names the YAML
 files' defaults lists use (``study_schema``, ``simulation_schema``, ``answers_schema``,
@@ -198,8 +198,8 @@ class TimingConfig:
     spread_hours: float = 48.0
 
 
-BOW_READER = "saleval.crowd.readers.BowReader"
-AUTO_READER = "saleval.crowd.lexicon.AutoReader"
+BOW_READER = "saleval.crowd.simulation.readers.BowReader"
+AUTO_READER = "saleval.crowd.simulation.lexicon.AutoReader"
 
 
 @dataclass
@@ -207,7 +207,7 @@ class ReaderConfig:
     """What every reading model of the simulated workers shares (``simulation.reader``):
     which class (``_target_``) and which split of the dataset it learns from, disjoint
     from the explained (test) samples. Each reader class adds its own fields
-    (:mod:`saleval.crowd.readers`)."""
+    (:mod:`saleval.crowd.simulation.readers`)."""
 
     _target_: str = BOW_READER
     split: str = "train"
@@ -352,14 +352,14 @@ class ExpertConfig:
     path: str | None = None  # CSV `task_id, answer` (optionally expert_id) of expert answers
 
 
-STRICT_MAJORITY = "saleval.crowd.aggregation.StrictMajority"
+STRICT_MAJORITY = "saleval.crowd.importing.aggregation.StrictMajority"
 
 
 @dataclass
 class AnswersCrowdConfig:
     """``crowd=answers``: long answer files joined with a task run (docs/aggregation.md#import)."""
 
-    _target_: str = "saleval.crowd.importer.AnswersSource"
+    _target_: str = "saleval.crowd.importing.builtin.AnswersSource"
     name: str = "answers"
     policy: Policy = Policy.report
     encoding: str = "utf-8"  # of the answer file; cp1252: Excel on Windows (docs/annotate.md)
@@ -378,7 +378,7 @@ class AnswersCrowdConfig:
 class PublishedCrowdConfig:
     """``crowd=lu2024``: the published aggregated results of the original study."""
 
-    _target_: str = "saleval.crowd.importer.PublishedSource"
+    _target_: str = "saleval.crowd.importing.builtin.PublishedSource"
     name: str = "lu2024"
     path: str | None = None  # required: the published file (saleval-import/-score check it)
     policy: Policy = Policy.report

@@ -43,7 +43,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
     SlurmLauncher as SubmititSlurmLauncher,
 )
 
-from saleval.errors import Stopped
+from saleval.errors import Stopped, sigterm_raises
 from saleval.pipeline import slurm_state
 from saleval.scaleout import resume
 from saleval.scaleout.needs import GpuUse, sweep_gpus
@@ -239,15 +239,16 @@ class SlurmLauncher(SubmititSlurmLauncher):
     poll_s = 2.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The job itself, on a node: SIGTERM (``scancel``, preemption) stops the stage."""
+        """The job itself, on a node: SIGTERM (``scancel``, preemption) stops the stage,
+        naming what SLURM is doing; once the stage is done, Submitit's handler is back."""
 
-        def stop(signum: int, frame: Any) -> None:
+        def stopped(signum: int) -> Stopped:
             job = slurm_state.job_tags().get("slurm_job_id")
             state = slurm_state.job_states([job], timeout=5).get(job) if job else None
-            raise Stopped(stop_reason(signal.Signals(signum).name, job, state))
+            return Stopped(stop_reason(signal.Signals(signum).name, job, state))
 
-        signal.signal(signal.SIGTERM, stop)
-        return super().__call__(*args, **kwargs)
+        with sigterm_raises(stopped):
+            return super().__call__(*args, **kwargs)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Submitit's hook for its warning signal (the time limit near, or preemption):

@@ -25,28 +25,28 @@ from __future__ import annotations
 import copy
 import logging
 import secrets
-import signal
 import sqlite3
 import sys
-import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 from omegaconf import DictConfig, open_dict
 
 from saleval.annotate.app import create_app
 from saleval.annotate.export import answers_frame, write_completions, write_released
-from saleval.annotate.state import AppSettings
 from saleval.annotate.store_answers import AnnotationStore
-from saleval.annotate.store_db import LeasePolicy, StoreError
-from saleval.annotate.study import load_study
+from saleval.annotate.store_db import StoreError
+from saleval.annotate.study import Study, load_study
 from saleval.cli import hydra_main
-from saleval.config.annotate import AnnotateAction
-from saleval.config.crowd import WorkerIdCase
+from saleval.config.annotate import AnnotateAction, AnnotateConfig, AnnotateCrowdConfig
+from saleval.errors import Stopped, sigterm_raises
 from saleval.pipeline import tables
 from saleval.pipeline.run_inputs import resolve_input
 from saleval.pipeline.stage import Stage
+from saleval.schema import to_schema
 
 log = logging.getLogger(__name__)
 
@@ -97,26 +97,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
             return {"run_dir": str(st.run_dir), "run_id": st.run_id, "answers": str(path), **counts}
 
-        settings = AppSettings(
-            db_path=db,
-            admin_token=str(token) if token else secrets.token_urlsafe(18),
-            title=cfg.annotate.title,
-            completion_code=cfg.annotate.completion_code,
-            synchronous=str(cfg.annotate.synchronous),
-            secure_cookies=bool(cfg.annotate.secure_cookies),
-            lease=LeasePolicy(
-                lease_minutes=float(cfg.annotate.lease_minutes),
-                max_claims=int(cfg.annotate.max_claims_per_client),
-                claim_window_minutes=float(cfg.annotate.claim_window_minutes),
-                worker_id_case=WorkerIdCase(cfg.crowd.worker_id_case),
-            ),
-            completion_url=cfg.annotate.completion_url,
-            allowed_origins=tuple(str(o) for o in cfg.annotate.allowed_origins),
-            admin_max_failures=int(cfg.annotate.admin_max_failures),
-            resume_max_failures=int(cfg.annotate.resume_max_failures),
-        )
-        app = create_app(study, settings)
-        host, port = str(cfg.annotate.host), int(cfg.annotate.port)
+        app = build_app(study, cfg, token)
+        settings: AnnotateConfig = app.state.settings
+        host, port = settings.host, settings.port
         if host not in _LOOPBACK:
             log.warning("serving on %s, not loopback: put TLS in front of it", host)
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -127,39 +110,44 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print(f"  admin view: {url}/admin", file=sys.stderr)
         if not token:
             print(f"  admin token (generated, not stored): {settings.admin_token}", file=sys.stderr)
-        _serve(app, host, port, str(cfg.annotate.log_level), bool(cfg.annotate.access_log))
+        _serve(app, settings)
         counts = _counts(app.state.store, study.run_key)
         app.state.store.close()
         st.log_metrics(counts)
         return {"run_dir": str(st.run_dir), "run_id": st.run_id, **counts}
 
 
-class _Stopped(Exception):
-    """SIGTERM: end the study like Ctrl-C does."""
+def build_app(study: Study, cfg: DictConfig, token: str | None) -> FastAPI:
+    """The app of a ``saleval-annotate`` config: its typed ``annotate`` and ``crowd`` nodes as
+    they are, with ``token`` put back as the admin token (the record holds it redacted), or
+    a random one when none was given."""
+    settings = replace(
+        to_schema(AnnotateConfig, cfg.annotate), admin_token=token or secrets.token_urlsafe(18)
+    )
+    return create_app(study, settings, to_schema(AnnotateCrowdConfig, cfg.crowd))
 
 
-def _serve(app: Any, host: str, port: int, log_level: str, access_log: bool) -> None:
-    """Run uvicorn until Ctrl-C or SIGTERM, then return so the stage logs and ends its run.
+def _serve(app: FastAPI, settings: AnnotateConfig) -> None:
+    """Run uvicorn until Ctrl-C or SIGTERM, then return so the stage logs and ends its run:
+    stopping the server is how a study ends, so its run ends FINISHED.
 
     uvicorn shuts down gracefully on either signal and then re-raises it; Ctrl-C becomes
-    KeyboardInterrupt and SIGTERM reaches the handler installed here, both caught below.
+    KeyboardInterrupt and SIGTERM :class:`saleval.errors.Stopped`, both caught here.
     """
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Stopped
-
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log)
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+        )
     )
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
     try:
-        server.run()
-    except (KeyboardInterrupt, _Stopped):
+        with sigterm_raises():
+            server.run()
+    except (KeyboardInterrupt, Stopped):
         log.info("annotation server stopped")
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def admin_token(annotate: DictConfig) -> str | None:

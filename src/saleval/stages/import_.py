@@ -32,8 +32,8 @@ from omegaconf import DictConfig
 
 from saleval.cli import hydra_main
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.reading import CrowdImport, RejectedRows, reject_summary
-from saleval.crowd.source import Given, ImportContext, crowd_source
+from saleval.crowd.importing.rows import CrowdImport, RejectedRows, reject_summary
+from saleval.crowd.importing.source import Given, ImportContext, crowd_source
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
@@ -44,7 +44,7 @@ FILTERED_FILE = "filtered.csv"
 
 
 def tell_rejects(rejects: pd.DataFrame, policy: str, rejects_csv: Path) -> None:
-    """Print the reject summary (:func:`saleval.crowd.reading.reject_summary`) on stderr:
+    """Print the reject summary (:func:`saleval.crowd.importing.rows.reject_summary`) on stderr:
     every import with rejects ends with it, whatever the policy."""
     lines = reject_summary(rejects, str(policy), rejects_csv)
     if lines:

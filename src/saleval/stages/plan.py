@@ -35,9 +35,8 @@ from saleval.analysis.validation import calibration_differences, validated_name
 from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
-from saleval.crowd.published import reader_training_data, study_bundles
-from saleval.crowd.simulate import expected_seconds, simulate_crowd
-from saleval.crowd.source import (
+from saleval.crowd.importing.published_study import reader_training_data, study_bundles
+from saleval.crowd.importing.source import (
     Capability,
     CrowdSource,
     Given,
@@ -45,6 +44,7 @@ from saleval.crowd.source import (
     SourceFile,
     crowd_source,
 )
+from saleval.crowd.simulation.workers import expected_seconds, simulate_crowd
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.input_paths import InputError

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval.analysis import reports, scoring
 from saleval.analysis.validation import calibration_note, upstream_simulation
 from saleval.cli import hydra_main
-from saleval.crowd.source import Capability, Given, ImportContext, crowd_source
+from saleval.crowd.importing.source import Capability, Given, ImportContext, crowd_source
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json

@@ -7,7 +7,7 @@ spammer, each worker's noise rate) and ``SIMULATED.md``. The MLflow run is tagge
 ``simulated=true``; ``run.json`` carries it so every child run inherits it.
 
 With ``crowd=lu2024 crowd.path=<published file>`` the tasks are the original study's
-own (the texts its workers saw, :mod:`saleval.crowd.published`): the run also writes
+own (the texts its workers saw, :mod:`saleval.crowd.importing.published_study`): the run also writes
 ``tasks.csv``, ``bundles.csv`` and the simulated crowd's ``aggregated.csv`` (the
 import stage's filters and aggregation), and ``action=validate`` compares it with the
 published verdicts (:mod:`saleval.analysis.validation`): ``validation.csv``,
@@ -46,10 +46,16 @@ from saleval.analysis.validation import (
 from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
-from saleval.crowd.importer import aggregate_answers
-from saleval.crowd.published import reader_training_data, study_bundles
-from saleval.crowd.simulate import SimulatedCrowd, read_tasks, simulate_crowd
-from saleval.crowd.source import Capability, CrowdSource, Given, ImportContext, crowd_source
+from saleval.crowd.importing.builtin import aggregate_answers
+from saleval.crowd.importing.published_study import reader_training_data, study_bundles
+from saleval.crowd.importing.source import (
+    Capability,
+    CrowdSource,
+    Given,
+    ImportContext,
+    crowd_source,
+)
+from saleval.crowd.simulation.workers import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables, tracking
 from saleval.pipeline.input_paths import InputError

@@ -4,7 +4,7 @@ docs/architecture.md).
 Reads ``attributions.parquet`` and ``predictions.parquet`` of ``inputs.explain`` (one run,
 or several with disjoint methods: a list or a sweep dir, ``docs/sweeps.md``);
 writes ``tasks.csv``, ``bundles.csv`` and every registered export format
-(:mod:`saleval.crowd.exports`: ``bundles_wide.csv`` for platform upload,
+(:mod:`saleval.crowd.export.formats`: ``bundles_wide.csv`` for platform upload,
 ``bundles_long.csv``, ``instructions.md``, and your own: docs/extending.md) into the run
 dir, all logged to MLflow.
 
@@ -47,7 +47,7 @@ def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[s
 def run(cfg: DictConfig) -> dict[str, Any]:
     # transformers loads when a run starts, not on import (saleval.cli)
     from saleval.crowd.design import build_study
-    from saleval.crowd.exports import write_exports
+    from saleval.crowd.export.formats import write_exports
 
     with Stage(cfg, "tasks", {"explain": cfg.inputs.explain}, requires=["dataset"]) as st:
         explain = st.inputs["explain"]

@@ -98,8 +98,8 @@ def serve(
     db: Path,
     token: str,
     in_process: bool,
-    synchronous: str = "FULL",
-    lease_minutes: float = 60.0,
+    synchronous: str,
+    lease_minutes: float,
 ) -> Iterator[tuple[str, Any]]:
     """(base URL, the server) for the block's lifetime: with ``in_process`` the app from
     a thread (the server is the app); else ``saleval-annotate`` in its own process, the
@@ -107,11 +107,16 @@ def serve(
     same port (for a kill -9 drill)."""
     if in_process:
         from saleval.annotate.app import background_server, create_app
-        from saleval.annotate.state import AppSettings
-        from saleval.annotate.store_db import LeasePolicy
+        from saleval.config.annotate import AnnotateConfig
 
-        lease = LeasePolicy(lease_minutes=lease_minutes, max_claims=0)
-        app = create_app(tasks, AppSettings(db, token, synchronous=synchronous, lease=lease))
+        settings = AnnotateConfig(
+            db=str(db),
+            admin_token=token,
+            synchronous=synchronous,
+            lease_minutes=lease_minutes,
+            max_claims_per_client=0,  # every simulated worker comes from loopback
+        )
+        app = create_app(tasks, settings)
         try:
             with background_server(app) as url:
                 yield url, app

@@ -13,9 +13,9 @@ from saleval.config.crowd import DesignError, StudyConfig
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.checks import assert_design, check_design
 from saleval.crowd.design.gold import GOLD_METHOD, select_gold
+from saleval.crowd.design.sampling import interleave, select_samples
 from saleval.crowd.design.tasks import build_tasks
 from saleval.crowd.errors import SamplingError
-from saleval.crowd.sampling import interleave, select_samples
 from saleval.crowd.seeding import seeded_rng
 
 log = logging.getLogger(__name__)

@@ -2,11 +2,12 @@
 and is tested without people. Everything it produces is SIMULATED and says so.
 
 A simulated worker reads only a task's ``display_text``. Its "understanding" is a
-reading model (``simulation.reader``; by default :class:`saleval.crowd.lexicon.AutoReader`:
-for sentiment labels the word weights of people's own phrase judgments summed over the
-clearly polar words shown, elsewhere TF-IDF + logistic regression trained on a split of
-the dataset disjoint from the explained samples), so it never saw the explained
-classifier nor the study texts. Per task a worker
+reading model (``simulation.reader``; by default
+:class:`saleval.crowd.simulation.lexicon.AutoReader`: for sentiment labels the word
+weights of people's own phrase judgments summed over the clearly polar words shown,
+elsewhere TF-IDF + logistic regression trained on a split of the dataset disjoint from
+the explained samples), so it never saw the explained classifier nor the study texts.
+Per task a worker
 
 1. lapses with its own noise rate (drawn per worker from a configured
    distribution) and then picks a label uniformly at random;
@@ -45,15 +46,15 @@ from saleval.config.crowd import (
     SimulationConfig,
     SimulationError,
 )
-from saleval.crowd.lexicon import reader_name
-from saleval.crowd.readers import build_reader
 from saleval.crowd.seeding import seeded_rng
+from saleval.crowd.simulation.lexicon import reader_name
+from saleval.crowd.simulation.readers import build_reader
 from saleval.vocab import IDK
 
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------
-# The reading model (saleval.crowd.readers)
+# The reading model (saleval.crowd.simulation.readers)
 # ---------------------------------------------------------------------------------
 
 

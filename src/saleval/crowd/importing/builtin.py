@@ -1,18 +1,19 @@
 """The built-in crowd sources (docs/aggregation.md#import): one class per ``crowd`` config,
-each a :class:`~saleval.crowd.source.CrowdSource`, built by Hydra.
+each a :class:`~saleval.crowd.importing.source.CrowdSource`, built by Hydra.
 
-Two sources reach the same tables (:class:`~saleval.crowd.reading.CrowdImport`):
+Two sources reach the same tables (:class:`~saleval.crowd.importing.rows.CrowdImport`):
 
 * :class:`AnswersSource` (``crowd=answers``): a long answer file
-  (:mod:`saleval.crowd.long_format`) joined against a task run, then the quality
-  filters (:mod:`saleval.crowd.quality`) and the configured aggregator
-  (:mod:`saleval.crowd.aggregation`);
+  (:mod:`saleval.crowd.importing.long_format`) joined against a task run, then the quality
+  filters (:mod:`saleval.crowd.importing.quality`) and the configured aggregator
+  (:mod:`saleval.crowd.importing.aggregation`);
 * :class:`PublishedSource` (``crowd=lu2024``): the published aggregated file
-  (:mod:`saleval.crowd.lu2024`), A[i, j, k] as given.
+  (:mod:`saleval.crowd.importing.published_format`), A[i, j, k] as given.
 
 Each source *is* its config schema (a subclass of the dataclass in
 :mod:`saleval.config.crowd`) plus what it does, so its fields are declared once;
-:func:`saleval.crowd.source.crowd_source` builds the one a config's ``_target_`` names.
+:func:`saleval.crowd.importing.source.crowd_source` builds the one a config's
+``_target_`` names.
 Besides the interface each keeps its reader (``read``) for the stages that hold the
 tables already (the simulated crowd, the published study's scores and plans).
 """
@@ -29,14 +30,14 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from saleval.config.crowd import AnswersCrowdConfig, PublishedCrowdConfig
-from saleval.crowd import aggregation, quality
 from saleval.crowd.answers import AnswerParser
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.long_format import ANSWER_FILE, read_answers
-from saleval.crowd.lu2024 import read_lu2024
-from saleval.crowd.published import read_study
-from saleval.crowd.reading import CrowdImport, empty_annotations, enforce_policy, sha256_file
-from saleval.crowd.source import (
+from saleval.crowd.importing import aggregation, quality
+from saleval.crowd.importing.long_format import ANSWER_FILE, read_answers
+from saleval.crowd.importing.published_format import read_lu2024
+from saleval.crowd.importing.published_study import read_study
+from saleval.crowd.importing.rows import CrowdImport, empty_annotations, enforce_policy, sha256_file
+from saleval.crowd.importing.source import (
     Capability,
     CrowdSource,
     CrowdTasks,

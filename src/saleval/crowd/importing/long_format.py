@@ -21,7 +21,7 @@ import pandas as pd
 from saleval.config.crowd import WorkerIdCase
 from saleval.crowd.answers import AnswerParser
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.reading import MAX_LISTED_REJECTS, Rejects, read_rows
+from saleval.crowd.importing.rows import MAX_LISTED_REJECTS, Rejects, read_rows
 from saleval.vocab import IDK_ALIASES
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ the weights of the polar words **shown** (each occurrence counts), so
 * a view without a polar word reads as uniform, so a worker takes the "I don't know" or
   guess path.
 
-A corpus-fitted bag of words (:class:`saleval.crowd.readers.BowReader`) credits cues of
-the corpus that people do not read as sentiment ("just", "no", "too" on IMDB) and was
-7 points off per (method, k) cell there; this reader brings it under 5
+A corpus-fitted bag of words (:class:`saleval.crowd.simulation.readers.BowReader`)
+credits cues of the corpus that people do not read as sentiment ("just", "no", "too" on
+IMDB) and was 7 points off per (method, k) cell there; this reader brings it under 5
 (docs/simulated-crowd.md#validation).
 
 :class:`AutoReader` (``simulation/reader=auto``, the default) uses the lexicon reader on
@@ -48,7 +48,7 @@ from saleval.config.crowd import BOW_READER, ReaderConfig, SimulationError
 
 log = logging.getLogger(__name__)
 
-LEXICON_READER = "saleval.crowd.lexicon.LexiconReader"
+LEXICON_READER = "saleval.crowd.simulation.lexicon.LexiconReader"
 TOKEN_PATTERN = r"(?u)\b\w+\b"
 """Lower-cased runs of word characters: how both the phrases and the views are split
 (``don't`` gives ``don`` and ``t`` on both sides; a display text's dots are not words)."""
@@ -239,13 +239,13 @@ class AutoReader(ReaderConfig):
     """The lexicon reader where its lexicon names every label of the dataset, the corpus
     reader (``corpus``) elsewhere; ``chosen`` says which one read (module docstring)."""
 
-    _target_: str = "saleval.crowd.lexicon.AutoReader"
+    _target_: str = "saleval.crowd.simulation.lexicon.AutoReader"
     lexicon: dict[str, Any] = field(default_factory=lambda: {"_target_": LEXICON_READER})
     corpus: dict[str, Any] = field(default_factory=lambda: {"_target_": BOW_READER})
 
     def choose(self, label_names: Sequence[str]) -> Any:
         """The reader for a dataset with these labels (not yet fitted)."""
-        from saleval.crowd.readers import build_reader
+        from saleval.crowd.simulation.readers import build_reader
 
         lexicon = build_reader(self.lexicon)
         if isinstance(lexicon, LexiconReader) and lexicon.covers(label_names):

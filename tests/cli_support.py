@@ -1,0 +1,39 @@
+"""Running the console scripts as pip's launcher runs them (``from saleval.cli import
+<name>``, called with the command line), in a subprocess, for the tests that drive a
+stage from outside (``tests/test_cli.py``, ``tests/test_sweeps.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+
+from saleval import paths
+
+ROOT = paths.project_root()
+#: console scripts that are tools, not stages (no row of the stage table)
+TOOLS = {"saleval-catch-up": "saleval.pipeline.catch_up:main"}
+SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def script(
+    stage: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``saleval-<stage> args...`` through the function pyproject.toml names."""
+    module, attr = SCRIPTS[f"saleval-{stage}"].split(":")
+    code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=environment(env),
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This interpreter's import path, no HYDRA_FULL_ERROR unless ``extra`` sets it."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return {**env, "PYTHONPATH": os.pathsep.join(sys.path), **(extra or {})}
