@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -16,7 +17,7 @@ from saleval.annotate.store_db import StoreError
 from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
 from saleval.annotate.study import IDK, Study, StudyError, load_study
 from saleval.config.annotate import AnnotateConfig
-from saleval.pipeline import tables
+from saleval.pipeline import run_checks, tables
 from saleval.testing import make_task_run
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
@@ -203,11 +204,21 @@ def test_export_refuses_answers_outside_the_options(store: AnnotationStore, stud
         answers_frame(store, study)
 
 
+def _record_as_written(run: Path) -> None:
+    """Make ``run``'s record list its tables' current bytes, as if the stage had written
+    them: what is under test is the reader's row check, not the changed-table refusal
+    (tests/test_run_records.py tests that)."""
+    record = json.loads((run / run_checks.RUN_JSON).read_text())
+    record[run_checks.CHECKSUMS] = run_checks.table_checksums(run, record[run_checks.CHECKSUMS])
+    run_checks.write_atomically(run / run_checks.RUN_JSON, json.dumps(record, indent=2))
+
+
 def test_load_study_names_file_row_and_field(tmp_path: Path) -> None:
     run = make_task_run(tmp_path / "t", n_bundles=2, bundle_size=3)
     bundles = tables.BUNDLES.read(run)
     bundles.loc[4, "task_id"] = "nope"
     tables.BUNDLES.write(bundles, run)
+    _record_as_written(run)  # a tasks run that wrote the bad row itself, not an edit
     with pytest.raises(StudyError, match=r"bundles.csv: row 5, field 'task_id': 'nope'"):
         load_study(run)
     run2 = make_task_run(tmp_path / "t2")  # a config edited by hand: a label named IDK
