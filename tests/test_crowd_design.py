@@ -13,9 +13,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from saleval.config.crowd import StudyConfig
+from saleval.attribution import published_names
+from saleval.config.crowd import DesignError, StudyConfig
 from saleval.crowd.design import (
-    DesignError,
     assign_bundles,
     build_study,
     build_tasks,
@@ -29,20 +29,13 @@ from saleval.crowd.sampling import SamplingError, select_samples
 from saleval.pipeline import tables
 from saleval.pipeline.provenance import ProvenanceError
 from saleval.schema import to_schema
-from saleval.vocab import IDK
+from saleval.testing.runs import default_methods
+from saleval.vocab import IDK, PROBS
 from tests.conftest import compose_config
 
 AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-METHODS = [
-    "random",
-    "all_attention",
-    "last_attention",
-    "vanilla_gradient",
-    "input_x_gradient",
-    "integrated_gradients",
-    "deeplift",
-    "lime",
-]
+# the published study's methods, in the explain stage's order (the baseline first)
+METHODS = [m for m in default_methods() if m in published_names().values()]
 PAPER_KS = [5, 10, 20, 30, 40]
 
 
@@ -78,7 +71,7 @@ def synthetic_explain(
                 "text": " ".join(words) + ".",
                 "label": label,
                 "pred": pred,
-                **{f"prob_{n}": float(prob[j]) for j, n in enumerate(labels)},
+                **dict(zip(PROBS.columns(labels), map(float, prob))),
             }
         )
         start = 0
@@ -108,7 +101,7 @@ def write_explain_run(
             {"stage": "explain", "run_id": "", "fingerprint": "synthetic", "simulated": "false"}
         )
     )
-    labels = [c.removeprefix("prob_") for c in preds.columns if c.startswith("prob_")]
+    labels = PROBS.names(preds.columns)
     # the dataset's whole config node, as a real explain run records it (later stages adopt it)
     composed = OmegaConf.to_container(compose_config("train", [f"dataset={dataset}"]), resolve=True)
     node = composed["dataset"]  # type: ignore[index]

@@ -33,11 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from saleval.config.dataset import DatasetConfig, DatasetFiles
-from saleval.crowd.design.bundles import assign_bundles
-from saleval.crowd.design.tasks import task_id
+from saleval.config import DatasetConfig, DatasetFiles
+from saleval.crowd.design import assign_bundles, task_id
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.lu2024 import LU2024_METHODS, _read_blocks, read_lu2024
+from saleval.crowd.lu2024 import _read_blocks, read_lu2024
 from saleval.crowd.sampling import interleave
 from saleval.crowd.seeding import seeded_rng
 from saleval.crowd.source import CrowdTasks
@@ -109,7 +108,7 @@ def read_study(
     path: str | Path,
     label_names: Sequence[str],
     dataset: str,
-    methods: Mapping[str, str] = LU2024_METHODS,
+    methods: Mapping[str, str] | None = None,
 ) -> CrowdTasks:
     """Tasks, samples and published A of one published file, checked row by row as
     :func:`saleval.crowd.lu2024.read_lu2024` checks them."""

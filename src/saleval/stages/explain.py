@@ -184,7 +184,7 @@ class MethodReuse:
         run_id: str | None,
     ) -> None:
         """Store every method this run computed; mark each method reused or not."""
-        from saleval.attribution.base import method_name
+        from saleval.attribution import method_name
         from saleval.attribution.reuse import Stored
 
         for key, m in methods.items():
@@ -202,8 +202,7 @@ class MethodReuse:
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     from saleval.analysis import views
-    from saleval.attribution import explain_frame
-    from saleval.attribution.base import method_name
+    from saleval.attribution import explain_frame, method_name
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained
 
