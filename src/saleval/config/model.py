@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-#: The token limit texts are cut to when neither the config nor a train run gives one (the
-#: original study's 256 word pieces; docs/data-and-models.md).
+#: The token limit texts are cut to when neither the config nor a train run gives one,
+#: ``[CLS]`` and ``[SEP]`` included (docs/data-and-models.md).
 DEFAULT_MAX_LENGTH = 256
 
 #: Padded tokens per forward batch. Measured on the 2-core native-bf16 host (2026-11-24,
@@ -19,10 +19,11 @@ DEFAULT_MAX_LENGTH = 256
 #: activations fall out of the caches). docs/benchmarks.md#batch-size.
 DEFAULT_MAX_TOKENS = 4096
 
-#: Most sequences per forward batch, whatever the token budget leaves room for: it binds
-#: only for inputs of at most DEFAULT_MAX_TOKENS // DEFAULT_MAX_BATCH = 8 tokens (the
-#: metrics' inputs that keep one or two words). A cap on the batch's row count, not a
-#: measured optimum; LIME and occlusion keep their own
+#: Most sequences per forward batch (the metrics' ``metrics.inference.max_batch`` and
+#: forward_logits), whatever the token budget leaves room for: it binds only for inputs of
+#: at most DEFAULT_MAX_TOKENS // DEFAULT_MAX_BATCH = 8 tokens (the metrics' shortest
+#: perturbations). A cap on a batch's rows, not a measured optimum
+#: (docs/benchmarks.md#batch-size); LIME and occlusion keep their own
 #: (saleval.attribution.perturbation.PERTURBATION_MAX_BATCH).
 DEFAULT_MAX_BATCH = 512
 
