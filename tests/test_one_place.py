@@ -146,3 +146,31 @@ def test_each_forward_pass_default_is_stated_once() -> None:
     # the scan sees a number written in place
     tree = ast.parse("def f(max_batch=512): ...\nclass C:\n    max_length: int = 256\n")
     assert _number_defaults(tree) == ["f.max_batch:1", "C.max_length:3"]
+
+
+def _method_lists(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines of list, tuple or set literals that name six or more registered methods and
+    nothing else: the method list written out again."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple | ast.Set)
+        and len(node.elts) >= 6
+        and all(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+    ]
+
+
+def test_the_method_list_is_not_written_out_again() -> None:
+    """What a method is comes from its registration (docs/architecture.md §9) and which
+    methods run by default from ``conf/explain.yaml``; no module lists them again."""
+    from saleval.attribution import REGISTRY
+
+    names = set(REGISTRY)
+    listed = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in CODE
+        for line in _method_lists(ast.parse(p.read_text()), names)
+    }
+    assert not listed, sorted(listed)
+    nine = '("random", "all_attention", "last_attention", "vanilla_gradient", "lime", "deeplift")'
+    assert _method_lists(ast.parse(nine), names) == [1]
