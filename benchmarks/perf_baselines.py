@@ -21,13 +21,14 @@ import torch
 from benchmarks.common import Setup, Timing, timed
 from benchmarks.naive import probs_padded
 from saleval.metrics import faithfulness as F
+from saleval.metrics.config import MetricsConfig, n_words_for_fraction
 
 ROOT = Path(__file__).resolve().parents[1]
 FERRET_PYTHON = ROOT / ".venv-ferret" / "bin" / "python"
 
 
 def naive_metrics(
-    s: Setup, items: list[F.Explanation], config: F.MetricsConfig
+    s: Setup, items: list[F.Explanation], config: MetricsConfig
 ) -> tuple[dict[str, Timing], dict[tuple[str, str, str, str], float]]:
     """Every metric family per explanation, one padded forward per explanation and family
     (the switching point: per chunk of deletions), no cache; values keyed like the engine's."""
@@ -36,7 +37,7 @@ def naive_metrics(
     values: dict[tuple[str, str, str, str], float] = {}
     times: dict[str, Timing] = {}
     grid = [(F.k_label(k), lambda n, k=int(k): min(k, n)) for k in config.ks] + [
-        (F.k_label(f), lambda n, f=f: F.n_words_for_fraction(f, n)) for f in config.eraser_grid
+        (F.k_label(f), lambda n, f=f: n_words_for_fraction(f, n)) for f in config.eraser_grid
     ]
     p_full: dict[str, float] = {}
     target: dict[str, int] = {}
@@ -87,7 +88,7 @@ def naive_metrics(
     def log_odds() -> None:
         f = config.log_odds_fraction
         for e in items:
-            k = F.n_words_for_fraction(f, e.seg.n_words)
+            k = n_words_for_fraction(f, e.seg.n_words)
             seq = F.without_words(e.seg, e.order[:k], config.removal, tok)
             p = probs_padded(model, [seq], pad)[0, target[e.sample_id]]
             key = (e.sample_id, e.method, F.LOG_ODDS_DROP, F.k_label(f))

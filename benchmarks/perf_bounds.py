@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import Timing, synchronize, timed
+from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
 from saleval.modeling import inference
 
 
@@ -140,8 +141,9 @@ def padded_share(calls: list[tuple[list[Sequence[int]], dict[str, Any]]]) -> flo
     with inference.padding_tally() as tally:
         for seqs, kw in calls:
             lengths = [len(x) for x in seqs]
-            max_tokens = int(kw.get("max_tokens", inference.DEFAULT_MAX_TOKENS))
-            for idx in inference.length_batches(lengths, max_tokens, int(kw.get("max_batch", 512))):
+            max_tokens = int(kw.get("max_tokens", DEFAULT_MAX_TOKENS))
+            max_batch = int(kw.get("max_batch", DEFAULT_MAX_BATCH))
+            for idx in inference.length_batches(lengths, max_tokens, max_batch):
                 inference.count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
     return tally.fraction
 

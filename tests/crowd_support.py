@@ -17,20 +17,15 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from saleval.attribution import published_names
 from saleval.pipeline import tables
+from saleval.testing.runs import default_methods
+from saleval.vocab import PROBS
 from tests.conftest import compose_config
 
 AG_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-METHODS = [
-    "random",
-    "all_attention",
-    "last_attention",
-    "vanilla_gradient",
-    "input_x_gradient",
-    "integrated_gradients",
-    "deeplift",
-    "lime",
-]
+# the published study's methods, in the explain stage's order (the baseline first)
+METHODS = [m for m in default_methods() if m in published_names().values()]
 
 
 # --- synthetic explain runs ---------------------------------------------------------
@@ -65,7 +60,7 @@ def synthetic_explain(
                 "text": " ".join(words) + ".",
                 "label": label,
                 "pred": pred,
-                **{f"prob_{n}": float(prob[j]) for j, n in enumerate(labels)},
+                **dict(zip(PROBS.columns(labels), map(float, prob))),
             }
         )
         start = 0
@@ -101,7 +96,7 @@ def write_explain_run(
             }
         )
     )
-    labels = [c.removeprefix("prob_") for c in preds.columns if c.startswith("prob_")]
+    labels = PROBS.names(preds.columns)
     # the dataset's whole config node, as a real explain run records it (later stages adopt it)
     composed = OmegaConf.to_container(compose_config("train", [f"dataset={dataset}"]), resolve=True)
     node = composed["dataset"]  # type: ignore[index]

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from saleval.metrics.config import MetricsConfig, SwitchingConfig
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
+from saleval.vocab import PROBS
 from saleval.words import segment
 
 TOK_CFG = {
@@ -91,7 +92,7 @@ def fake_explain_run(
     attributions = pd.DataFrame(attr, columns=list(tables.ATTRIBUTIONS.columns))
     predictions = pd.DataFrame(preds)
     for j, name in enumerate(dataset["label_names"]):
-        predictions[f"prob_{name}"] = 1.0 / (j + 2)
+        predictions[PROBS.column(name)] = 1.0 / (j + 2)
     write_run(
         run_dir,
         "explain",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from saleval.metrics import faithfulness as F
+from saleval.metrics.registry import register_metric
 
 NAME = "top_word_drop"
 
@@ -20,7 +21,7 @@ class TopWordDropSettings:
     words: int = 1  # how many of the most salient words go
 
 
-@F.register_metric(
+@register_metric(
     NAME,
     higher_is_better=True,
     citation="docs/extending.md (an example)",

@@ -23,6 +23,7 @@ from saleval.analysis.metric_columns import select_columns, wide_metrics
 from saleval.attribution import AttributionError, explain_frame
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
+from saleval.vocab import PROBS
 from saleval.words import rank_words
 from tests.conftest import compose_config
 from tests.metrics_support import TINY_CFG
@@ -115,7 +116,7 @@ def test_explain_gives_the_explain_stages_tables(checkpoint: Path, stage_runs) -
         stage_attr[ours_attr.columns].sort_values(key).reset_index(drop=True),
         check_dtype=False,
     )
-    cols = ["sample_id", "text", "label", "pred", *(f"prob_{n}" for n in AG), "n_words"]
+    cols = ["sample_id", "text", "label", "pred", *PROBS.columns(AG), "n_words"]
     pd.testing.assert_frame_equal(
         ours_pred[cols].sort_values("sample_id").reset_index(drop=True),
         stage_pred[cols].sort_values("sample_id").reset_index(drop=True),

@@ -19,20 +19,27 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from saleval.analysis.reports import display_name
+from saleval.analysis.scoring import order_methods
 from saleval.analysis.views import highlight_html, overlap_matrix
 from saleval.attribution import (
     REGISTRY,
     AttributionError,
+    Lime,
+    Texts,
     attribute_words,
     build_method,
     explain_frame,
+    paper_methods,
+    published_names,
 )
-from saleval.attribution.base import Batch, Texts
+from saleval.attribution.base import Batch, register
 from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMethod
 from saleval.attribution.perturbation import lime_neighbourhood
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
 from saleval.pipeline.tracking import method_rows
+from saleval.vocab import PROBS
 from saleval.words import rank_words, segment, token_to_word_scores
 from tests.conftest import compose_config
 
@@ -101,6 +108,44 @@ def test_registry_covers_every_method_and_config() -> None:
 
     options = {p.stem for p in (paths.conf_dir() / "method").glob("*.yaml")}
     assert set(SMALL) == set(REGISTRY) == options
+
+
+def test_what_a_method_is_is_declared_where_it_registers() -> None:
+    # kept on the class, as Captum keeps a method's name on its class
+    assert IntegratedGradientsMethod.display_name == "Integrated Gradients"
+    assert IntegratedGradientsMethod.published_name == "Integrated_Gradient"
+    assert (
+        IntegratedGradientsMethod.paper_order == paper_methods().index("integrated_gradients") + 1
+    )
+    # read back in the paper's order: the published study had every method but occlusion
+    published = [m for m in paper_methods() if m != "occlusion"]
+    assert list(published_names().values()) == published
+    # and read by the tables: row order, the names shown
+    assert order_methods(["random", "captum_lime", "deeplift", "all_attention"]) == [
+        "all_attention",
+        "deeplift",
+        "captum_lime",
+        "random",
+    ]
+    assert display_name("deeplift") == "DeepLIFT" and display_name("captum_lime") == "captum_lime"
+    # a clash is refused where it is made, and registers nothing
+    with pytest.raises(ValueError, match="published name 'LIME' is lime's"):
+        register("my_lime", published="LIME")(type("MyLime", (Lime,), {}))
+    with pytest.raises(ValueError, match="paper_order 1 is all_attention's"):
+        register("my_lime", paper_order=1)(type("MyLime", (Lime,), {}))
+    assert "my_lime" not in REGISTRY
+    # a method of one's own says what it is the same way
+    try:
+        register("my_lime", display="My LIME", paper_order=10)(type("MyLime", (Lime,), {}))
+        assert display_name("my_lime") == "My LIME" and Lime.display_name == "LIME"
+        assert order_methods(["my_lime", "zeta", "lime", "random"]) == [
+            "lime",
+            "my_lime",
+            "zeta",
+            "random",
+        ]
+    finally:
+        REGISTRY.pop("my_lime")
 
 
 # --- every method --------------------------------------------------------------------
@@ -373,17 +418,8 @@ def test_lime_and_occlusion_find_a_planted_word(removal, tok) -> None:
 
 def test_method_configs_build_and_presets_compose() -> None:
     cfg = compose_config("explain")
-    assert list(cfg.method) == [
-        "random",
-        "all_attention",
-        "last_attention",
-        "vanilla_gradient",
-        "input_x_gradient",
-        "integrated_gradients",
-        "deeplift",
-        "lime",
-        "occlusion",
-    ]
+    # the explain stage's default methods are the paper's, the baseline first
+    assert list(cfg.method) == ["random", *(m for m in paper_methods() if m != "random")]
     for key, m in cfg.method.items():
         assert build_method(m, key).name == key
     lu = compose_config("explain", ["method=preset/lu2024"]).method
@@ -443,8 +479,8 @@ def test_explain_frame_tables(model, tok) -> None:
     )
     tables.ATTRIBUTIONS.validate(attr)
     tables.PREDICTIONS.validate(pred)
-    assert [f"prob_{x}" for x in LABELS] == [c for c in pred.columns if c.startswith("prob_")]
-    np.testing.assert_allclose(pred[[f"prob_{x}" for x in LABELS]].sum(1), 1.0, rtol=1e-5)
+    assert PROBS.of(pred.columns) == PROBS.columns(LABELS)  # in class-index order
+    np.testing.assert_allclose(pred[PROBS.columns(LABELS)].sum(1), 1.0, rtol=1e-5)
     assert set(timings) == {"random", "ig"} and timings["ig"]["examples_per_s"] > 0
     assert len(diag["ig"]["convergence_delta"]) == len(TEXTS)
     row = attr[(attr.sample_id == "s3") & (attr.method == "ig")].sort_values("word_index")

@@ -28,6 +28,7 @@ from saleval.attribution.frame import make_trainer
 from saleval.pipeline import tables
 from saleval.pipeline.stage import _RANK_VARS, Stage, is_main_process
 from saleval.pipeline.tracking import method_rows
+from saleval.vocab import PROBS
 from tests.conftest import compose_config
 
 #: the explain stage's default methods (all nine), as conf/explain.yaml lists them
@@ -92,7 +93,7 @@ def test_two_cpu_processes_write_the_single_device_tables(tiny_train_run: Path, 
 
     # same rows, same order; numbers equal up to the noise of another thread count
     assert set(attr1["method"]) == set(METHODS)
-    probs = [c for c in pred1.columns if c.startswith("prob_")]
+    probs = PROBS.of(pred1.columns)
     pd.testing.assert_frame_equal(pred1.drop(columns=probs), pred2.drop(columns=probs))
     np.testing.assert_allclose(pred1[probs], pred2[probs], rtol=1e-5, atol=1e-7)
     pd.testing.assert_frame_equal(attr1.drop(columns="score"), attr2.drop(columns="score"))

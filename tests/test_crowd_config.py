@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from saleval import paths
+from saleval.attribution import published_names
 from saleval.config.crowd import (
-    LU2024_METHODS,
     SCHEMAS,
     AnswersCrowdConfig,
     DesignError,
@@ -29,6 +29,7 @@ from saleval.crowd.answers import AnswerParser, normalise
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.aggregation import StrictMajority
 from saleval.crowd.importing.builtin import AnswersSource, PublishedSource
+from saleval.crowd.importing.published_format import method_names
 from saleval.crowd.importing.source import crowd_source
 from saleval.schema import to_schema
 from saleval.vocab import IDK_ALIASES
@@ -127,7 +128,15 @@ def test_defaults_live_in_one_place() -> None:
     assert list(answers.idk) == list(IDK_ALIASES)
     assert list(AnswersCrowdConfig().idk) == list(IDK_ALIASES)
     published = compose_config("import", ["crowd=lu2024"]).crowd
-    assert dict(published.methods) == LU2024_METHODS == PublishedCrowdConfig().methods
+    # the published method names are the methods' own, declared where they register; the
+    # config holds only names read otherwise, over them
+    assert dict(published.methods) == {} == PublishedCrowdConfig().methods
+    assert method_names() == published_names()
+    assert method_names({"IG": "integrated_gradients", "LIME": "captum_lime"}) == {
+        **published_names(),
+        "IG": "integrated_gradients",
+        "LIME": "captum_lime",
+    }
     # the aliases the stage read before they were defined once (conf/crowd/answers.yaml)
     # are exactly the ones it reads now
     before = ["I don't know", "I do not know", "dont know", "don't know", "idk", "unknown", "?"]

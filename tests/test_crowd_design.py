@@ -12,9 +12,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from saleval.config.crowd import StudyConfig
+from saleval.config.crowd import DesignError, StudyConfig
 from saleval.crowd.design import (
-    DesignError,
     assign_bundles,
     build_study,
     build_tasks,

@@ -19,6 +19,7 @@ from scipy import stats
 from transformers import PreTrainedTokenizerBase
 
 from saleval.metrics import faithfulness as F
+from saleval.metrics.config import MetricsConfig, n_words_for_fraction
 from saleval.pipeline import tables
 from saleval.pipeline.tracking import method_rows
 from saleval.words import segment
@@ -120,12 +121,12 @@ def test_pure_formulas() -> None:
     assert F.aopc(1.0, [0.5, 0.0]) == pytest.approx((0.5 + 1.0) / 3)
     assert F.switching_point([1, 1, 0], target=1, n_words=6) == (0.5, True)
     assert F.switching_point([1, 1], target=1, n_words=6) == (1.0, False)
-    assert F.n_words_for_fraction(0.01, 40) == 1
-    assert F.n_words_for_fraction(0.2, 40) == 8
-    assert F.n_words_for_fraction(0.5, 5) == 3
+    assert n_words_for_fraction(0.01, 40) == 1
+    assert n_words_for_fraction(0.2, 40) == 8
+    assert n_words_for_fraction(0.5, 5) == 3
     assert F.log_odds_drop(sig(2.0), sig(-1.0)) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="fraction"):
-        F.n_words_for_fraction(1.0, 10)
+        n_words_for_fraction(1.0, 10)
 
 
 def test_deletion_works_on_ids_and_never_decodes(tok, monkeypatch) -> None:
@@ -148,7 +149,7 @@ def test_deletion_works_on_ids_and_never_decodes(tok, monkeypatch) -> None:
     only = F.only_words(seg, [0])
     assert only == [tok.cls_token_id, ids("good"), tok.sep_token_id]
     for removal in ("delete", "mask", "unk"):
-        cfg = F.MetricsConfig(ks=[1, 2], eraser_grid=[0.2], aopc_k=2, removal=removal)
+        cfg = MetricsConfig(ks=[1, 2], eraser_grid=[0.2], aopc_k=2, removal=removal)
         res = F.evaluate(CountModel(tok, WEIGHTS), tok, exps, cfg)
         assert res.per_example["value"].notna().all()
 
@@ -158,7 +159,7 @@ def test_unk_removal_puts_unk_ids_in_place_of_the_pieces(tok) -> None:
     seg = segment(TEXT, tok, 64)
     e = F.Explanation("s1", "oracle", seg, SCORES["oracle"])
     model = CountModel(tok, {**WEIGHTS, "[UNK]": (1.5, 0.0)})
-    cfg = F.MetricsConfig(ks=[1], eraser_grid=[0.2], aopc_k=1, removal="unk")
+    cfg = MetricsConfig(ks=[1], eraser_grid=[0.2], aopc_k=1, removal="unk")
     v = F.evaluate(model, tok, [e], cfg).per_example.set_index(["metric", "k"])["value"]
     # removing good0 -> one [UNK]: goods 1, bads 1 + 1 unk-as-bad
     assert v["comprehensiveness", "1"] == pytest.approx(p1(2, 1) - p1(1, 2))
@@ -173,7 +174,7 @@ def test_random_method_scores_near_its_expectation(tok) -> None:
     n = 400
     exps = [F.Explanation(f"s{i}", "random", seg, rng.uniform(size=n_words)) for i in range(n)]
     model = CountModel(tok, {"good": (0.0, 1.0), "[CLS]": (0.0, -2.0)})
-    cfg = F.MetricsConfig(ks=[k], eraser_grid=[0.5], aopc_k=3)
+    cfg = MetricsConfig(ks=[k], eraser_grid=[0.5], aopc_k=3)
     res = F.evaluate(model, tok, exps, cfg)
     v = res.per_example
     comp = v[(v.metric == "comprehensiveness") & (v.k == str(k))]["value"].to_numpy()
@@ -306,7 +307,6 @@ def test_metrics_stage_runs_its_forward_passes_where_inference_accelerator_says(
 
 
 def test_metrics_inference_accelerator_is_checked(monkeypatch) -> None:
-    from saleval.metrics.config import MetricsConfig
     from saleval.stages.metrics import DeviceError, inference_device
 
     with pytest.raises(ValueError, match=r"metrics.inference.accelerator must be one of"):

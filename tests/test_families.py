@@ -16,7 +16,7 @@ import torch
 from scipy.stats import spearmanr
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from saleval.attribution.base import AttributionError, Texts, build_method
+from saleval.attribution import AttributionError, Texts, build_method
 from saleval.attribution.gradient import EmbeddingForward
 from saleval.modeling import inference
 from saleval.modeling.interface import (

@@ -21,6 +21,7 @@ from saleval.analysis import comparison_report, metric_columns
 from saleval.config.keys import UnknownKeyError
 from saleval.metrics import faithfulness as F
 from saleval.metrics import registry as R
+from saleval.metrics.config import MetricsConfig
 from saleval.words import segment
 from tests.conftest import compose_config
 from tests.metrics_support import CFG, SCORES, TEXT, WEIGHTS, CountModel, load_tok, p1
@@ -37,14 +38,14 @@ def tok():
 def toy_metric() -> Iterator[str]:
     """A toy faithfulness metric: the share of words with a positive score (higher better)."""
 
-    @F.register_metric(POSITIVE_SHARE, higher_is_better=True, citation="a test of issue 15")
+    @R.register_metric(POSITIVE_SHARE, higher_is_better=True, citation="a test of issue 15")
     class PositiveShare(F.PerturbationMetric):
         def reduce(self, ctx: F.Context, e: F.Explanation, probs: np.ndarray) -> list[F.Row]:
             assert len(probs) == 0  # it asked for no perturbed sequence
             return [(POSITIVE_SHARE, "", float((e.scores > 0).mean()))]
 
     yield POSITIVE_SHARE
-    F.unregister_metric(POSITIVE_SHARE)
+    R.unregister_metric(POSITIVE_SHARE)
     assert POSITIVE_SHARE not in R.outputs()
 
 
@@ -137,11 +138,11 @@ def test_an_unregistered_metric_is_named_not_dropped(caplog) -> None:
 
 def test_unknown_metrics_keys_fail_naming_the_key() -> None:
     with pytest.raises(ValueError, match="key 'aopc_kk'"):
-        F.MetricsConfig.from_config({"ks": [1], "aopc_kk": 3})
+        MetricsConfig.from_config({"ks": [1], "aopc_kk": 3})
     with pytest.raises(ValueError, match="key 'switching.chunks'"):
-        F.MetricsConfig.from_config({"ks": [1], "switching": {"chunks": 3}})
+        MetricsConfig.from_config({"ks": [1], "switching": {"chunks": 3}})
     with pytest.raises(ValueError, match="removal.*erase"):
-        F.MetricsConfig.from_config({"ks": [1], "removal": "erase"})
+        MetricsConfig.from_config({"ks": [1], "removal": "erase"})
     # at compose time: a misspelt override, or a key added to the schema's node
     with pytest.raises(ConfigCompositionException, match="metrics.aopc_kk"):
         compose_config("metrics", ["metrics.aopc_kk=3"])
@@ -151,19 +152,19 @@ def test_unknown_metrics_keys_fail_naming_the_key() -> None:
 
 def test_metrics_config_defaults_live_in_the_schema() -> None:
     cfg = compose_config("metrics", ["kgrid=smoke", "metrics=quick"])
-    m = F.MetricsConfig.from_config(cfg.metrics)
+    m = MetricsConfig.from_config(cfg.metrics)
     assert m.ks == list(cfg.kgrid.ks)  # ${kgrid.ks}: the crowd k-grid
     assert m.eraser_grid == [0.05, 0.2] and m.switching.max_fraction == 0.5  # quick.yaml
     assert m.aopc_k == 10 and m.switching.chunk == 10 and m.removal == "delete"  # schema
     assert (
-        F.MetricsConfig.from_config(compose_config("metrics", ["metrics=unk"]).metrics).removal
+        MetricsConfig.from_config(compose_config("metrics", ["metrics=unk"]).metrics).removal
         == "unk"
     )
     over = compose_config("metrics", ["metrics.ks=[2,5]", "metrics.inference.bf16=auto"])
-    m = F.MetricsConfig.from_config(over.metrics)
+    m = MetricsConfig.from_config(over.metrics)
     assert m.ks == [2, 5] and m.inference.bf16 == "auto"
     with pytest.raises(ValueError, match="unresolved"):
-        F.MetricsConfig()  # ks defaults to the k-grid, which only a composed config has
+        MetricsConfig()  # ks defaults to the k-grid, which only a composed config has
 
 
 def test_every_builtin_row_matches_an_independent_recomputation(tok) -> None:
@@ -231,24 +232,24 @@ def test_a_metrics_settings_are_checked_where_the_config_is() -> None:
     with pytest.raises(ValueError, match="needs a name like"):
         R.register_metric("window-ed", higher_is_better=True, citation="x", settings=Window)
 
-    @F.register_metric("windowed", higher_is_better=True, citation="a test", settings=Window)
+    @R.register_metric("windowed", higher_is_better=True, citation="a test", settings=Window)
     class Windowed(F.PerturbationMetric):
         def reduce(self, ctx: F.Context, e: F.Explanation, probs: np.ndarray) -> list[F.Row]:
             return []
 
     try:
         assert R.registered()[-1].info.settings is Window
-        assert F.MetricsConfig(ks=[1]).settings_of("windowed") == Window()  # its defaults
+        assert MetricsConfig(ks=[1]).settings_of("windowed") == Window()  # its defaults
         cfg = compose_config("metrics", ["metrics.settings.windowed.width=5"])
-        assert F.MetricsConfig.from_config(cfg.metrics).settings_of("windowed") == Window(5)
+        assert MetricsConfig.from_config(cfg.metrics).settings_of("windowed") == Window(5)
         with pytest.raises(ConfigCompositionException, match="settings.windowed.widht"):
             compose_config("metrics", ["metrics.settings.windowed.widht=5"])
         with pytest.raises(ValueError, match="key 'settings.windowed.width'"):
-            F.MetricsConfig.from_config({"ks": [1], "settings": {"windowed": {"width": "x"}}})
+            MetricsConfig.from_config({"ks": [1], "settings": {"windowed": {"width": "x"}}})
         with pytest.raises(ValueError, match=r"\['nameless'\] name no registered metric"):
-            F.MetricsConfig(ks=[1], settings={"nameless": {}})
+            MetricsConfig(ks=[1], settings={"nameless": {}})
         with pytest.raises(KeyError, match="declares no settings"):
-            F.MetricsConfig(ks=[1]).settings_of("sufficiency")
+            MetricsConfig(ks=[1]).settings_of("sufficiency")
     finally:
         R.unregister_metric("windowed")
     # once unregistered, its node is gone from the schema: the key fails at compose again

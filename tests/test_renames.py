@@ -111,15 +111,54 @@ def test_renamed_matches_whole_dotted_parts_only() -> None:
     assert renamed("crowdkit.aggregation.MACE") == "crowdkit.aggregation.MACE"
 
 
-def _reexports(path: Path) -> list[str]:
+ROOT = SRC.parents[1]
+#: where names are imported: the package, its tests and its benchmarks
+CODE = [*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+
+
+def _module(path: Path) -> str:
+    """The dotted name of a file under ``src`` (a package's ``__init__``: the package)."""
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(tree: ast.Module) -> dict[str, str]:
+    """Name -> the module a module-level ``from m import name`` takes it from."""
+    return {
+        a.asname or a.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for a in node.names
+    }
+
+
+def _all(tree: ast.Module) -> list[str]:
+    """The names a module lists in ``__all__``."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def _reexports(source: str, module: str, package: bool) -> list[str]:
     """Names a module imports only to hand on: ``import x as x`` (PEP 484's re-export
-    spelling) or ``from m import *``."""
+    spelling), ``from m import *``, or another package's name listed in ``__all__``. A
+    package's ``__init__`` (``package``) may list its own modules' names — its public
+    API, as ``captum/attr/__init__.py`` does; any other module lists what it defines."""
+    tree = ast.parse(source)
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             for a in node.names:
                 if a.name == "*" or (a.asname is not None and a.asname == a.name):
                     found.append(f"{node.module}.{a.name}")
+    imported = _imported(tree)
+    for name in _all(tree):
+        origin = imported.get(name)
+        if origin and not (package and origin.startswith(f"{module}.")):
+            found.append(f"{origin}.{name} in __all__")
     return found
 
 
@@ -127,9 +166,47 @@ def test_no_module_re_exports_another_modules_names() -> None:
     offenders = {
         str(p.relative_to(SRC)): names
         for p in sorted(SRC.rglob("*.py"))
-        if (names := _reexports(p))
+        if (names := _reexports(p.read_text(), _module(p), p.name == "__init__.py"))
     }
     assert not offenders, offenders
+    # what the check catches and what it leaves: a package lists its own modules' names
+    facade = (
+        "from saleval.config.crowd import DesignError\n"
+        "from saleval.crowd.design.tasks import task_id\n"
+        "__all__ = ['DesignError', 'task_id']\n"
+    )
+    handed_on = ["saleval.config.crowd.DesignError in __all__"]
+    assert _reexports(facade, "saleval.crowd.design", package=True) == handed_on
+    assert len(_reexports(facade, "saleval.crowd.design.study", package=False)) == 2
+    assert _reexports("from a import b as b\nfrom c import *\n", "m", False) == ["a.b", "c.*"]
     # the modules kept only for old addresses are gone
     for old in ("data.py", "models.py", "faithfulness", "metrics_config.py", "plausibility.py"):
         assert not (SRC / old).exists(), old
+
+
+def test_each_name_has_one_address() -> None:
+    """A name a package's ``__init__`` lists is imported, outside that package, from one
+    address — the package or the module that defines it, not both — so code, tests and
+    benchmarks never hold two spellings of one class."""
+    public: dict[tuple[str, str], str] = {}  # (defining module, name) -> its package
+    for init in SRC.rglob("__init__.py"):
+        tree = ast.parse(init.read_text())
+        imported = _imported(tree)
+        for name in _all(tree):
+            if name in imported:
+                public[(imported[name], name)] = _module(init)
+    addresses: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for path in CODE:
+        where = _module(path) if path.is_relative_to(SRC) else str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            for a in node.names:
+                for (origin, name), package in public.items():
+                    inside = where == package or where.startswith(f"{package}.")
+                    if a.name == name and node.module in (origin, package) and not inside:
+                        used = addresses.setdefault((origin, name), {})
+                        used.setdefault(node.module, []).append(f"{where}:{node.lineno}")
+    assert public, "no package lists its public names"
+    two = {f"{origin}.{name}": used for (origin, name), used in addresses.items() if len(used) > 1}
+    assert not two, two

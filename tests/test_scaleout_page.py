@@ -53,6 +53,7 @@ from saleval import paths
 from saleval.pipeline import dead_runs, slurm_state, tables
 from saleval.scaleout.slurm_local import LocalCluster
 from saleval.scaleout.slurm_local import missing as slurm_missing
+from saleval.vocab import PROBS
 from tests.page_walk import Page, Ran, Shell, missing_lines
 from tests.scaleout_support import BIN, launch, require, runs_of, subprocess_env
 
@@ -352,7 +353,7 @@ def _check_srun_step(walk: Walk, client: MlflowClient, ran: Ran) -> None:
     pred1, pred2 = tables.PREDICTIONS.read(one), tables.PREDICTIONS.read(two)
     attr1, attr2 = tables.ATTRIBUTIONS.read(one), tables.ATTRIBUTIONS.read(two)
     assert set(attr1["method"]) == {"random", "vanilla_gradient", "lime", "occlusion"}
-    probs = [c for c in pred1.columns if c.startswith("prob_")]
+    probs = PROBS.of(pred1.columns)
     pd.testing.assert_frame_equal(pred1.drop(columns=probs), pred2.drop(columns=probs))
     np.testing.assert_allclose(pred1[probs], pred2[probs], rtol=1e-5, atol=1e-7)
     pd.testing.assert_frame_equal(attr1.drop(columns="score"), attr2.drop(columns="score"))

@@ -24,7 +24,7 @@ from saleval.crowd.simulation.workers import simulate_crowd
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tables
 from saleval.schema import to_schema
-from saleval.vocab import IDK
+from saleval.vocab import IDK, PROBS
 from saleval.words import word_spans
 from tests.conftest import DATA_ROOT, compose_config
 from tests.crowd_support import AG_LABELS, METHODS, synthetic_explain, write_explain_run
@@ -79,7 +79,7 @@ def real_ag_news_explain(run_dir: Path, n_per_class: int = 10) -> Path:
         prob[r.label] = 0.94
         preds.append(
             {"sample_id": r.sample_id, "text": r.text, "label": r.label, "pred": r.label}
-            | {f"prob_{n}": float(prob[j]) for j, n in enumerate(AG_LABELS)}
+            | dict(zip(PROBS.columns(AG_LABELS), map(float, prob)))
         )
         rand = rng.uniform(size=len(spans))
         for j, (s, e) in enumerate(spans):

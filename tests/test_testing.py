@@ -13,6 +13,7 @@ from saleval.pipeline import tables
 from saleval.testing import make_task_run
 from saleval.testing.load_workers import LoadResult, WorkerLog
 from saleval.testing.runs import TRICKY, study_grid
+from saleval.vocab import PROBS
 
 
 @pytest.mark.parametrize(("n_bundles", "bundle_size"), [(4, 5), (50, 4), (7, 3)])
@@ -46,7 +47,7 @@ def test_task_run_is_a_saleval_tasks_run_of_a_synthetic_explain_run(
     for d in (run, explain):
         assert OmegaConf.load(d / "config.yaml").dataset.name == "imdb"
     preds = tables.PREDICTIONS.read(explain)
-    assert list(preds.filter(like="prob_").columns) == ["prob_negative", "prob_positive"]
+    assert PROBS.of(preds.columns) == ["prob_negative", "prob_positive"]
     assert {"bundles_wide.csv", "bundles_long.csv", "instructions.md"} <= {
         p.name for p in run.iterdir()
     }

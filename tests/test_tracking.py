@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from saleval.modeling.models import build_model, load_tokenizer, load_trained
 from saleval.pipeline import run_naming, tracking, views
-from saleval.testing.runs import explain_frames, make_explain_run
+from saleval.testing import explain_frames, make_explain_run
 from tests.conftest import compose_config
 
 

@@ -38,6 +38,7 @@ import pandas as pd
 
 from saleval import paths
 from saleval.pipeline import tables
+from saleval.vocab import PROBS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -238,7 +239,7 @@ def _frame(
     predictions: pd.DataFrame, attributions: pd.DataFrame, max_length: int, model: str | None
 ) -> pd.DataFrame:
     """One row per (text, method, word): the attribution columns, then the text's own."""
-    per_text = [c for c in predictions.columns if c in _PER_TEXT or c.startswith("prob_")]
+    per_text = [c for c in predictions.columns if c in _PER_TEXT or PROBS.holds(c)]
     out = attributions.merge(
         predictions[["sample_id", *per_text]], on="sample_id", how="left", validate="many_to_one"
     )
@@ -257,9 +258,7 @@ def _tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             "saleval.read_explanations() returned"
         )
     attr_cols = [*tables.ATTRIBUTIONS.columns, *(["target"] if "target" in frame else [])]
-    pred_cols = ["sample_id"] + [
-        c for c in frame.columns if c in _PER_TEXT or c.startswith("prob_")
-    ]
+    pred_cols = ["sample_id"] + [c for c in frame.columns if c in _PER_TEXT or PROBS.holds(c)]
     predictions = frame[pred_cols].drop_duplicates("sample_id").reset_index(drop=True)
     return predictions, frame[attr_cols].reset_index(drop=True)
 
@@ -287,7 +286,8 @@ def explain(
     None keeping the file's); None: the methods ``saleval-explain`` runs by default.
     ``target``: explain the model's ``prediction`` (no labels needed) or the ``gold``
     label (``labels`` required: class indices or names). ``max_length``: None takes the
-    train run's, else 256, as the explain stage does; the model's position limit caps it
+    train run's, else :data:`saleval.config.model.DEFAULT_MAX_LENGTH` (256), as the explain
+    stage does; the model's position limit caps it
     (:func:`saleval.modeling.interface.effective_max_length`). ``seed``: None takes the explain
     stage's default, so seeded methods (random, LIME) give the stage's numbers.
 
@@ -429,5 +429,5 @@ def highlight(
         order = {m: i for i, m in enumerate(methods)}
         attributions = attributions[attributions["method"].isin(order)]
         attributions = attributions.sort_values("method", key=lambda s: s.map(order), kind="stable")
-    label_names = [c.removeprefix("prob_") for c in predictions.columns if c.startswith("prob_")]
+    label_names = PROBS.names(predictions.columns)
     return HTMLPage(highlight_html(predictions, attributions, samples, k, label_names, title))

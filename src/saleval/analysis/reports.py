@@ -18,23 +18,22 @@ from matplotlib.figure import Figure
 
 from saleval.analysis.scoring import order_methods
 
-DISPLAY_NAMES = {
-    "all_attention": "All Attention",
-    "last_attention": "Last Attention",
-    "vanilla_gradient": "Vanilla Gradient",
-    "input_x_gradient": "InputXGrad",
-    "integrated_gradients": "Integrated Gradients",
-    "deeplift": "DeepLIFT",
-    "lime": "LIME",
-    "occlusion": "Occlusion",
-    "random": "Random",
-}
-
 SIMULATED = "SIMULATED"
 
 
 def display_name(method: str) -> str:
-    return DISPLAY_NAMES.get(method, method)
+    """How tables and plots name ``method``: the ``display`` its registration declares
+    (:func:`saleval.attribution.base.register`), else its own name (a method configured
+    under another name, or one from outside the package).
+
+    >>> display_name("integrated_gradients"), display_name("lime_20")
+    ('Integrated Gradients', 'lime_20')
+    """
+    # the method modules load torch: imported when first asked, not with a stage
+    from saleval.attribution import REGISTRY
+
+    shown = REGISTRY[method].display_name if method in REGISTRY else None
+    return shown or method
 
 
 def title(text: str, simulated: bool) -> str:

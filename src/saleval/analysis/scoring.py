@@ -34,25 +34,24 @@ from saleval.pipeline import tables
 
 log = logging.getLogger(__name__)
 
-METHOD_ORDER: tuple[str, ...] = (
-    "all_attention",
-    "last_attention",
-    "vanilla_gradient",
-    "input_x_gradient",
-    "integrated_gradients",
-    "deeplift",
-    "lime",
-    "occlusion",
-)
-"""The paper's row order; other methods follow alphabetically, ``random`` last."""
-
 BASELINE = "random"
 
 
 def order_methods(methods: Iterable[str]) -> list[str]:
+    """Methods in the paper's row order (each method's ``paper_order``, declared where it
+    registers: :func:`saleval.attribution.base.register`), the others alphabetically after
+    them, the baseline last.
+
+    >>> order_methods(["random", "zeta", "lime", "all_attention", "alpha"])
+    ['all_attention', 'lime', 'alpha', 'zeta', 'random']
+    """
+    # the method modules load torch: imported when first asked, not with a stage
+    from saleval.attribution import paper_methods
+
+    paper = [m for m in paper_methods() if m != BASELINE]
     ms = sorted(set(methods))
-    known = [m for m in METHOD_ORDER if m in ms]
-    rest = [m for m in ms if m not in METHOD_ORDER and m != BASELINE]
+    known = [m for m in paper if m in ms]
+    rest = [m for m in ms if m not in paper and m != BASELINE]
     return known + rest + ([BASELINE] if BASELINE in ms else [])
 
 

@@ -9,12 +9,18 @@ Two entry points for the other stages:
     config group (a mapping with ``_target_`` naming a class of this package, or a
     registry name, plus its settings), or an already-built :class:`Attributor`.
 
-``explain_frame(model, tokenizer, df, methods, target="prediction", max_length=256, ...)``
+``explain_frame(model, tokenizer, df, methods, target="prediction", max_length=..., ...)``
     For a table with ``sample_id, text`` (and ``label``, needed for ``target="gold"``):
     predictions and word attributions of every configured method, as frames matching
     ``tables.PREDICTIONS`` and ``tables.ATTRIBUTIONS`` (``method`` = the method's unique
-    name: its key in ``methods`` or an explicit ``name:`` in its config).
+    name: its key in ``methods`` or an explicit ``name:`` in its config). ``max_length``
+    defaults to :data:`saleval.config.model.DEFAULT_MAX_LENGTH`.
     :mod:`saleval.api` wraps it for notebooks (``docs/api.md``).
+
+What a method is — how tables and plots name it, its name in the original study's
+published results, its row in the paper's tables — is declared where it registers
+(:func:`saleval.attribution.base.register`) and kept on its class; :func:`paper_methods`
+and :func:`published_names` read it back.
 
 Every method produces *token* scores over a padded batch; one shared step
 (:func:`saleval.words.token_to_word_scores`) turns them into word scores, so no method
@@ -33,6 +39,8 @@ from saleval.attribution.base import (
     attribute_words,
     build_method,
     method_name,
+    paper_methods,
+    published_names,
 )
 from saleval.attribution.frame import explain_frame
 from saleval.attribution.gradient import (
@@ -65,4 +73,6 @@ __all__ = [
     "build_method",
     "explain_frame",
     "method_name",
+    "paper_methods",
+    "published_names",
 ]

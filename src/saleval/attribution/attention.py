@@ -217,14 +217,14 @@ class _Attention(TokenAttributor):
         return combine_layers(chosen, mask, n_heads, query, self.aggregate)
 
 
-@register("all_attention")
+@register("all_attention", display="All Attention", published="All_Attention", paper_order=1)
 class AllAttention(_Attention):
     """Attention received per token, averaged over every layer, head and query."""
 
     layers = "all"
 
 
-@register("last_attention")
+@register("last_attention", display="Last Attention", published="Last_Attention", paper_order=2)
 class LastAttention(_Attention):
     """Attention received per token in the last layer, averaged over heads and queries."""
 

@@ -45,15 +45,63 @@ class AttributionError(UserError, ValueError):
 REGISTRY: dict[str, type[Attributor]] = {}
 
 
-def register(name: str) -> Callable[[type[Attributor]], type[Attributor]]:
-    """Class decorator: make a method buildable by its registry name."""
+def register(
+    name: str,
+    *,
+    display: str | None = None,
+    published: str | None = None,
+    paper_order: int | None = None,
+) -> Callable[[type[Attributor]], type[Attributor]]:
+    """Class decorator: make a method buildable by its registry name, and say what it is.
+
+    What a method is travels with its class, as Captum keeps a method's name on its
+    class (docs/extending.md, *A saliency method*): ``display``, how tables and plots name
+    it (default: ``name``); ``published``, its name in the original crowd study's
+    published results (Lu et al. 2024), which ``crowd=lu2024`` reads; ``paper_order``,
+    its row in that paper's tables. Two methods cannot share a published name or a row.
+    """
 
     def deco(cls: type[Attributor]) -> type[Attributor]:
+        for other, known in REGISTRY.items():
+            if other == name:
+                continue
+            if published is not None and known.published_name == published:
+                raise ValueError(f"{name}: published name {published!r} is {other}'s")
+            if paper_order is not None and known.paper_order == paper_order:
+                raise ValueError(f"{name}: paper_order {paper_order} is {other}'s")
         REGISTRY[name] = cls
         cls.registry_name = name
+        cls.display_name = display or name
+        cls.published_name = published
+        cls.paper_order = paper_order
         return cls
 
     return deco
+
+
+def paper_methods() -> list[str]:
+    """The registered methods of the paper's tables, in its row order.
+
+    >>> paper_methods()[:2], paper_methods()[-1]
+    (['all_attention', 'last_attention'], 'random')
+    """
+    rows = sorted(
+        (cls.paper_order, name) for name, cls in REGISTRY.items() if cls.paper_order is not None
+    )
+    return [name for _, name in rows]
+
+
+def published_names() -> dict[str, str]:
+    """Published method name -> registry name, for every method that declares one (in
+    the paper's row order).
+
+    >>> published_names()["Integrated_Gradient"]
+    'integrated_gradients'
+    """
+    order = {name: i for i, name in enumerate(paper_methods())}
+    named = [(n, cls.published_name) for n, cls in REGISTRY.items() if cls.published_name]
+    named.sort(key=lambda pair: (order.get(pair[0], len(order)), pair[0]))
+    return {published: name for name, published in named}
 
 
 @dataclass
@@ -170,6 +218,11 @@ class Attributor(abc.ABC):
     """
 
     registry_name = "?"
+    #: what the method is (:func:`register`): how tables name it, its name in the published
+    #: crowd results, its row in the paper's tables
+    display_name: str | None = None
+    published_name: str | None = None
+    paper_order: int | None = None
     #: methods that read attention weights run the model's eager attention; all others
     #: run the fused sdpa kernels (same outputs, faster; saleval.modeling.inference).
     needs_attention_weights = False

@@ -57,11 +57,12 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
+from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import sigterm_raises
 from saleval.modeling.inference import n_labels_of, predict_proba
-from saleval.modeling.interface import DEFAULT_MAX_LENGTH, check_padding
+from saleval.modeling.interface import check_padding
 from saleval.modeling.models import label_names_of
-from saleval.vocab import Target
+from saleval.vocab import PROBS, Target
 from saleval.words import Segmentation, segment
 
 #: one phase's per-batch function: example indices -> (one output per example, diagnostics)
@@ -403,7 +404,7 @@ def explain_frame(
             "text": texts,
             **label_column,
             "pred": probs.argmax(1).astype(np.int64),
-            **{f"prob_{name}": probs[:, c] for c, name in enumerate(label_names)},
+            **dict(zip(PROBS.columns(label_names), probs.T)),
             "n_words": [s.n_words for s in segs],
             "truncated": [s.truncated for s in segs],
         }

@@ -223,7 +223,9 @@ def reduce_hidden(grad: torch.Tensor, reduction: str) -> torch.Tensor:
     return grad.sum(-1)
 
 
-@register("vanilla_gradient")
+@register(
+    "vanilla_gradient", display="Vanilla Gradient", published="Vanilla_Gradient", paper_order=3
+)
 class VanillaGradient(_EmbeddingMethod):
     """Gradient of the target output w.r.t. the embeddings (Captum ``Saliency``), reduced
     over the hidden dimension by ``reduction`` (``l1`` default, ``l2``, ``mean``, ``sum``)."""
@@ -239,7 +241,7 @@ class VanillaGradient(_EmbeddingMethod):
         return reduce_hidden(grad, self.reduction)
 
 
-@register("input_x_gradient")
+@register("input_x_gradient", display="InputXGrad", published="InputXGrad", paper_order=4)
 class InputXGradientMethod(_EmbeddingMethod):
     """Gradient · embedding per token (Captum ``InputXGradient`` summed over the hidden dim)."""
 
@@ -253,7 +255,7 @@ class InputXGradientMethod(_EmbeddingMethod):
 # Measured (2026-11-24, native-bf16 2-core host, 3 texts of 256 tokens, 50 steps): 10-25
 # rows (2,560-6,400 tokens) 13.0 s, 50 rows 15.2 s, 100 rows (25,600 tokens) 17.9 s; short
 # AG News texts (48 tokens) ran within noise from 25 to 200 rows. Large activations fall
-# out of the caches, as in saleval.modeling.inference.DEFAULT_MAX_TOKENS.
+# out of the caches, as in saleval.config.model.DEFAULT_MAX_TOKENS.
 DEFAULT_INTERNAL_MAX_TOKENS = 4096
 
 # Rows (examples × steps) per forward/backward chunk, measured on this shared 2-core CPU
@@ -266,7 +268,12 @@ DEFAULT_INTERNAL_MAX_TOKENS = 4096
 DEFAULT_INTERNAL_BATCH_SIZE = 100
 
 
-@register("integrated_gradients")
+@register(
+    "integrated_gradients",
+    display="Integrated Gradients",
+    published="Integrated_Gradient",
+    paper_order=5,
+)
 class IntegratedGradientsMethod(_BaselineMethod):
     """Captum IG from a baseline to the embeddings, summed over the hidden dim.
 
@@ -398,7 +405,7 @@ class IntegratedGradientsMethod(_BaselineMethod):
         return attr, attr.sum(dim=(1, 2)) - path.output_gap()
 
 
-@register("deeplift")
+@register("deeplift", display="DeepLIFT", published="DeepLIFT", paper_order=6)
 class DeepLiftMethod(_BaselineMethod):
     """Captum DeepLIFT (rescale rule) from a baseline to the embeddings, summed over hidden.
 

@@ -7,7 +7,7 @@ import numpy as np
 from saleval.attribution.base import Attributor, Texts, register, sample_rng
 
 
-@register("random")
+@register("random", display="Random", published="Random", paper_order=9)
 class RandomScores(Attributor):
     """Uniform(0, 1) per word, drawn from a generator seeded by (``seed``, the sample's text).
 

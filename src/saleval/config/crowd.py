@@ -2,9 +2,10 @@
 
 They live with the other schemas, below the code that reads them: this module imports
 nothing of :mod:`saleval.crowd`. The words their fields take (``Policy``,
-``WorkerIdCase``, ``BalanceBy``, the published method names) and the errors their checks
-raise (``DesignError``, ``SimulationError``) are declared here, and the crowd modules take
-them from here (docs/architecture.md, section 4).
+``WorkerIdCase``, ``BalanceBy``) and the errors their checks raise (``DesignError``,
+``SimulationError``) are declared here, and the crowd modules take them from here
+(docs/architecture.md, section 4). The published method names are not: each method
+declares its own where it registers (:func:`saleval.attribution.base.register`).
 
 Each group's fields and defaults are declared once, here, as OmegaConf structured
 configs: the YAML files of a group list the schema first in their defaults and then
@@ -308,19 +309,6 @@ class WorkerIdCase(StrEnum):
         return value if self is WorkerIdCase.sensitive else value.casefold()
 
 
-LU2024_METHODS: dict[str, str] = {
-    "All_Attention": "all_attention",
-    "Last_Attention": "last_attention",
-    "Vanilla_Gradient": "vanilla_gradient",
-    "InputXGrad": "input_x_gradient",
-    "Integrated_Gradient": "integrated_gradients",
-    "DeepLIFT": "deeplift",
-    "LIME": "lime",
-    "Random": "random",
-}
-"""Published method name -> saleval method name; the default of ``crowd.methods``."""
-
-
 class IdkAs(StrEnum):
     """How Krippendorff's alpha treats "I don't know" (``crowd.agreement.idk``)."""
 
@@ -383,8 +371,10 @@ class PublishedCrowdConfig:
     path: str | None = None  # required: the published file (saleval-import/-score check it)
     policy: Policy = Policy.report
     encoding: str = "utf-8"
-    # published method name -> saleval method name
-    methods: dict[str, str] = field(default_factory=lambda: dict(LU2024_METHODS))
+    # published method name -> saleval method name, over the published name each method
+    # declares where it registers (saleval.attribution.base.register): only a name of
+    # another study's file, or one read differently, needs an entry here
+    methods: dict[str, str] = field(default_factory=dict)
 
 
 SCHEMAS: dict[tuple[str, str], type] = {

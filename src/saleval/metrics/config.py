@@ -30,6 +30,7 @@ from typing import Any
 from omegaconf import II, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
 from saleval.metrics.registry import import_plugins, registered
 from saleval.schema import to_schema
 from saleval.vocab import Removal
@@ -87,10 +88,8 @@ class SwitchingConfig:
 class InferenceConfig:
     """Batched forward passes (:func:`saleval.modeling.inference.predict_proba`)."""
 
-    max_tokens: int = (
-        4096  # padded tokens per batch (fastest measured: inference.DEFAULT_MAX_TOKENS)
-    )
-    max_batch: int = 512
+    max_tokens: int = DEFAULT_MAX_TOKENS  # padded tokens per batch (fastest measured)
+    max_batch: int = DEFAULT_MAX_BATCH  # sequences per batch, binding only for the shortest
     # true | false | auto: bf16 autocast only where the hardware has it (GPU, AMX/AVX512-BF16
     # CPU; emulated bf16 is ~8x slower, saleval.modeling.inference.use_bf16). A str: OmegaConf has no
     # bool | str type; "true"/"false" parse as the booleans.

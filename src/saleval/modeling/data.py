@@ -40,7 +40,7 @@ from omegaconf.errors import (
 )
 from sklearn.model_selection import train_test_split
 
-from saleval.config.dataset import DatasetConfig, DataSource
+from saleval.config import DatasetConfig, DataSource
 from saleval.modeling.data_checks import (
     DataError,
     count_rows,

@@ -27,6 +27,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
+
 
 def n_labels_of(model: PreTrainedModel) -> int:
     """How many classes ``model`` scores (its ``config.num_labels``)."""
@@ -34,13 +36,6 @@ def n_labels_of(model: PreTrainedModel) -> int:
     if n is None:  # transformers types it Optional: a config without id2label
         raise ValueError(f"{type(model).__name__}: config has no num_labels; not a classifier")
     return int(n)
-
-
-#: Padded tokens per forward batch. Measured on the 2-core native-bf16 host (2026-11-24,
-#: 284 occlusion inputs of 25-75 tokens, the embedded MiniLM): 2,048-4,096 tokens per
-#: batch ran fastest in fp32 and bf16; 8,192 was 1.15x and 16,384 1.56x slower (larger
-#: activations fall out of the caches). docs/benchmarks.md#batch-size.
-DEFAULT_MAX_TOKENS = 4096
 
 
 @dataclass
@@ -348,7 +343,7 @@ def forward_logits(
     *,
     tokenizer: PreTrainedTokenizerFast | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    max_batch: int = 512,
+    max_batch: int = DEFAULT_MAX_BATCH,
     bf16: BF16 = False,
     progress: bool = False,
     desc: str = "forward",

@@ -33,12 +33,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import UserError
 
 #: the positions a classifier's logits read: the first token, the last non-pad token, all
 Reads = Literal["first", "last", "mean"]
-#: the token limit when neither the caller nor a train run gives one (SPEC: 256 tokens)
-DEFAULT_MAX_LENGTH = 256
 #: what the gradient methods attribute to (docs/methods.md#embeddings)
 EMBEDDING_LAYERS = ("embeddings", "word_embeddings")
 

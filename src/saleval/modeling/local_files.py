@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from saleval.config.dataset import DatasetConfig
+from saleval.config import DatasetConfig
 from saleval.modeling.data_checks import (
     DataError,
     count_rows,

@@ -122,17 +122,21 @@ class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
 
 
 class TextDataModule(L.LightningDataModule):
-    """Train/validation/test splits of a :class:`saleval.modeling.data.DatasetSplits`."""
+    """Train/validation/test splits of a :class:`saleval.modeling.data.DatasetSplits`.
+
+    The loader settings have no defaults here: they are ``trainer.loader``'s
+    (:class:`saleval.config.trainer.LoaderConfig`, through :meth:`from_config`)."""
 
     def __init__(
         self,
         splits: Mapping[str, pd.DataFrame],
         tokenizer: PreTrainedTokenizerFast,
-        max_length: int = 256,
-        batch_size: int = 16,
-        eval_batch_size: int = 64,
-        num_workers: int = 0,
-        length_grouped: bool = True,
+        *,
+        max_length: int,
+        batch_size: int,
+        eval_batch_size: int,
+        num_workers: int,
+        length_grouped: bool,
         seed: int = 0,
         interface: ModelInterface | None = None,
     ) -> None:
@@ -221,15 +225,18 @@ class TextDataModule(L.LightningDataModule):
 
 
 class SequenceClassifier(L.LightningModule):
-    """AdamW fine-tuning of a Hugging Face sequence classifier."""
+    """AdamW fine-tuning of a Hugging Face sequence classifier; the optimiser's settings
+    are ``trainer.optimizer``'s (:class:`saleval.config.trainer.OptimizerConfig`, given by
+    :func:`fit`), with no second set of defaults here."""
 
     def __init__(
         self,
         model: PreTrainedModel,
-        lr: float = 2e-5,
-        weight_decay: float = 0.01,
-        warmup_ratio: float = 0.0,
-        scheduler: str = "linear",
+        *,
+        lr: float,
+        weight_decay: float,
+        warmup_ratio: float,
+        scheduler: str,
     ) -> None:
         super().__init__()
         self.model = model

@@ -6,8 +6,9 @@ and dtypes, and its key. ``write`` validates before anything touches disk and
 a table and the stages that read it fails loudly, naming the file and column.
 
 Dtypes are pandas names: ``string``, ``int64``, ``Int64`` (nullable int),
-``float64``, ``bool``. ``prefixes`` admits families of columns whose names depend
-on the dataset (``prob_<label name>`` in predictions).
+``float64``, ``bool``. ``families`` admits families of columns whose names depend
+on the dataset (:data:`saleval.vocab.PROBS`, ``prob_<label name>`` in predictions),
+each built and parsed by its :class:`saleval.vocab.ColumnFamily`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from saleval.errors import UserError
 from saleval.pipeline import run_checks
+from saleval.vocab import PROBS, ColumnFamily
 
 
 class TableError(UserError, ValueError):
@@ -36,7 +38,7 @@ class TableSpec:
     columns: Mapping[str, str]
     key: tuple[str, ...] = ()
     optional: Mapping[str, str] = field(default_factory=dict)
-    prefixes: Mapping[str, str] = field(default_factory=dict)
+    families: tuple[ColumnFamily, ...] = ()
     doc: str = ""
 
     @property
@@ -58,9 +60,9 @@ class TableSpec:
         typed = dict(self.columns)
         typed.update({c: t for c, t in self.optional.items() if c in out.columns})
         for col in out.columns:
-            for prefix, dtype in self.prefixes.items():
-                if col.startswith(prefix):
-                    typed[col] = dtype
+            for family in self.families:
+                if family.holds(col):
+                    typed[col] = family.dtype
         for col, dtype in typed.items():
             try:
                 out[col] = _coerce(out[col], dtype)
@@ -175,7 +177,7 @@ def table(
     *,
     key: str = "",
     optional: str = "",
-    prefixes: str = "",
+    families: tuple[ColumnFamily, ...] = (),
     name: str | None = None,
     doc: str = "",
 ) -> TableSpec:
@@ -198,7 +200,7 @@ def table(
         columns=typed(columns),
         key=tuple(key.split()),
         optional=typed(optional),
-        prefixes=typed(prefixes),
+        families=families,
         doc=doc,
     )
 
@@ -212,8 +214,8 @@ PREDICTIONS = table(
     "sample_id text label:int64 pred:int64",
     key="sample_id",
     optional="split n_words:int64 truncated:bool",
-    prefixes="prob_:float64",
-    doc="The explained model's prediction per sample; prob_<label name> per class.",
+    families=(PROBS,),
+    doc=f"The explained model's prediction per sample; {PROBS.pattern} per class.",
 )
 
 ATTRIBUTIONS = table(

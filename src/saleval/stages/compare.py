@@ -33,6 +33,7 @@ from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, run_naming, tables
 from saleval.pipeline.run_inputs import read_run_info
 from saleval.pipeline.stage import Stage
+from saleval.vocab import PROBS
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,9 @@ def find_table(spec: tables.TableSpec, runs: dict[str, Path]) -> Path | None:
 
 def classifier_outcomes(predictions: pd.DataFrame) -> pd.DataFrame:
     """sample_id, confidence = p(ŷ|x) (the largest class probability), correct = ŷ == y."""
-    prob = [c for c in predictions.columns if c.startswith("prob_")]
+    prob = PROBS.of(predictions.columns)
     if not prob:
-        raise ValueError("predictions.parquet has no prob_<label> columns")
+        raise ValueError(f"predictions.parquet has no {PROBS.pattern} columns")
     return pd.DataFrame(
         {
             "sample_id": predictions["sample_id"].astype(str),

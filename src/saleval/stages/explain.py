@@ -184,7 +184,7 @@ class MethodReuse:
         run_id: str | None,
     ) -> None:
         """Store every method this run computed; mark each method reused or not."""
-        from saleval.attribution.base import method_name
+        from saleval.attribution import method_name
         from saleval.attribution.reuse import Stored
 
         for key, m in methods.items():
@@ -204,8 +204,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     import torch
 
     from saleval.analysis import views
-    from saleval.attribution import explain_frame
-    from saleval.attribution.base import method_name
+    from saleval.attribution import explain_frame, method_name
     from saleval.modeling.inference import compute_device, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained

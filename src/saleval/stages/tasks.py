@@ -28,14 +28,16 @@ from saleval.config.crowd import DesignError, StudyConfig
 from saleval.pipeline import tables
 from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
+from saleval.vocab import PROBS
 
 
 def check_labels(label_names: list[str], explain_dir: Path, prob_columns: list[str]) -> list[str]:
-    """The explain run's ``prob_<label>`` columns must follow the dataset's label names, so
-    answers and labels cannot be silently misaligned (the dataset itself is checked by the
-    provenance rule in :class:`saleval.pipeline.stage.Stage`)."""
+    """The explain run's ``prob_<label name>`` columns (:data:`saleval.vocab.PROBS`) must
+    follow the dataset's label names, so answers and labels cannot be silently misaligned
+    (the dataset itself is checked by the provenance rule in
+    :class:`saleval.pipeline.stage.Stage`)."""
     names = [str(n) for n in label_names]
-    expected = [f"prob_{n}" for n in names]
+    expected = PROBS.columns(names)
     if prob_columns and prob_columns != expected:
         raise DesignError(
             f"{tables.PREDICTIONS.path(explain_dir)}: probability columns {prob_columns} do not "
@@ -53,7 +55,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         explain = st.inputs["explain"]
         preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
         attrs = st.read(tables.ATTRIBUTIONS, "explain")
-        prob_columns = [c for c in preds.columns if c.startswith("prob_")]
+        prob_columns = PROBS.of(preds.columns)
         labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
         study = to_schema(StudyConfig, cfg.study)
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))

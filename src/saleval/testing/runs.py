@@ -5,7 +5,7 @@ makes one by running :func:`saleval.stages.tasks.run` (the function behind the
 ``saleval-tasks`` console script) on a small synthetic explain run
 (:func:`make_explain_run`, written through :class:`saleval.pipeline.stage.Stage` and the
 ``tables.PREDICTIONS`` / ``tables.ATTRIBUTIONS`` writers). The files a test reads are
-therefore the files the stage writes: the same columns, ids (``s000|lime|k5``,
+therefore the files the stage writes: the same columns, ids (``s000|random|k5``,
 ``b001``), 1-based positions, instructions, ``config.yaml`` and ``run.json``. A
 hand-written copy of the format would be a second writer that drifts from the first
 unnoticed; going through the stage makes every change to the writers reach the tests.
@@ -17,6 +17,7 @@ store beside the run dir, never to the project's ``outputs/``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,10 +31,11 @@ from saleval.pipeline import tables
 from saleval.pipeline.stage import Stage
 from saleval.stages import tasks as tasks_stage
 from saleval.stages.run import compose_stage
+from saleval.vocab import PROBS
 from saleval.words import word_spans
 
-#: Method names of the synthetic explain run, the study's baseline (``random``) first.
-METHODS = ("random", "all_attention", "vanilla_gradient", "integrated_gradients", "lime")
+#: The most methods a synthetic study holds (:func:`study_grid`).
+MAX_METHODS = 5
 #: The k values a synthetic study draws from (``conf/kgrid/paper.yaml``).
 KS = (5, 10, 20, 30, 40)
 #: Markup inside a text (two words: ``<a`` and ``href="x">AT&T</a>``): pages must escape it.
@@ -80,7 +82,7 @@ _VOCABULARY = (
 def explain_frames(
     n_study: int,
     label_names: Sequence[str],
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] | None = None,
     seed: int = 0,
     tricky_text: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -92,7 +94,8 @@ def explain_frames(
     character spans come from :func:`saleval.words.word_spans`, so they are the words
     the explain stage would keep. Scores are uniform random per (sample, method, word).
     With ``tricky_text``, ``s000`` opens with :data:`TRICKY`, whose two words get the
-    top score of every method: every task of ``s000`` shows markup.
+    top score of every method: every task of ``s000`` shows markup. ``methods``: by
+    default the first :data:`MAX_METHODS` of :func:`default_methods`.
 
     >>> preds, attrs = explain_frames(2, ["neg", "pos"], methods=["random"])
     >>> preds["sample_id"].tolist(), bool((preds["label"] == preds["pred"]).iloc[:2].all())
@@ -100,6 +103,8 @@ def explain_frames(
     >>> attrs[attrs["sample_id"] == "s000"]["word"].head(2).tolist()
     ['<a', 'href="x">AT&T</a>']
     """
+    if methods is None:
+        methods = default_methods()[:MAX_METHODS]
     rng = np.random.default_rng(seed)
     n_labels = len(label_names)
     samples = []
@@ -123,7 +128,7 @@ def explain_frames(
                 "text": text,
                 "label": label,
                 "pred": pred,
-                **{f"prob_{n}": float(p) for n, p in zip(label_names, probs)},
+                **dict(zip(PROBS.columns(label_names), map(float, probs))),
             }
         )
         spans = word_spans(text)
@@ -199,6 +204,18 @@ def make_result_run(
     return run_dir
 
 
+@functools.cache
+def default_methods() -> tuple[str, ...]:
+    """The explain stage's default methods (``conf/explain.yaml``), in its order: the
+    baseline, ``random``, first. The synthetic runs take their method names from it, so
+    each is a method a real run has.
+
+    >>> default_methods()[0]
+    'random'
+    """
+    return tuple(compose_stage("explain", []).method)
+
+
 def study_grid(n_bundles: int) -> tuple[int, int, int]:
     """(methods M, ks K, repeats R) with M·K·R = ``n_bundles``, M and K as large as allowed.
 
@@ -209,7 +226,7 @@ def study_grid(n_bundles: int) -> tuple[int, int, int]:
     """
     if n_bundles < 1:
         raise ValueError(f"n_bundles must be positive, got {n_bundles}")
-    m = max(d for d in range(1, len(METHODS) + 1) if n_bundles % d == 0)
+    m = max(d for d in range(1, MAX_METHODS + 1) if n_bundles % d == 0)
     k = max(d for d in range(1, len(KS) + 1) if (n_bundles // m) % d == 0)
     return m, k, n_bundles // (m * k)
 
@@ -234,7 +251,7 @@ def make_task_run(
     run_dir = Path(run_dir)
     explain_dir = run_dir.with_name(run_dir.name + ".explain")
     n_methods, n_ks, repeats = study_grid(n_bundles)
-    methods = METHODS[:n_methods]
+    methods = default_methods()[:n_methods]
     cfg = compose_stage(
         "tasks",
         [

@@ -13,9 +13,10 @@ One module per concept, in layers (each imports only those before it):
   and every violation reported, so a broken design never reaches workers;
 * :mod:`~saleval.crowd.design.study` — :func:`build_study`: samples → tasks → bundles →
   verified design, configured by :class:`saleval.config.crowd.StudyConfig`.
+
+What goes wrong is a :class:`saleval.config.crowd.DesignError`, imported from there.
 """
 
-from saleval.config.crowd import DesignError
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.checks import Violation, assert_design, check_design
 from saleval.crowd.design.gold import GOLD_METHOD, gold_task_id, select_gold
@@ -25,7 +26,6 @@ from saleval.crowd.design.tasks import build_tasks, noisy_shown, task_id
 
 __all__ = [
     "GOLD_METHOD",
-    "DesignError",
     "StudyDesign",
     "Violation",
     "assert_design",

@@ -11,7 +11,7 @@ import pandas as pd
 
 from saleval.config.crowd import DesignError
 from saleval.crowd.design.rendering import render
-from saleval.vocab import Target
+from saleval.vocab import PROBS, Target
 from saleval.words import word_spans
 
 GOLD_METHOD = "gold"
@@ -35,7 +35,7 @@ def select_gold(
     the most confident per class are taken round-robin so every label appears.
     Returns task rows (``method='gold'``, ``is_gold=True``, every word shown).
     """
-    prob_cols = [f"prob_{name}" for name in label_names]
+    prob_cols = PROBS.columns(label_names)
     pool = predictions[
         (predictions["label"] == predictions["pred"]) & ~predictions["sample_id"].isin(exclude)
     ].copy()

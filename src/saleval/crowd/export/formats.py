@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from saleval.crowd.answers import answer_options
-from saleval.crowd.design.rendering import render
-from saleval.vocab import IDK, Target
+from saleval.crowd.design import render
+from saleval.vocab import IDK, PROBS, Target
 from saleval.words import word_spans
 
 WIDE_FILE = "bundles_wide.csv"
@@ -105,7 +105,7 @@ def pick_examples(
     pool = predictions[~predictions["sample_id"].isin(exclude)].copy()
     pool["n_words"] = [len(word_spans(str(t))) for t in pool["text"]]
     pool = pool[pool["n_words"] > 0]
-    prob_cols = [f"prob_{n}" for n in label_names]
+    prob_cols = PROBS.columns(label_names)
     if len(pool) and all(c in pool.columns for c in prob_cols):
         probs = pool[prob_cols].to_numpy()
         pool["confidence"] = probs[np.arange(len(pool)), pool["label"].to_numpy(dtype=int)]

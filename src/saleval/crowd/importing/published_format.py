@@ -14,7 +14,6 @@ from typing import Any
 
 import pandas as pd
 
-from saleval.config.crowd import LU2024_METHODS
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.rows import Rejects, read_rows
 
@@ -25,10 +24,13 @@ def read_lu2024(
     path: str | Path,
     label_names: Sequence[str],
     dataset: str,
-    methods: Mapping[str, str] = LU2024_METHODS,
+    methods: Mapping[str, str] | None = None,
     encoding: str = "utf-8",
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Read the published aggregated results; returns (aggregated, rejects, info).
+
+    ``methods`` (``crowd.methods``): published method names read as saleval methods, over
+    those the methods declare themselves (:func:`method_names`).
 
     Blocks of rows: a sample row (``Saliency`` N/A, ``Words`` All) followed by its
     tasks, whose ``Correct`` is A[i, j, k]. Sample ids are ``lu2024-<dataset>-<block>``
@@ -45,12 +47,13 @@ def _read_blocks(
     path: str | Path,
     label_names: Sequence[str],
     dataset: str,
-    methods: Mapping[str, str] = LU2024_METHODS,
+    methods: Mapping[str, str] | None = None,
     encoding: str = "utf-8",
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """:func:`read_lu2024` keeping what workers saw (``display_text``, ``n_words_shown``)
     and the samples' texts and labels (``info["samples"]``: id -> (label, text))."""
     path = Path(path)
+    methods = method_names(methods)
     header, rows, undecodable = read_rows(
         path, delimiter="\t", quoting=csv.QUOTE_NONE, encoding=encoding
     )
@@ -105,6 +108,20 @@ def _read_blocks(
         "samples": blocks.samples,
     }
     return agg, rejects.frame(), info
+
+
+def method_names(given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Published method name -> saleval method name: the published name each method
+    declares where it registers (:func:`saleval.attribution.base.register`), then
+    ``given`` (``crowd.methods``: another study's names, or a name read differently).
+
+    >>> method_names({"IG": "integrated_gradients"})["IG"], method_names()["InputXGrad"]
+    ('integrated_gradients', 'input_x_gradient')
+    """
+    # the method modules load torch: imported when a file is read, not with a stage
+    from saleval.attribution import published_names
+
+    return {**published_names(), **(given or {})}
 
 
 def _lu_columns(path: Path, header: list[str]) -> dict[str, int]:

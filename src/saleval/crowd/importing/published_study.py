@@ -34,12 +34,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from saleval.config.dataset import DatasetConfig, DatasetFiles
-from saleval.crowd.design.bundles import assign_bundles
+from saleval.config import DatasetConfig, DatasetFiles
+from saleval.crowd.design import assign_bundles, task_id
 from saleval.crowd.design.sampling import interleave
-from saleval.crowd.design.tasks import task_id
 from saleval.crowd.errors import CrowdImportError
-from saleval.crowd.importing.published_format import LU2024_METHODS, _read_blocks, read_lu2024
+from saleval.crowd.importing.published_format import _read_blocks, read_lu2024
 from saleval.crowd.importing.source import CrowdTasks
 from saleval.crowd.seeding import seeded_rng
 from saleval.modeling.data import DatasetSplits, _file, read_ag_news, read_imdb
@@ -110,7 +109,7 @@ def read_study(
     path: str | Path,
     label_names: Sequence[str],
     dataset: str,
-    methods: Mapping[str, str] = LU2024_METHODS,
+    methods: Mapping[str, str] | None = None,
 ) -> CrowdTasks:
     """Tasks, samples and published A of one published file, checked row by row as
     :func:`saleval.crowd.importing.published_format.read_lu2024` checks them."""

@@ -340,7 +340,7 @@ class EmbeddingReader(ReaderConfig):
     def fit(
         self, texts: Sequence[str], labels: Sequence[int], label_names: Sequence[str], seed: int = 0
     ) -> EmbeddingReader:
-        from saleval.crowd.design.rendering import render
+        from saleval.crowd.design import render
 
         self._enc = shared_encoder(str(self.package), int(self.max_length))
         self.n_encoded = 0
@@ -430,7 +430,7 @@ class FinetunedReader(ReaderConfig):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from saleval.crowd.design.rendering import render
+        from saleval.crowd.design import render
         from saleval.modeling.models import embedded_path
 
         torch.manual_seed(seed)

@@ -16,7 +16,9 @@ replaces each with ``[MASK]`` or ``[UNK]``.
   metrics sharing one probability cache, timing each.
 
 A new metric is a :class:`PerturbationMetric` subclass decorated with
-:func:`register_metric`; :func:`evaluate` and the comparison with the crowd pick it up.
+:func:`saleval.metrics.registry.register_metric`; :func:`evaluate` and the comparison with
+the crowd pick it up. Its settings are read from :class:`saleval.metrics.config.MetricsConfig`;
+this package lists only its own names.
 
 Conventions:
 
@@ -29,14 +31,6 @@ Conventions:
   ties to the lower class index).
 """
 
-from saleval.metrics.config import (
-    ERASER_GRID,
-    InferenceConfig,
-    MetricsConfig,
-    PlausibilityConfig,
-    SwitchingConfig,
-    n_words_for_fraction,
-)
 from saleval.metrics.faithfulness.builtin import (
     AOPC_LEAST,
     AOPC_MOST,
@@ -74,13 +68,11 @@ from saleval.metrics.faithfulness.formulas import (
     switching_point,
     without_words,
 )
-from saleval.metrics.registry import register_metric, unregister_metric
 
 __all__ = [
     "AOPC_LEAST",
     "AOPC_MOST",
     "COMPREHENSIVENESS",
-    "ERASER_GRID",
     "FULL_TEXT",
     "KGRID_SUFFIX",
     "LOG_ODDS_DROP",
@@ -92,13 +84,9 @@ __all__ = [
     "Context",
     "Explanation",
     "FaithfulnessResult",
-    "InferenceConfig",
-    "MetricsConfig",
     "PerturbationMetric",
-    "PlausibilityConfig",
     "ProbabilityCache",
     "Row",
-    "SwitchingConfig",
     "aopc",
     "comprehensiveness",
     "evaluate",
@@ -107,13 +95,10 @@ __all__ = [
     "k_label",
     "log_odds",
     "log_odds_drop",
-    "n_words_for_fraction",
     "only_words",
     "p_target_rows",
-    "register_metric",
     "sufficiency",
     "summarize",
     "switching_point",
-    "unregister_metric",
     "without_words",
 ]

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from saleval.metrics.config import n_words_for_fraction
 from saleval.metrics.faithfulness.engine import (
     KGRID_SUFFIX,
     AddRow,
@@ -25,7 +26,6 @@ from saleval.metrics.faithfulness.formulas import (
     aopc,
     comprehensiveness,
     log_odds_drop,
-    n_words_for_fraction,
     sufficiency,
     switching_point,
 )

@@ -23,10 +23,9 @@ import numpy as np
 import pandas as pd
 
 from saleval.errors import UserError
-from saleval.metrics.config import MetricsConfig
+from saleval.metrics.config import MetricsConfig, n_words_for_fraction
 from saleval.metrics.faithfulness.formulas import (
     grid_average,
-    n_words_for_fraction,
     only_words,
     without_words,
 )

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from saleval.metrics.config import n_words_for_fraction
 from saleval.vocab import Removal
 from saleval.words import Segmentation, perturb_ids
 
@@ -24,7 +23,6 @@ __all__ = [
     "grid_average",
     "log_odds",
     "log_odds_drop",
-    "n_words_for_fraction",
     "only_words",
     "sufficiency",
     "switching_point",

@@ -1,0 +1,176 @@
+"""Each rule in one place, at the seams between stages (docs/architecture.md): the
+``prob_<label name>`` columns are spelt only by their declaration, and each default of
+the forward passes (token limit, batch budget) is a named constant stated once."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+import saleval
+from saleval import vocab
+from saleval.config.model import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_MAX_TOKENS,
+    ModelConfig,
+)
+from saleval.pipeline import tables
+from saleval.pipeline.tables import TableError
+from saleval.vocab import PROBS
+
+SRC = Path(saleval.__file__).parent
+ROOT = SRC.parents[1]
+CODE = [*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+
+
+def _spelt(tree: ast.AST, prefix: str) -> list[int]:
+    """Lines where code spells a column family by hand: the prefix alone (``"prob_"``, as
+    ``startswith`` and ``removeprefix`` take it) or an f-string starting with it."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value == prefix:
+            lines.add(node.lineno)
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value).startswith(prefix):
+                lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_prob_columns_are_built_and_parsed_by_their_declaration_only() -> None:
+    declared = Path(vocab.__file__)
+    by_hand = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in CODE
+        if p != declared
+        for line in _spelt(ast.parse(p.read_text()), PROBS.prefix)
+    }
+    assert not by_hand, sorted(by_hand)
+    # the scan sees both spellings
+    by_hand_example = f'c.startswith("{PROBS.prefix}")\nf"{PROBS.prefix}{{n}}"'
+    assert _spelt(ast.parse(by_hand_example), PROBS.prefix) == [1, 2]
+    # the table spec checks the family's columns by the same declaration
+    assert tables.PREDICTIONS.families == (PROBS,)
+    frame = pd.DataFrame(
+        {"sample_id": ["a"], "text": ["t"], "label": [0], "pred": [1]}
+        | dict(zip(PROBS.columns(["neg", "pos"]), (["0.25"], [0.75])))
+    )
+    checked = tables.PREDICTIONS.validate(frame)
+    assert checked["prob_neg"].dtype == "float64" and PROBS.names(checked.columns) == ["neg", "pos"]
+    with pytest.raises(TableError, match="column 'prob_pos' of table 'predictions' is not float64"):
+        tables.PREDICTIONS.validate(frame.assign(prob_pos=["high"]))
+
+
+#: settings whose defaults are the named constants of saleval.config.model
+STATED_ONCE = {"max_length", "max_tokens", "max_batch"}
+#: the same names for another concept, with its own value
+OWN = {
+    # the simulated crowd's readers (saleval.crowd.simulation.readers) cut texts to their own limits,
+    # whatever token limit the classifier explained has: the sentence encoder at the 256
+    # word pieces the embedded all-MiniLM-L6-v2 was trained with, the fine-tuned reader at 128
+    "EmbeddingReader.max_length",
+    "FinetunedReader.max_length",
+}
+
+
+def _number(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _number_defaults(tree: ast.Module) -> list[str]:
+    """Parameters and dataclass fields named in :data:`STATED_ONCE` whose default is a
+    number written in place, as ``Class.name`` or ``function.name`` with the line."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            pairs = list(zip(args.args[len(args.args) - len(args.defaults) :], args.defaults))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d]
+            for arg, default in pairs:
+                if arg.arg in STATED_ONCE and _number(default):
+                    found.append(f"{node.name}.{arg.arg}:{default.lineno}")
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if (
+                    isinstance(item, ast.AnnAssign)
+                    and isinstance(item.target, ast.Name)
+                    and item.target.id in STATED_ONCE
+                    and _number(item.value)
+                ):
+                    found.append(f"{node.name}.{item.target.id}:{item.lineno}")
+    return found
+
+
+def test_each_forward_pass_default_is_stated_once() -> None:
+    written = {
+        f"{p.relative_to(SRC)}:{where}"
+        for p in SRC.rglob("*.py")
+        for where in _number_defaults(ast.parse(p.read_text()))
+        if where.rpartition(":")[0] not in OWN
+    }
+    assert not written, sorted(written)
+    # each constant is assigned in one module
+    assigned: dict[str, list[str]] = {}
+    for p in SRC.rglob("*.py"):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id.startswith("DEFAULT_"):
+                        assigned.setdefault(t.id, []).append(str(p.relative_to(SRC)))
+    assert {k: v for k, v in assigned.items() if len(v) > 1} == {}
+    for name in ("DEFAULT_MAX_LENGTH", "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_BATCH"):
+        assert assigned[name] == ["config/model.py"], name
+    # and read where the defaults apply
+    from saleval.attribution import Lime
+    from saleval.attribution.perturbation import PERTURBATION_MAX_BATCH
+    from saleval.metrics.config import InferenceConfig
+    from saleval.modeling.inference import forward_logits
+
+    assert ModelConfig.max_length == DEFAULT_MAX_LENGTH
+    assert InferenceConfig().max_tokens == DEFAULT_MAX_TOKENS
+    assert InferenceConfig().max_batch == DEFAULT_MAX_BATCH
+    fl = inspect.signature(forward_logits).parameters
+    assert (fl["max_tokens"].default, fl["max_batch"].default) == (4096, 512)
+    lime = Lime()
+    assert (lime.max_tokens, lime.max_batch) == (DEFAULT_MAX_TOKENS, PERTURBATION_MAX_BATCH)
+    # a model file states only what differs from the schema
+    for path in (ROOT / "conf" / "model").glob("*.yaml"):
+        given = OmegaConf.load(path).get("max_length")
+        assert given != DEFAULT_MAX_LENGTH, path
+    # the scan sees a number written in place
+    tree = ast.parse("def f(max_batch=512): ...\nclass C:\n    max_length: int = 256\n")
+    assert _number_defaults(tree) == ["f.max_batch:1", "C.max_length:3"]
+
+
+def _method_lists(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines of list, tuple or set literals that name six or more registered methods and
+    nothing else: the method list written out again."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple | ast.Set)
+        and len(node.elts) >= 6
+        and all(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+    ]
+
+
+def test_the_method_list_is_not_written_out_again() -> None:
+    """What a method is comes from its registration (docs/architecture.md §9) and which
+    methods run by default from ``conf/explain.yaml``; no module lists them again."""
+    from saleval.attribution import REGISTRY
+
+    names = set(REGISTRY)
+    listed = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in CODE
+        for line in _method_lists(ast.parse(p.read_text()), names)
+    }
+    assert not listed, sorted(listed)
+    nine = '("random", "all_attention", "last_attention", "vanilla_gradient", "lime", "deeplift")'
+    assert _method_lists(ast.parse(nine), names) == [1]
