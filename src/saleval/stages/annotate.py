@@ -41,7 +41,6 @@ from saleval.annotate.state import AppSettings
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.store_db import LeasePolicy, StoreError
 from saleval.annotate.study import load_study
-from saleval.cli import hydra_main
 from saleval.config.annotate import AnnotateAction
 from saleval.config.crowd import WorkerIdCase
 from saleval.pipeline import tables
@@ -71,7 +70,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.annotate.admin_token = None if cfg.annotate.admin_token is None else "<redacted>"
     # the dataset (and study) are the task set's: adopted by the provenance rule
     with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}, requires=["dataset"]) as st:
-        st.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
+        st.tracking.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
         if action == AnnotateAction.export:
             if not db.is_file():
                 raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
@@ -95,7 +94,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             log.info(
                 "wrote %s: %d answers from %d workers", path, len(df), df["worker_id"].nunique()
             )
-            return {"run_dir": str(st.run_dir), "run_id": st.run_id, "answers": str(path), **counts}
+            return {
+                "run_dir": str(st.run_dir),
+                "run_id": st.tracking.run_id,
+                "answers": str(path),
+                **counts,
+            }
 
         settings = AppSettings(
             db_path=db,
@@ -131,7 +135,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         counts = _counts(app.state.store, study.run_key)
         app.state.store.close()
         st.log_metrics(counts)
-        return {"run_dir": str(st.run_dir), "run_id": st.run_id, **counts}
+        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **counts}
 
 
 class _Stopped(Exception):
@@ -210,6 +214,3 @@ def _counts(store: AnnotationStore, run_key: str) -> dict[str, int]:
         "n_bundles_released": len(store.released(run_key)),
         "n_answers": store.n_answers(run_key),
     }
-
-
-main = hydra_main("annotate", run)
