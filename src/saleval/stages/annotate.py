@@ -35,6 +35,7 @@ from typing import Any
 import uvicorn
 from omegaconf import DictConfig, open_dict
 
+from saleval import paths
 from saleval.annotate.app import create_app
 from saleval.annotate.export import answers_frame, write_completions, write_released
 from saleval.annotate.state import AppSettings
@@ -57,7 +58,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     db = Path(str(cfg.annotate.db))
     if action == AnnotateAction.backup:
         return {"backup": str(backup(db, cfg.annotate.backup_to))}
-    study = load_study(resolve_input("tasks", cfg.inputs.tasks))
+    study = load_study(resolve_input("tasks", cfg.inputs.tasks, paths.output_root(cfg)))
     token = admin_token(cfg.annotate) if action == AnnotateAction.serve else None
     if any("annotate.admin_token=" in arg for arg in sys.argv[1:]):
         log.warning(

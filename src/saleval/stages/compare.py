@@ -132,7 +132,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         human = scores.set_index(scores["method"].astype(str))["score"].astype(float)
         metrics = st.inputs.read(tables.METRICS, "metrics")
         per_example = st.inputs.read(tables.METRICS_PER_EXAMPLE, "metrics")
-        agg_dirs = [find_table(tables.AGGREGATED, chain) for chain in human_chains]
+        agg_dirs = [find_table(tables.AGGREGATED, runs) for runs in human_chains]
         aggregated = cube = None
         if all(d is not None for d in agg_dirs):
             found = [d for d in agg_dirs if d is not None]
