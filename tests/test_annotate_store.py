@@ -17,7 +17,7 @@ from saleval.annotate.store_db import StoreError
 from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
 from saleval.annotate.study import IDK, Study, StudyError, load_study
 from saleval.config.annotate import AnnotateConfig
-from saleval.pipeline import run_checks, tables
+from saleval.pipeline import run_record, tables
 from saleval.testing import make_task_run
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
@@ -208,9 +208,9 @@ def _record_as_written(run: Path) -> None:
     """Make ``run``'s record list its tables' current bytes, as if the stage had written
     them: what is under test is the reader's row check, not the changed-table refusal
     (tests/test_run_records.py tests that)."""
-    record = json.loads((run / run_checks.RUN_JSON).read_text())
-    record[run_checks.CHECKSUMS] = run_checks.table_checksums(run, record[run_checks.CHECKSUMS])
-    run_checks.write_atomically(run / run_checks.RUN_JSON, json.dumps(record, indent=2))
+    record = json.loads((run / run_record.RUN_JSON).read_text())
+    record[run_record.CHECKSUMS] = run_record.table_checksums(run, record[run_record.CHECKSUMS])
+    run_record.write_atomically(run / run_record.RUN_JSON, json.dumps(record, indent=2))
 
 
 def test_load_study_names_file_row_and_field(tmp_path: Path) -> None:

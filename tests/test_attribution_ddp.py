@@ -156,10 +156,10 @@ def test_a_stage_in_a_rank_above_zero_writes_and_logs_nothing(
     cfg = make_cfg("explain", name="rank1")
     frame = pd.DataFrame({"sample_id": ["a"], "text": ["x"], "label": [0], "pred": [0]})
     with Stage(cfg, "explain") as st:
-        assert not st.is_main and st.run_id is None
+        assert not st.is_main and st.tracking.run_id is None
         st.write(tables.PREDICTIONS, frame)
         st.log_metrics({"n": 1.0})
-        st.set_tags({"model": "tiny"})
+        st.tracking.set_tags({"verification": "passed"})
     assert not Path(cfg.run_dir).exists()
     assert _runs_logged_from(Path(cfg.run_dir).resolve()) == []
 

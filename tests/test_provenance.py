@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance, ProvenanceError, inherit, resolve
+from saleval.pipeline.run_record import RunRecord
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
@@ -107,7 +108,8 @@ def test_stage_adopts_the_parents_dataset_node_and_records_it(
     assert info["provenance"]["max_length"] == 64
     assert info["simulated"] == "true"
     # a child of that run reads the typed record from run.json
-    assert Provenance.of_run(tmp_path / "run", info).population == Population.correct
+    record = RunRecord.read(tmp_path / "run")
+    assert record.provenance_of_run(tmp_path / "run").population == Population.correct
 
 
 def test_stage_refuses_a_given_dataset_that_differs(tmp_path: Path, mlflow_uri: str) -> None:
@@ -136,8 +138,8 @@ def test_run_inputs_alone_adopts_and_checks_without_a_run(tmp_path: Path) -> Non
     got = RunInputs(cfg, "tasks", {"explain": [str(a), str(b)]}, requires=["dataset"])
     assert got.provenance.dataset == "imdb" and cfg.dataset.name == "imdb"
     assert got.input_runs["explain"] == [a.resolve(), b.resolve()]
-    assert got.inputs == {"explain": a.resolve()}  # an input's first run
-    assert [info["fingerprint"] for _, info, _ in got.runs_of("explain")] == ["fa", "fb"]
+    assert dict(got) == {"explain": a.resolve()}  # an input's first run
+    assert [record.fingerprint for _, record, _ in got.runs_of("explain")] == ["fa", "fb"]
     assert not got.provenance.simulated
     assert RunInputs(OmegaConf.create({"dataset": None}), "x", simulated=True).provenance.simulated
     with pytest.raises(ProvenanceError, match="saleval-x: no model is given"):

@@ -33,7 +33,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from saleval.cli import disk_full
-from saleval.pipeline import run_checks, tables, tracking, tracking_health, tracking_journal
+from saleval.pipeline import run_record, tables, tracking, tracking_health, tracking_journal
 from saleval.pipeline.catch_up import catch_up
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance, resolve
@@ -55,7 +55,7 @@ SCORE = ["crowd=lu2024", f"crowd.path={PUBLISHED}", "dataset=ag_news", "scoring.
 
 
 def _frames(methods: tuple[str, ...] = ("random", "lime")) -> tuple[pd.DataFrame, pd.DataFrame]:
-    preds, attrs = explain_frames(6, LABELS)
+    preds, attrs = explain_frames(6, LABELS, methods=["random", "lime"])
     return preds, attrs[attrs["method"].isin(list(methods))]
 
 
@@ -136,8 +136,8 @@ def test_the_record_holds_the_checksum_of_every_table_written(
     run = make_explain_run(tmp_path / "explain", preds, attrs)
     record = json.loads((run / "run.json").read_text())
     assert record["checksums"] == {
-        "attributions.parquet": run_checks.file_digest(run / "attributions.parquet"),
-        "predictions.parquet": run_checks.file_digest(run / "predictions.parquet"),
+        "attributions.parquet": run_record.file_digest(run / "attributions.parquet"),
+        "predictions.parquet": run_record.file_digest(run / "predictions.parquet"),
     }
     assert record["checksums"]["predictions.parquet"].startswith("sha256:")
     assert not list(run.glob(".*.tmp"))  # tables are renamed into place
@@ -215,7 +215,7 @@ def test_a_full_disk_ends_the_stage_keeping_what_it_wrote(
     assert record["status"] == "FAILED" and "No space left" in record["error"]
     assert list(record["checksums"]) == ["predictions.parquet"]
     pd.testing.assert_frame_equal(tables.PREDICTIONS.read(run), tables.PREDICTIONS.validate(preds))
-    assert MlflowClient().get_run(st.run_id).info.status == "FAILED"
+    assert MlflowClient().get_run(st.tracking.run_id).info.status == "FAILED"
 
 
 def _can_mount() -> bool:
@@ -384,7 +384,7 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
             cfg.tracking.wait_s = 1  # at the end, ask the dead server once more, briefly
             st.write(tables.ATTRIBUTIONS, attrs)
             st.log_metrics({"n_samples": 6, "accuracy": 0.5})
-            st.log_method_rows(rows)
+            st.tracking.log_method_rows(rows)
     # the run dir is complete, and its record says what MLflow lacks
     record = json.loads((run / "run.json").read_text())
     assert record["status"] == "FINISHED"
@@ -402,22 +402,22 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
     with mlflow_server(store, port) as server:  # back, on the same store
         tracking_health.forget_checks()
         client = MlflowClient(tracking_uri=server.url)
-        assert client.get_run(st.run_id).info.status == "RUNNING"
+        assert client.get_run(st.tracking.run_id).info.status == "RUNNING"
         first = catch_up([run])
         assert [o.ok for o in first] == [True] and "missed op(s) sent" in first[0].line
-        got = client.get_run(st.run_id)
+        got = client.get_run(st.tracking.run_id)
         assert got.info.status == "FINISHED"
         assert got.data.metrics["accuracy"] == 0.5 and "stage_seconds" in got.data.metrics
-        arts = {a.path for a in client.list_artifacts(st.run_id)}
+        arts = {a.path for a in client.list_artifacts(st.tracking.run_id)}
         assert {"predictions.parquet", "attributions.parquet", "run.json", "config.yaml"} <= arts
-        children = tracking.method_rows(st.run_id, client)
+        children = tracking.method_rows(st.tracking.run_id, client)
         assert sorted(children["method"]) == ["lime", "random"]
         assert json.loads((run / "run.json").read_text())["tracking"]["logged"] is True
         # idempotent: a second catch-up logs nothing
         second = catch_up([run])
         assert second[0].ok and second[0].line.startswith("already logged")
-        assert len(tracking.method_rows(st.run_id, client)) == 2
-        assert len(client.get_metric_history(st.run_id, "accuracy")) == 1
+        assert len(tracking.method_rows(st.tracking.run_id, client)) == 2
+        assert len(client.get_metric_history(st.tracking.run_id, "accuracy")) == 1
 
 
 def test_a_server_back_before_the_run_ends_gets_what_it_missed_from_the_stage_itself(
@@ -446,9 +446,11 @@ def test_a_server_back_before_the_run_ends_gets_what_it_missed_from_the_stage_it
             st.write(tables.ATTRIBUTIONS, attrs)  # kept in the journal until the end
         record = json.loads((run / "run.json").read_text())["tracking"]
         assert record["logged"] is True and "not_logged" not in record
-        got = MlflowClient(tracking_uri=server.url).get_run(st.run_id)
+        got = MlflowClient(tracking_uri=server.url).get_run(st.tracking.run_id)
         assert got.info.status == "FINISHED" and got.data.metrics["n_samples"] == 6
-        arts = {a.path for a in MlflowClient(tracking_uri=server.url).list_artifacts(st.run_id)}
+        arts = {
+            a.path for a in MlflowClient(tracking_uri=server.url).list_artifacts(st.tracking.run_id)
+        }
         assert {"predictions.parquet", "attributions.parquet", "run.json"} <= arts
     assert "not all logged" not in capsys.readouterr().out
 

@@ -51,7 +51,7 @@ def test_a_stage_stopped_from_outside_ends_killed_not_failed(
 ) -> None:
     cfg = make_cfg("score", name="stopped")
     with pytest.raises(Stopped), Stage(cfg, "score") as st:
-        run_id = st.run_id
+        run_id = st.tracking.run_id
         raise Stopped("SLURM sent SIGTERM (scancel or preemption)")
     assert run_id is not None
     assert MlflowClient().get_run(run_id).info.status == "KILLED"
@@ -60,7 +60,7 @@ def test_a_stage_stopped_from_outside_ends_killed_not_failed(
 
     failed = make_cfg("score", name="failed")
     with pytest.raises(ValueError), Stage(failed, "score") as st:
-        run_id = st.run_id
+        run_id = st.tracking.run_id
         raise ValueError("a bug")
     assert MlflowClient().get_run(run_id).info.status == "FAILED"
 

@@ -51,15 +51,46 @@ def test_conf_file_names_its_schema_first(row: StageSpec) -> None:
     assert conf.get("task_name", row.name) == row.name
 
 
+def _entry_points(path: Path) -> list[str]:
+    """What in a module could start it besides ``run``: a top-level ``main``, a
+    ``hydra_main`` imported, an ``if __name__ == "__main__":`` block."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "main" for t in targets) or (
+            isinstance(node, ast.FunctionDef) and node.name == "main"
+        ):
+            found.append(f"main (line {node.lineno})")
+        if isinstance(node, ast.ImportFrom) and any(a.name == "hydra_main" for a in node.names):
+            found.append(f"hydra_main imported (line {node.lineno})")
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            found.append(f"__main__ block (line {node.lineno})")
+    return found
+
+
 @pytest.mark.parametrize("row", TABLE, ids=NAMES)
-def test_module_defines_run_and_its_script(row: StageSpec) -> None:
+def test_module_defines_run_and_no_script_of_its_own(row: StageSpec) -> None:
+    """The console script is saleval.cli's, built from the row (checked above against
+    pyproject.toml); a ``main`` in the stage module would be a second, dead entry point."""
     found = importlib.util.find_spec(row.module)
     assert found is not None and found.origin is not None, row.module
     tree = ast.parse(Path(found.origin).read_text())
     assert any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body), row.module
-    assert re.search(
-        rf'^main = hydra_main\("{row.name}", run\)', Path(found.origin).read_text(), re.M
+    assert _entry_points(Path(found.origin)) == [], row.module
+
+
+def test_the_entry_point_check_finds_a_dead_main(tmp_path: Path) -> None:
+    module = tmp_path / "stage.py"
+    module.write_text(
+        "from saleval.cli import hydra_main\n\ndef run(cfg):\n    return {}\n\n"
+        'main = hydra_main("x", run)\n\nif __name__ == "__main__":\n    main()\n'
     )
+    assert _entry_points(module) == [
+        "hydra_main imported (line 1)",
+        "main (line 6)",
+        "__main__ block (line 8)",
+    ]
+    assert _entry_points(Path(__file__).with_name("toy_stage.py")) == []
 
 
 def test_roots_are_derived_from_the_table() -> None:

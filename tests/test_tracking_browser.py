@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from saleval.pipeline import tables
-from saleval.pipeline.run_inputs import read_run_info
+from saleval.pipeline.run_record import RunRecord
 from saleval.pipeline.tracking import method_rows
 from saleval.pipeline.views import VIEW_PARAM
 from saleval.testing.load_servers import free_port, stop, wait_healthy
@@ -123,7 +123,7 @@ def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
     smoke_pipeline: FinishedPipeline, mlflow_uri: str, tmp_path: Path
 ) -> None:
     client = MlflowClient()
-    compare = client.get_run(read_run_info(smoke_pipeline.dirs["compare"])["run_id"])
+    compare = client.get_run(RunRecord.read(smoke_pipeline.dirs["compare"]).run_id)
     parent_id = smoke_pipeline.summary["parent_run_id"]
     children = method_rows(compare.info.run_id).set_index("method")["run_id"]
     human = tables.COMPARISON.read(smoke_pipeline.dirs["compare"]).set_index("method")
@@ -160,7 +160,7 @@ def test_the_printed_link_opens_the_comparison_methods_as_rows(
     """saleval-run's printed link opens the compare stage's saved view (docs/tracking.md#views):
     without a click, the rows are the methods (and nothing else), sorted by the human score,
     whose column is shown with comparison.csv's values."""
-    compare_id = read_run_info(smoke_pipeline.dirs["compare"])["run_id"]
+    compare_id = RunRecord.read(smoke_pipeline.dirs["compare"]).run_id
     children = method_rows(compare_id).set_index("method")["run_id"]
     human = tables.COMPARISON.read(smoke_pipeline.dirs["compare"]).set_index("method")
     human = human["human_score"]

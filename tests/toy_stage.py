@@ -14,7 +14,6 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
-from saleval.cli import hydra_main
 from saleval.config.stages import StageConfig
 
 
@@ -37,10 +36,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
 
     with Stage(cfg, "toy", inputs={"explain": cfg.inputs.explain}) as st:
-        parent = st.parents["explain"]["run_id"]
+        parent = st.inputs.parents["explain"].run_id
         st.path("toy.json").write_text(json.dumps({"label": cfg.label, "explain": parent}))
         st.log_file(st.path("toy.json"))
         return {"run_dir": str(st.run_dir), "explain": parent}
-
-
-main = hydra_main("toy", run)

@@ -115,8 +115,8 @@ def load_model(
         load_tokenizer,
         load_trained,
     )
-    from saleval.pipeline.provenance import Provenance
-    from saleval.pipeline.run_inputs import read_run_info, resolve_input, run_or_checkpoint
+    from saleval.pipeline.run_inputs import resolve_input, run_or_checkpoint
+    from saleval.pipeline.run_record import RunRecord
 
     conf = None if isinstance(source, tuple) else _conf_model(str(source))
     if isinstance(source, Classifier):
@@ -138,7 +138,7 @@ def load_model(
         run, checkpoint = run_or_checkpoint(str(source))
         if run:
             run_dir = resolve_input("model", run)
-            prov = Provenance.of_run(run_dir, read_run_info(run_dir))
+            prov = RunRecord.read(run_dir).provenance_of_run(run_dir)
             model, tok = load_trained(run_dir)
             clf = Classifier(model, tok, prov.max_length, prov.model)
         else:
@@ -318,11 +318,11 @@ def explain(
 
 def read_explanations(run: str | os.PathLike[str]) -> pd.DataFrame:
     """An explain run (dir, ``runs:/<id>`` or ``latest``) as the frame :func:`explain` returns."""
-    from saleval.pipeline.provenance import Provenance
-    from saleval.pipeline.run_inputs import read_run_info, resolve_input
+    from saleval.pipeline.run_inputs import resolve_input
+    from saleval.pipeline.run_record import RunRecord
 
     run_dir = resolve_input("explain", str(run))
-    prov = Provenance.of_run(run_dir, read_run_info(run_dir))
+    prov = RunRecord.read(run_dir).provenance_of_run(run_dir)
     if prov.max_length is None:
         raise ValueError(f"{run_dir}: run.json records no max_length; is it an explain run?")
     return _frame(

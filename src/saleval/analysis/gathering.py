@@ -24,8 +24,8 @@ from saleval.analysis import metric_columns
 from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, tables
 from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import read_run_config, read_run_info, resolve_input
+from saleval.pipeline.run_inputs import read_run_config, resolve_input
+from saleval.pipeline.run_record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def dirs_of(
     """Every run dir named by ``inputs.runs``: runs, ``runs:/<id>``, sweep dirs (their
     jobs), ``saleval-run`` dirs (their compare run, else their score and metrics runs).
     A run that did not finish is refused unless ``allow_unfinished``
-    (:mod:`saleval.pipeline.run_checks`)."""
+    (:meth:`saleval.pipeline.run_record.RunRecord.unfinished_message`)."""
     out: list[Path] = []
     for spec in merge.as_specs(value):
         path = Path(spec).expanduser()
@@ -95,9 +95,15 @@ def dirs_of(
     return out
 
 
-def search_dirs(experiments: Sequence[str], filter_string: str, max_results: int) -> list[Path]:
+def search_dirs(
+    experiments: Sequence[str],
+    filter_string: str,
+    max_results: int,
+    output_root: str | Path | None = None,
+) -> list[Path]:
     """Finished score, metrics and compare runs of the named MLflow experiments matching
-    ``filter_string``, as local run dirs (downloaded when they are not on this machine)."""
+    ``filter_string``, as local run dirs (downloaded under ``output_root`` when they are not
+    on this machine)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
@@ -118,7 +124,7 @@ def search_dirs(experiments: Sequence[str], filter_string: str, max_results: int
             if "method" not in r.data.tags:  # a per-method child run is expected; say others
                 log.warning("search: run %s has no run_dir tag; skipped", r.info.run_id)
             continue
-        out.append(resolve_input("runs", f"runs:/{r.info.run_id}"))
+        out.append(resolve_input("runs", f"runs:/{r.info.run_id}", output_root))
     return out
 
 
@@ -128,25 +134,23 @@ def sources_of(dirs: Sequence[Path]) -> list[Source]:
     unique = list(dict.fromkeys(d.resolve() for d in dirs))
     found: list[Source] = []
     for d in unique:
-        info = read_run_info(d)
-        stage = str(info.get("stage", ""))
+        record = RunRecord.read(d)
+        stage = record.stage or ""
         if stage not in GATHERED:
             raise ReportError(
                 f"{d}: a {stage or 'unknown'} run; saleval-report gathers {', '.join(GATHERED)} runs"
             )
-        prov = Provenance.of_run(d, info)
+        prov = record.provenance_of_run(d)
         found.append(
             Source(
                 run_dir=d,
                 stage=stage,
-                run_id=str(info.get("run_id", "")),
+                run_id=record.run_id or "",
                 dataset=str(prov.dataset),
                 model=str(prov.model),
                 simulated=prov.simulated,
                 overrides=tuple(merge.job_overrides(d) or ()),
-                parent_dirs=tuple(
-                    Path(p).resolve() for p in (info.get("parent_dirs") or {}).values()
-                ),
+                parent_dirs=tuple(Path(p).resolve() for p in record.parent_dirs.values()),
             )
         )
     compared = {p for s in found if s.stage == "compare" for p in s.parent_dirs}

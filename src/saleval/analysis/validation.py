@@ -37,6 +37,7 @@ from saleval.analysis.reports import SIMULATED, display_name
 from saleval.crowd.importing.published_study import LU2024_READERS, published_verdicts
 from saleval.modeling.data import dataset_config
 from saleval.pipeline import tables
+from saleval.pipeline.run_record import ancestry
 
 VALIDATION_FILE = "validation.csv"
 VALIDATION_JSON = "validation.json"
@@ -373,32 +374,20 @@ def calibration_note(
     )
 
 
-def upstream_simulation(
-    run_dirs: Iterable[str | Path], max_depth: int = 6
-) -> dict[str, Any] | None:
+def upstream_simulation(run_dirs: Iterable[str | Path]) -> dict[str, Any] | None:
     """The ``simulation`` node of the simulated crowd upstream of ``run_dirs`` (the
-    nearest ``saleval-simulate`` ancestor, found through each run's ``run.json``), for
-    :func:`calibration_note`; None when no ancestor is a simulate run."""
-    frontier = [Path(d) for d in run_dirs]
-    seen: set[Path] = set()
-    for _ in range(max_depth):
-        nxt: list[Path] = []
-        for d in frontier:
-            if d in seen or not (d / "run.json").is_file():
-                continue
-            seen.add(d)
-            info = json.loads((d / "run.json").read_text())
-            if info.get("stage") == "simulate" and (d / "config.yaml").is_file():
-                node = OmegaConf.select(OmegaConf.load(d / "config.yaml"), "simulation")
-                container = OmegaConf.to_container(node) if node is not None else None
-                if not isinstance(container, dict):
-                    return {}
-                out = {str(k): v for k, v in container.items()}
-                if (d / READER_FILE).is_file():
-                    out["reader_used"] = json.loads((d / READER_FILE).read_text())["reader_used"]
-                return out
-            nxt.extend(Path(p) for p in (info.get("parent_dirs") or {}).values())
-        frontier = nxt
+    nearest ``saleval-simulate`` ancestor: :func:`saleval.pipeline.run_record.ancestry`,
+    however far up), for :func:`calibration_note`; None when no ancestor is a simulate run."""
+    for d, record in ancestry(run_dirs):
+        if record.stage == "simulate" and (d / "config.yaml").is_file():
+            node = OmegaConf.select(OmegaConf.load(d / "config.yaml"), "simulation")
+            container = OmegaConf.to_container(node) if node is not None else None
+            if not isinstance(container, dict):
+                return {}
+            out = {str(k): v for k, v in container.items()}
+            if (d / READER_FILE).is_file():
+                out["reader_used"] = json.loads((d / READER_FILE).read_text())["reader_used"]
+            return out
     return None
 
 

@@ -8,7 +8,6 @@ worker halfway through a bundle.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from omegaconf import OmegaConf
 
 from saleval.errors import UserError
 from saleval.pipeline import tables
+from saleval.pipeline.run_record import RunRecord
 from saleval.vocab import IDK
 
 INSTRUCTIONS = "instructions.md"
@@ -123,10 +123,9 @@ def load_study(tasks_dir: str | Path) -> Study:
 
 def _run_key(tasks_dir: Path) -> str:
     """The tasks run's MLflow run id, else its fingerprint, else a hash of its path."""
-    run_json = tasks_dir / "run.json"
-    if run_json.is_file():
-        info = json.loads(run_json.read_text())
-        for key in ("run_id", "fingerprint"):
-            if info.get(key):
-                return str(info[key])
+    if RunRecord.exists(tasks_dir):
+        record = RunRecord.read(tasks_dir)
+        for key in (record.run_id, record.fingerprint):
+            if key:
+                return key
     return "dir-" + hashlib.sha256(str(tasks_dir.resolve()).encode()).hexdigest()[:16]

@@ -13,7 +13,8 @@ class PathsConfig:
 
     root_dir: str = "${saleval.root:}"
     data_root: str = "${saleval.data_root:}"
-    output_root: str = "${paths.root_dir}/outputs"
+    #: <root_dir>/outputs (saleval.paths.outputs_under, the one place that default is stated)
+    output_root: str = "${saleval.outputs:${paths.root_dir}}"
 
 
 @dataclass

@@ -17,7 +17,7 @@ Every saleval run keeps what it sends to MLflow in its run dir (its journal,
 It takes run dirs, ``-m`` sweep dirs (every job) and ``saleval-run`` dirs (the pipeline's
 run, then each stage's). It is idempotent: a run whose record says everything reached the
 store, or that has a finished copy there, is left alone, so running it twice logs once.
-Only FINISHED runs whose tables are the ones they wrote (:mod:`saleval.pipeline.run_checks`)
+Only FINISHED runs whose tables are the ones they wrote (:class:`~saleval.pipeline.run_record.RunRecord`)
 are logged; the others are named, one line each, and the command exits 1 after logging the
 rest.
 
@@ -31,27 +31,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from saleval.errors import UserError
-from saleval.pipeline import run_checks, tracking, tracking_health, tracking_journal, views
+from saleval.pipeline import tracking, tracking_health, tracking_journal, views
 from saleval.pipeline.merge import PIPELINE_JSON, is_sweep_dir, sweep_jobs
-from saleval.pipeline.run_checks import RUN_JSON
+from saleval.pipeline.run_record import FINISHED, RUN_JSON, RunRecord, write_atomically
 
 log = logging.getLogger(__name__)
 
 #: the tags of a run copied into another store: the first run's id, and its store
 COPY_OF = "saleval.copy_of"
 COPIED_FROM = "saleval.copied_from"
-#: the record's field listing a run's copies in other stores: store URI -> run id
+#: ``pipeline.json``'s field listing the pipeline run's copies in other stores: store URI
+#: -> run id (a stage run's record holds them as :attr:`RunRecord.copies`)
 COPIES = "copies"
 
 
@@ -61,34 +63,65 @@ class CatchUpError(UserError, ValueError):
 
 @dataclass
 class Record:
-    """A run dir's record: ``run.json`` of a stage run, ``pipeline.json`` of a
-    ``saleval-run`` dir (whose run is the pipeline's parent run)."""
+    """A run dir's record: a stage run's :class:`RunRecord` (``run`` set), or the
+    ``pipeline.json`` of a ``saleval-run`` dir (``pipeline`` set), whose run is the
+    pipeline's parent run."""
 
     run_dir: Path
     path: Path
-    info: dict[str, Any]
+    run: RunRecord | None = None
+    pipeline: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, run_dir: Path) -> Record:
-        for name in (RUN_JSON, PIPELINE_JSON):
-            path = run_dir / name
-            if path.is_file():
-                return cls(run_dir, path, json.loads(path.read_text()))
+        if RunRecord.exists(run_dir):
+            return cls(run_dir, RunRecord.path_in(run_dir), run=RunRecord.read(run_dir))
+        path = run_dir / PIPELINE_JSON
+        if path.is_file():
+            return cls(run_dir, path, pipeline=json.loads(path.read_text()))
         raise CatchUpError(
             f"{run_dir}: neither {RUN_JSON} nor {PIPELINE_JSON}: not a saleval run dir"
         )
 
     @property
     def is_pipeline(self) -> bool:
-        return self.path.name == PIPELINE_JSON
+        return self.run is None
 
     @property
     def status(self) -> str:
         """A ``saleval-run`` dir has a ``pipeline.json`` only once the pipeline finished."""
-        return run_checks.FINISHED if self.is_pipeline else str(self.info.get("status"))
+        return FINISHED if self.run is None else str(self.run.status)
 
-    def save(self) -> None:
-        run_checks.write_atomically(self.path, json.dumps(self.info, indent=2))
+    @property
+    def tracking_uri(self) -> str:
+        store = self.pipeline.get("tracking_uri") if self.run is None else self.run.tracking_uri
+        return str(store or "")
+
+    @property
+    def journal(self) -> dict[str, Any]:
+        """What the run's tracking store took (:data:`tracking_journal.RECORD`)."""
+        held = self.pipeline.get(tracking_journal.RECORD) if self.run is None else self.run.tracking
+        return dict(held or {})
+
+    def save(
+        self, journal: Mapping[str, Any] | None = None, copy: tuple[str, str] | None = None
+    ) -> None:
+        """Write the record again with ``journal`` as what the store took and/or ``copy``
+        (store, run id) added to its copies."""
+        if self.run is not None:
+            copies = dict(self.run.copies or {}) | (dict([copy]) if copy else {})
+            self.run = dataclasses.replace(
+                self.run,
+                tracking=self.run.tracking if journal is None else dict(journal),
+                copies=copies or self.run.copies,
+            )
+            self.run.write(self.run_dir)
+            return
+        if journal is not None:
+            self.pipeline[tracking_journal.RECORD] = dict(journal)
+        if copy is not None:
+            self.pipeline.setdefault(COPIES, {})[copy[0]] = copy[1]
+        write_atomically(self.path, json.dumps(self.pipeline, indent=2))
 
 
 def run_dirs(paths: Sequence[str | Path]) -> Iterator[Path]:
@@ -100,7 +133,7 @@ def run_dirs(paths: Sequence[str | Path]) -> Iterator[Path]:
         if not path.is_dir():
             raise CatchUpError(f"{given}: no such directory")
         for job in sweep_jobs(path) if is_sweep_dir(path) else [path]:
-            if (job / RUN_JSON).is_file():
+            if RunRecord.exists(job):
                 yield job
             elif (job / PIPELINE_JSON).is_file():
                 yield job
@@ -108,7 +141,7 @@ def run_dirs(paths: Sequence[str | Path]) -> Iterator[Path]:
                 for stage in stages.values():
                     yield Path(str(stage["run_dir"])).resolve()
             else:  # a saleval-run cut short (no pipeline.json yet): its stages' runs
-                yield from sorted(d for d in job.iterdir() if (d / RUN_JSON).is_file()) or [job]
+                yield from sorted(d for d in job.iterdir() if RunRecord.exists(d)) or [job]
 
 
 @dataclass
@@ -160,7 +193,7 @@ class CatchUp:
         self._check(record)
         ops = tracking_journal.read_ops(run_dir)
         start = ops[0]
-        uri = self.uri or str(record.info.get("tracking_uri") or "")
+        uri = self.uri or record.tracking_uri
         if not uri:
             raise CatchUpError("its record names no tracking store: pass --tracking-uri")
         tracking_health.check_store(uri, self.wait_s)
@@ -174,12 +207,13 @@ class CatchUp:
         return self._copy(record, ops, uri, shown)
 
     def _check(self, record: Record) -> None:
-        problem = run_checks.status_problem({"status": record.status, **record.info})
-        if problem and not record.is_pipeline:
-            raise CatchUpError(f"the run {problem}: rerun it; it is not logged")
-        changed = run_checks.changed_tables(record.run_dir, record.info)
-        if changed:
-            raise CatchUpError(run_checks.changed_message(record.run_dir, record.info, changed))
+        if record.run is not None:
+            problem = record.run.status_problem()
+            if problem:
+                raise CatchUpError(f"the run {problem}: rerun it; it is not logged")
+            changed = record.run.changed_tables(record.run_dir)
+            if changed:
+                raise CatchUpError(record.run.changed_message(record.run_dir, changed))
         ops = tracking_journal.read_ops(record.run_dir)
         if not ops or ops[0].get("op") != "start":
             raise CatchUpError(
@@ -191,7 +225,7 @@ class CatchUp:
         """The run is in the store: send what it missed, and end it with its status."""
         import mlflow
 
-        sent = int((record.info.get(tracking_journal.RECORD) or {}).get("sent", len(ops)))
+        sent = int(record.journal.get("sent", len(ops)))
         status = _final_status(ops, record)
         rid = run.info.run_id
         if sent >= len(ops) and run.info.status == status:
@@ -216,9 +250,7 @@ class CatchUp:
             done = True
         finally:
             if not done:  # the next catch-up goes on from here
-                progress = dict(record.info.get(tracking_journal.RECORD) or {}, sent=sent)
-                record.info[tracking_journal.RECORD] = progress
-                record.save()
+                record.save(journal=dict(record.journal, sent=sent))
             _end(status if done else "KILLED", done)
         return Outcome(
             record.run_dir, rid,
@@ -236,14 +268,14 @@ class CatchUp:
         first = str(start["run_id"])
         client = MlflowClient()
         for old in _copies(client, first):
-            if old.info.status == run_checks.FINISHED:
+            if old.info.status == FINISHED:
                 self.ids[(uri, first)] = old.info.run_id
                 line = f"already logged: {record.run_dir} (run {old.info.run_id} in {shown})"
                 return Outcome(record.run_dir, old.info.run_id, line, True)
             _delete_with_children(client, old)  # a copy cut short: made again
         tags = self._mapped_tags(start, uri)
         tags[COPY_OF] = first
-        tags[COPIED_FROM] = str(start.get("uri") or record.info.get("tracking_uri") or "")
+        tags[COPIED_FROM] = str(start.get("uri") or record.tracking_uri)
         experiment = self.experiment or str(start.get("experiment") or "Default")
         experiment_id = tracking.setup(uri, experiment, _artifact_root(uri))
         run_name = str(start.get("run_name") or "")
@@ -259,8 +291,7 @@ class CatchUp:
             for op in ops[1:]:
                 if op.get("op") != "end":
                     tracking_journal.apply(op, target)
-            record.info.setdefault(COPIES, {})[shown] = rid
-            record.save()
+            record.save(copy=(shown, rid))
             mlflow.log_artifact(str(record.path))
             done = True
         finally:  # a copy cut short is not FINISHED: the next catch-up makes it again
@@ -274,8 +305,7 @@ class CatchUp:
         """The record says everything reached the store now."""
         done = tracking_journal.record_of(record.run_dir, len(ops), len(ops), None)
         done["caught_up"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        record.info[tracking_journal.RECORD] = done
-        record.save()
+        record.save(journal=done)
 
     # -- parent links ------------------------------------------------------------------
     def _mapped_tags(self, start: dict[str, Any], uri: str) -> dict[str, str]:
@@ -314,7 +344,7 @@ class CatchUp:
         if _get_run(client, first) is not None:
             return first
         for old in _copies(client, first):
-            if old.info.status == run_checks.FINISHED:
+            if old.info.status == FINISHED:
                 return str(old.info.run_id)
         if run_dir and Path(run_dir).is_dir():
             outcome = self.run(Path(run_dir))

@@ -12,7 +12,7 @@ from any node of the cluster (docs/scale-out.md#when-a-job-dies).
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import os
 import socket
@@ -24,6 +24,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from saleval.pipeline import slurm_state
+from saleval.pipeline.run_record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +97,19 @@ def mark_killed(client: MlflowClient, runs: Sequence[Any], why: str) -> list[str
     for r in runs:
         client.set_terminated(r.info.run_id, status="KILLED")
         ids.append(r.info.run_id)
-        run_json = Path(r.data.tags.get("run_dir") or "/nonexistent", "run.json")
+        run_dir = Path(r.data.tags.get("run_dir") or "/nonexistent")
         try:
-            info = json.loads(run_json.read_text())
-        except (OSError, ValueError):
+            record = RunRecord.read(run_dir)
+        except (OSError, ValueError, TypeError, AttributeError):
             continue
-        if info.get("run_id") != r.info.run_id:
+        if record.run_id != r.info.run_id:
             continue
-        if info.get("status") == "RUNNING":
-            run_json.write_text(json.dumps({**info, "status": "KILLED"}, indent=2))
-        elif info.get("status") == "FINISHED":  # its work is done; its end never reached here
+        if record.status == "RUNNING":
+            dataclasses.replace(record, status="KILLED").write(run_dir)
+        elif record.finished:  # its work is done; its end never reached here
             log.warning(
                 "%s finished, but the tracking store missed its end: saleval-catch-up %s "
-                "logs what it lacks and ends it as FINISHED", run_json.parent, run_json.parent,
+                "logs what it lacks and ends it as FINISHED", run_dir, run_dir,
             )  # fmt: skip
     if ids:
         named = ", ".join(

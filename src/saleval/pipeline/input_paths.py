@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from saleval import paths
 from saleval.errors import UserError
 from saleval.pipeline import stage_table
 
@@ -129,7 +130,7 @@ def check_input_paths(cfg: Any) -> None:
     node = OmegaConf.select(cfg, "inputs", default=None)
     if node is None or not OmegaConf.is_dict(node):
         return
-    root = OmegaConf.select(cfg, "paths.output_root", default="outputs")
+    root = paths.output_root(cfg)
     plain = OmegaConf.to_container(node, resolve=True)
     assert isinstance(plain, dict)
     for name, spec in _specs(plain):

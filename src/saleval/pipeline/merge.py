@@ -29,8 +29,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from saleval.pipeline import run_checks
-from saleval.pipeline.run_checks import RUN_JSON
+from saleval.pipeline.run_record import RUN_JSON, RunRecord
 from saleval.pipeline.tables import TableSpec
 
 #: Hydra writes this file into the sweep dir of every ``-m`` run
@@ -99,24 +98,23 @@ def expand(
     ``resolve_one(name, spec)`` resolves a single run (a dir, ``runs:/<id>``, ``latest``).
     A sweep job that did not finish (no ``run.json``, or one that is not FINISHED) is
     refused naming the sweep's rerun, unless ``allow_unfinished``
-    (:func:`saleval.pipeline.run_checks.unfinished_message`).
+    (:meth:`saleval.pipeline.run_record.RunRecord.unfinished_message`).
     """
     out: list[Path] = []
     for spec in as_specs(value):
         path = Path(spec).expanduser()
         swept = path.is_dir() and is_sweep_dir(path)
         for job in sweep_jobs(path) if swept else [path]:
-            if job.is_dir() and not (job / RUN_JSON).is_file() and (job / PIPELINE_JSON).is_file():
+            if job.is_dir() and not RunRecord.exists(job) and (job / PIPELINE_JSON).is_file():
                 job = pipeline_stage_dir(job, stage)
-            elif swept and not (job / RUN_JSON).is_file():
+            elif swept and not RunRecord.exists(job):
                 raise MergeError(
                     f"inputs.{name}: sweep job {job} has no {RUN_JSON}: did it fail? Rerun the "
                     f"sweep's unfinished jobs (the same command with hydra.sweep.dir={path}) or "
                     "list the jobs that finished"
                 )
             elif swept and not allow_unfinished:
-                info = json.loads((job / RUN_JSON).read_text())
-                problem = run_checks.unfinished_message(name, job, info, sweep=path)
+                problem = RunRecord.read(job).unfinished_message(name, job, sweep=path)
                 if problem:
                     raise MergeError(problem)
             out.append(resolve_one(name, str(job) if job != path else spec))

@@ -11,7 +11,7 @@ the stage's own config does not give is **adopted** from its parents; a value it
 a parent's, fail naming both values and where they came from. ``simulated`` is the one
 exception: it is true when any parent (or the stage itself) says so, and cannot be unset.
 ``unfinished`` is sticky the same way: the runs read although they had not finished
-(``allow_unfinished_inputs=true``, :mod:`saleval.pipeline.run_checks`) stay named in every
+(``allow_unfinished_inputs=true``, :mod:`saleval.pipeline.run_record`) stay named in every
 run downstream of them.
 
 >>> a = Provenance(dataset="imdb", label_names=("negative", "positive"))
@@ -110,12 +110,18 @@ class Provenance:
 
     @classmethod
     def of_run(
-        cls, run_dir: str | Path, info: Mapping[str, Any], cfg: DictConfig | None = None
+        cls,
+        run_dir: str | Path,
+        recorded: Provenance | None,
+        simulated: bool,
+        cfg: DictConfig | None = None,
     ) -> Provenance:
-        """A parent's record: its ``run.json`` field, or (runs written before the field
-        existed) what its ``config.yaml`` (``cfg`` when already read) and ``run.json`` say."""
-        if isinstance(info.get("provenance"), Mapping):
-            return cls.from_json(info["provenance"])
+        """A parent's provenance: what its record holds (``recorded``: the ``provenance`` of
+        its :class:`~saleval.pipeline.run_record.RunRecord`), or (runs recorded before the
+        field existed) what its ``config.yaml`` (``cfg`` when already read) says, with the
+        record's ``simulated``."""
+        if recorded is not None:
+            return recorded
         if cfg is None:
             path = Path(run_dir, "config.yaml")
             loaded = OmegaConf.load(path) if path.is_file() else None
@@ -125,7 +131,7 @@ class Provenance:
         return dataclasses.replace(
             own,
             max_length=int(explain_len) if explain_len else own.max_length,
-            simulated=str(info.get("simulated", "")).lower() == "true",
+            simulated=simulated,
         )
 
 

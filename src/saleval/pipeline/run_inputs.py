@@ -1,9 +1,10 @@
 """A stage's parent runs: what ``inputs.<name>`` names, read once, and what it means.
 
-:class:`RunInputs` is everything a stage learns from its inputs before it starts: each
-``inputs.<name>`` resolved to run dirs (a run dir, ``runs:/<id>``, ``latest``; or several
-runs, a list or a ``-m`` sweep dir, whose tables :meth:`RunInputs.read` merges:
-:mod:`saleval.pipeline.merge`), each parent's ``run.json`` and ``config.yaml`` read once, and the
+:class:`RunInputs` is everything a stage learns from its inputs before it starts (a stage
+reaches it as ``st.inputs``): each ``inputs.<name>`` resolved to run dirs (a run dir,
+``runs:/<id>``, ``latest``; or several runs, a list or a ``-m`` sweep dir, whose tables
+:meth:`RunInputs.read` merges: :mod:`saleval.pipeline.merge`), each parent's record
+(:class:`~saleval.pipeline.run_record.RunRecord`) and ``config.yaml`` read once, and the
 one provenance rule applied (:mod:`saleval.pipeline.provenance`: adopt the parents' dataset, model,
 max_length, study target and population when the config gives none, check them when it
 does). It writes nothing and logs nothing, so it can be built, and fail, before a run
@@ -13,10 +14,9 @@ exists; :class:`saleval.pipeline.stage.Stage` owns the run's lifecycle.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saleval import paths, renames
 from saleval.config import DatasetConfig
 from saleval.modeling.data import complete_label_names
-from saleval.pipeline import merge, run_checks, stage_table, tracking, tracking_health
+from saleval.pipeline import merge, stage_table, tracking, tracking_health
 from saleval.pipeline.input_paths import (
     LATEST,
     InputError,
@@ -37,7 +37,7 @@ from saleval.pipeline.input_paths import (
     what_it_takes,
 )
 from saleval.pipeline.provenance import Provenance, ProvenanceError, resolve
-from saleval.pipeline.run_checks import RUN_JSON
+from saleval.pipeline.run_record import ALLOW_UNFINISHED, RUN_JSON, RunRecord
 from saleval.pipeline.tables import TableSpec
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 #: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
 #: stage table
 PRODUCERS = stage_table.producers()
+#: where, under the output root, a run read through ``runs:/<id>`` that is not on this
+#: machine is downloaded to
+DOWNLOADS = "downloads"
 
 
 def resolve_input(
@@ -55,11 +58,12 @@ def resolve_input(
 ) -> Path:
     """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files.
 
-    The run must have FINISHED (:func:`saleval.pipeline.run_checks.unfinished_message`)
-    unless ``allow_unfinished``."""
+    The run must have FINISHED (:meth:`~saleval.pipeline.run_record.RunRecord.unfinished_message`)
+    unless ``allow_unfinished``. ``output_root``: where ``latest`` is looked for and a
+    run not on this machine is downloaded to (default :func:`saleval.paths.output_root`)."""
     run_dir = _locate(name, str(spec), output_root)
     if not allow_unfinished:
-        problem = run_checks.unfinished_message(name, run_dir, read_run_info(run_dir))
+        problem = RunRecord.read(run_dir).unfinished_message(name, run_dir)
         if problem:
             raise InputError(problem)
     return run_dir
@@ -70,7 +74,7 @@ def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
     not on this machine)."""
     if spec in ("???", "", "None"):
         raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
-    root = output_root or paths.project_root() / "outputs"
+    root = paths.output_root(output_root)
     problem = input_path_problem(name, spec, root)
     if problem:
         raise InputError(problem)
@@ -90,17 +94,17 @@ def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
                 ) from err
             raise InputError(f"inputs.{name}={spec}: no such MLflow run ({err})") from err
         local = run.data.tags.get("run_dir")
-        if local and Path(local, RUN_JSON).is_file():
+        if local and RunRecord.exists(local):
             return Path(local)
-        target = Path(paths.project_root(), "outputs", "downloads", run_id)
-        if not Path(target, RUN_JSON).is_file():
+        target = root / DOWNLOADS / run_id
+        if not RunRecord.exists(target):
             target.mkdir(parents=True, exist_ok=True)
             tracking.download_run(run_id, target)
         return target
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise InputError(f"inputs.{name}={spec}: not a directory")
-    if not (path / RUN_JSON).is_file():
+    if not RunRecord.exists(path):
         raise InputError(f"inputs.{name}={spec}: {RUN_JSON} missing; is this a saleval run dir?")
     return path.resolve()
 
@@ -136,9 +140,10 @@ def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
     >>> run_or_checkpoint("bert-base-uncased")
     (None, 'bert-base-uncased')
     """
-    if spec.startswith("runs:/") or spec == LATEST or Path(spec, RUN_JSON).is_file():
+    if spec.startswith("runs:/") or spec == LATEST or RunRecord.exists(spec):
         return spec, None
-    problem = input_path_problem("model", spec, "outputs")  # a local path that is not there
+    # a local path that is not there
+    problem = input_path_problem("model", spec, paths.output_root())
     if problem:
         raise InputError(problem)
     return None, spec
@@ -156,17 +161,12 @@ def file_input(
         return run_dir / filename, str(run_dir)
     path = Path(spec).expanduser().resolve()
     if path.is_dir():
-        return path / filename, str(path) if (path / RUN_JSON).is_file() else None
+        return path / filename, str(path) if RunRecord.exists(path) else None
     if path.is_file():
-        in_run = path.name == filename and (path.parent / RUN_JSON).is_file()
+        in_run = path.name == filename and RunRecord.exists(path.parent)
         return path, str(path.parent) if in_run else None
-    problem = input_path_problem(name, spec, output_root or "outputs")
+    problem = input_path_problem(name, spec, paths.output_root(output_root))
     raise InputError(problem or f"inputs.{name}={spec}: no such file or directory")
-
-
-def read_run_info(run_dir: str | Path) -> dict[str, Any]:
-    """A run's ``run.json``."""
-    return json.loads(Path(run_dir, RUN_JSON).read_text())
 
 
 def read_run_config(run_dir: str | Path) -> DictConfig:
@@ -195,15 +195,21 @@ def given_input(cfg: DictConfig, key: str) -> str | None:
     return None if value in (None, "", "None", "???") else str(value)
 
 
-class RunInputs:
+class RunInputs(Mapping[str, Path]):
     """The parent runs of one stage run, read once, and the provenance they give it.
 
     Building it resolves ``inputs`` (input name → value; None values are left out), reads
-    every parent's ``run.json`` and ``config.yaml``, and resolves the run's provenance:
+    every parent's record and ``config.yaml``, and resolves the run's provenance:
     ``inherits`` names the fields taken from the parents (names, or field → input names;
     None: every field from every parent), ``requires`` the fields that must then be known,
     ``simulated`` marks a run that is simulated whatever its parents say. A dataset adopted
     from a parent is written into ``cfg`` with its whole config node.
+
+    As a mapping it is input name → the input's run dir (its first run when it names
+    several: the runs of one input agree on what is inherited), so a stage reads
+    ``st.inputs["explain"]``; ``st.inputs.parents``, ``parent_configs`` and
+    ``parent_provenance`` hold that run's record, config and provenance, and
+    :meth:`read` and :meth:`runs_of` reach every run of an input.
     """
 
     def __init__(
@@ -215,8 +221,8 @@ class RunInputs:
         requires: Sequence[str] = (),
         simulated: bool = False,
     ) -> None:
-        root = OmegaConf.select(cfg, "paths.output_root", default=None)
-        allow = bool(OmegaConf.select(cfg, run_checks.ALLOW_UNFINISHED, default=False))
+        root = paths.output_root(cfg)
+        allow = bool(OmegaConf.select(cfg, ALLOW_UNFINISHED, default=False))
         #: every run behind each input (several for a list or a sweep dir: saleval.pipeline.merge)
         self.input_runs: dict[str, list[Path]] = {
             k: resolve_inputs(k, v, root, allow) for k, v in (inputs or {}).items() if v is not None
@@ -227,27 +233,26 @@ class RunInputs:
             for k, ps in self.input_runs.items()
             for i, p in enumerate(ps)
         }
-        #: each parent run's run.json and config.yaml by label, read once
-        self.infos = {k: read_run_info(p) for k, p in self.runs.items()}
+        #: each parent run's record by label, read once
+        self.records: dict[str, RunRecord] = {k: RunRecord.read(p) for k, p in self.runs.items()}
         self._check_kinds(stage)
         self._check_tables()
         #: the parents read although they had not finished (allow_unfinished_inputs=true)
         self.unfinished = tuple(
-            f"{p} ({self.infos[k].get('status') or 'no status'})"
-            for k, p in self.runs.items()
-            if run_checks.status_problem(self.infos[k]) is not None
+            mark for k, p in self.runs.items() if (mark := self.records[k].unfinished_mark(p))
         )
+        #: each parent run's config.yaml by label, read once
         self.configs = {k: read_run_config(p) for k, p in self.runs.items()}
         self._provenance = {
-            k: Provenance.of_run(p, self.infos[k], self.configs[k]) for k, p in self.runs.items()
+            k: self.records[k].provenance_of_run(p, self.configs[k]) for k, p in self.runs.items()
         }
         first = {k: merge.label(k, 0, len(ps)) for k, ps in self.input_runs.items()}
-        #: per input, its (first) run: the runs of one input agree on what is inherited
-        self.inputs: dict[str, Path] = {k: self.runs[f] for k, f in first.items()}
-        self.parents: dict[str, dict[str, Any]] = {k: self.infos[f] for k, f in first.items()}
+        #: per input, its (first) run, by which the mapping answers
+        self._first: dict[str, Path] = {k: self.runs[f] for k, f in first.items()}
+        #: per input, its (first) run's record, config and provenance
+        self.parents: dict[str, RunRecord] = {k: self.records[f] for k, f in first.items()}
         self.parent_configs: dict[str, DictConfig] = {k: self.configs[f] for k, f in first.items()}
         complete_label_names(cfg)  # a local dataset given without label names
-        #: each parent's provenance record (saleval.pipeline.provenance)
         self.parent_provenance: dict[str, Provenance] = {
             k: self._provenance[f] for k, f in first.items()
         }
@@ -256,6 +261,15 @@ class RunInputs:
         self._require(stage, requires)
         self._adopt_dataset(cfg)
 
+    def __getitem__(self, name: str) -> Path:
+        return self._first[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
+
     def _check_kinds(self, stage: str) -> None:
         """Each input is a run of a stage it takes (``inputs.crowd`` an import run...):
         a run of another stage is named with what to pass instead, before anything is read
@@ -263,7 +277,7 @@ class RunInputs:
         for name, runs in self.input_runs.items():
             accepted = accepted_stages(name)
             for i, run in enumerate(runs):
-                kind = self.infos[merge.label(name, i, len(runs))].get("stage")
+                kind = self.records[merge.label(name, i, len(runs))].stage
                 if accepted and kind and kind not in accepted:
                     raise InputError(
                         f"inputs.{name}={run} is a saleval-{kind} run; saleval-{stage} reads "
@@ -274,9 +288,9 @@ class RunInputs:
         """Every table a parent recorded is the one it wrote (its checksum), before a stage
         reads any: a table edited, cut short or damaged since is named with its run."""
         for label, run in self.runs.items():
-            changed = run_checks.changed_tables(run, self.infos[label])
+            changed = self.records[label].changed_tables(run)
             if changed:
-                raise InputError(run_checks.changed_message(run, self.infos[label], changed))
+                raise InputError(self.records[label].changed_message(run, changed))
 
     def _resolve(
         self,
@@ -301,7 +315,7 @@ class RunInputs:
         """Fail before the run starts when a required field is neither given nor adopted."""
         unknown = [f for f in requires if getattr(self.provenance, f) is None]
         if unknown:
-            where = ", ".join(f"inputs.{k}={p}" for k, p in self.inputs.items()) or "no inputs"
+            where = ", ".join(f"inputs.{k}={p}" for k, p in self.items()) or "no inputs"
             raise ProvenanceError(
                 f"saleval-{stage}: no {' or '.join(unknown)} is given and none is recorded by "
                 f"{where}; pass " + " ".join(f"{f}=<name>" for f in unknown)
@@ -345,10 +359,10 @@ class RunInputs:
         names several (a list, a sweep dir; :func:`saleval.pipeline.merge.read_merged`)."""
         return merge.read_merged(spec, self.input_runs[name], f"inputs.{name}")
 
-    def runs_of(self, name: str) -> list[tuple[Path, dict[str, Any], DictConfig]]:
-        """Every run behind ``inputs.<name>``: (run dir, run.json, config.yaml)."""
+    def runs_of(self, name: str) -> list[tuple[Path, RunRecord, DictConfig]]:
+        """Every run behind ``inputs.<name>``: (run dir, record, config.yaml)."""
         n = len(self.input_runs[name])
         return [
-            (p, self.infos[merge.label(name, i, n)], self.configs[merge.label(name, i, n)])
+            (p, self.records[merge.label(name, i, n)], self.configs[merge.label(name, i, n)])
             for i, p in enumerate(self.input_runs[name])
         ]

@@ -1,19 +1,24 @@
 """The stage contract (docs/architecture.md) in one place.
 
-Every stage module defines ``run(cfg) -> dict`` (tests call it) and
-``main = hydra_main("<config name>", run)`` (the console script; ``saleval-<stage>`` runs it
-through :mod:`saleval.cli`, which imports the module only when the job starts). Inside ``run``::
+Every stage module defines ``run(cfg) -> dict``, which tests call and the console script
+``saleval-<stage>`` runs (:mod:`saleval.cli` builds it from the stage table and imports the
+module only when the job starts). Inside ``run``::
 
     with Stage(cfg, "score", inputs={"crowd": cfg.inputs.crowd}) as st:
         df = tables.AGGREGATED.read(st.inputs["crowd"])
         st.write(tables.SCORES, scores)        # writes into the run dir and logs it
         st.log_metrics({...})
 
-``Stage`` first reads its parent runs through :class:`saleval.pipeline.run_inputs.RunInputs`
-(``inputs.<name>`` resolved, each parent's ``config.yaml`` and ``run.json`` read once, the
-one provenance rule applied; ``st.read`` merges the tables of an input that names several
-runs), then owns the run's lifecycle: it writes the resolved config and ``run.json`` (run
-id, fingerprint, parents, provenance) into the run dir, starts an MLflow run (nested under
+``Stage`` is built from two parts and restates neither. ``st.inputs`` is the run's
+:class:`saleval.pipeline.run_inputs.RunInputs` (``inputs.<name>`` resolved, each parent's
+``config.yaml`` and record read once, the one provenance rule applied;
+``st.inputs.read`` merges the tables of an input that names several runs); ``st.tracking``
+is its :class:`saleval.pipeline.stage_tracking.StageTracking` (the MLflow run: its id, tags,
+methods and per-method child runs). ``Stage`` itself owns the run's lifecycle and what it
+means: its provenance (``st.provenance``, the one place a run is ``simulated``, whose tags
+follow it), the resolved config and the record, ``run.json``
+(:class:`saleval.pipeline.run_record.RunRecord`: run id, fingerprint, parents, provenance),
+written into the run dir; it starts an MLflow run (nested under
 an active pipeline run), tags it (with the host, pid and pid start time that let a later
 stage tell it died), and always ends it, marking it FAILED on an exception (KILLED when stopped from outside:
 Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
@@ -23,7 +28,7 @@ whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`). In the
 
 What a run can be trusted for (docs/tracking.md): it starts only once its tracking store
 has answered (:func:`saleval.pipeline.tracking_health.check_store`), its parents having
-FINISHED with their tables unchanged (:mod:`saleval.pipeline.run_checks`); ``run.json``
+FINISHED with their tables unchanged (:class:`~saleval.pipeline.run_record.RunRecord`); ``run.json``
 holds the checksum of every table it writes; everything it logs is kept in its run dir
 too (:mod:`saleval.pipeline.tracking_journal`), so a store that fails mid-run costs no
 work and ``saleval-catch-up`` sends the rest later.
@@ -37,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,11 +51,12 @@ from typing import Any, cast
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saleval.pipeline import run_checks, run_record, tracking, tracking_health
+from saleval import paths
+from saleval.pipeline import run_outputs, run_record, tracking, tracking_health
 from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_checks import RUN_JSON
-from saleval.pipeline.run_inputs import RunInputs, read_run_info
-from saleval.pipeline.stage_tracking import StageTracking
+from saleval.pipeline.run_inputs import RunInputs
+from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.stage_tracking import IDENTITY_TAGS, StageTracking
 from saleval.pipeline.tables import TableSpec
 
 log = logging.getLogger(__name__)
@@ -85,14 +92,14 @@ def stage_fingerprint(
     cfg: DictConfig,
     stage: str,
     input_dirs: Mapping[str, Path],
-    parents: Mapping[str, Mapping[str, Any]] | None = None,
+    parents: Mapping[str, RunRecord] | None = None,
     resolved: dict[str, Any] | None = None,
 ) -> str:
     """What a run of ``stage`` with ``cfg`` on these parent run dirs would compute.
 
     Two runs with the same fingerprint produce the same outputs (up to hardware
     nondeterminism); ``saleval-run`` reuses a finished one instead of recomputing.
-    ``parents`` (their ``run.json``) and ``resolved`` (``cfg`` resolved) spare reading
+    ``parents`` (their records) and ``resolved`` (``cfg`` resolved) spare reading
     and resolving them again when the caller has them.
     """
     if resolved is None:
@@ -102,8 +109,8 @@ def stage_fingerprint(
     stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
     if isinstance(stable.get("dataset"), dict):  # where the files sit is not what they are
         stable["dataset"] = {k: v for k, v in stable["dataset"].items() if k != "data_root"}
-    infos = parents or {k: read_run_info(p) for k, p in input_dirs.items()}
-    prints = {k: str(infos[k].get("fingerprint", "")) for k in input_dirs}
+    records = parents or {k: RunRecord.read(p) for k, p in input_dirs.items()}
+    prints = {k: records[k].fingerprint or "" for k in input_dirs}
     # inputs given as plain files (a platform's answers.csv) count by their content
     for k, v in (resolved.get("inputs") or {}).items():
         if k not in prints and isinstance(v, str) and Path(v).is_file():
@@ -112,10 +119,10 @@ def stage_fingerprint(
 
 
 class Stage:
-    """One stage run's lifecycle: run dir, ``config.yaml`` and ``run.json``
-    (:mod:`saleval.pipeline.run_record`), the MLflow run (:class:`StageTracking`), table writing;
-    what it reads comes from its :class:`RunInputs` (``st.inputs``, ``st.parents``,
-    ``st.read``)."""
+    """One stage run's lifecycle: run dir, ``config.yaml`` and its record
+    (:class:`~saleval.pipeline.run_record.RunRecord`), the provenance its outputs carry,
+    table writing. What it reads is ``st.inputs`` (:class:`RunInputs`), its MLflow side
+    ``st.tracking`` (:class:`StageTracking`)."""
 
     def __init__(
         self,
@@ -125,53 +132,48 @@ class Stage:
         tags: Mapping[str, str] | None = None,
         inherits: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
         requires: Sequence[str] = (),
+        simulated: bool = False,
     ) -> None:
         """``inherits``: the provenance fields this stage takes from its parents (names,
         or field → input names); None: every field from every parent. ``requires``: fields
-        that must be known once inherited (given or adopted), else it fails before starting."""
+        that must be known once inherited (given or adopted), else it fails before starting.
+        ``simulated``: a simulated crowd answers in this run (its parents may say so too).
+        ``tags``: the run's own MLflow tags; ``dataset``, ``model`` and ``simulated`` are
+        not among them: they follow the provenance (:meth:`provide`)."""
+        given = sorted(set(tags or {}) & set(IDENTITY_TAGS))
+        if given:
+            raise ValueError(
+                f"Stage(tags=...): {', '.join(given)} follow the run's provenance: pass "
+                "simulated=True, or st.provide(...) once the stage knows them"
+            )
         self.cfg, self.stage = cfg, stage
-        self.run_dir = run_record.run_dir_of(cfg).resolve()
-        #: the parent runs, read once, and the provenance they give (saleval.pipeline.run_inputs)
-        self.run_inputs = ri = RunInputs(
-            cfg, stage, inputs, inherits, requires, (tags or {}).get("simulated") == "true"
-        )
-        self.input_runs, self.inputs, self.parents = ri.input_runs, ri.inputs, ri.parents
-        self.parent_configs, self.parent_provenance = ri.parent_configs, ri.parent_provenance
-        #: the run's provenance: the parents' (:class:`RunInputs`), then what it provides
-        self.provenance: Provenance = ri.provenance
+        self.run_dir = run_outputs.run_dir_of(cfg).resolve()
+        #: what the run reads: its parent runs, read once, and the provenance they give
+        self.inputs = RunInputs(cfg, stage, inputs, inherits, requires, simulated)
+        #: the run's provenance: its parents' (:class:`RunInputs`), then what it provides
+        self.provenance: Provenance = self.inputs.provenance
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
         self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)  # keys are str
-        self.fingerprint = stage_fingerprint(cfg, stage, ri.runs, ri.infos, self.resolved)
+        self.fingerprint = stage_fingerprint(
+            cfg, stage, self.inputs.runs, self.inputs.records, self.resolved
+        )
         self.extra_tags = dict(tags or {})
         #: False in a DDP rank > 0: the context then writes and logs nothing
         self.is_main = is_main_process()
+        #: the MLflow run (its tags follow :attr:`provenance`)
         self.tracking = StageTracking(stage, cfg, self.resolved, lambda: self.provenance)
         self._t0 = 0.0
         #: the declared tables written (their checksums go into run.json)
         self._tables: list[str] = []
         self._recorded: dict[str, Any] | None = None  # run.json's tracking record, last written
 
-    @property
-    def run_id(self) -> str | None:
-        """The MLflow run's id (None before the run starts, and in a DDP rank > 0)."""
-        return self.tracking.run_id
-
-    @property
-    def tags(self) -> dict[str, str]:
-        """The MLflow run's tags (``simulated`` among them once known)."""
-        return self.tracking.tags
-
     def provide(self, **fields: Any) -> None:
         """Record provenance this stage computes itself (e.g. the explain stage's
-        ``max_length``, a crowd import's ``simulated``); written into ``run.json``."""
+        ``max_length``, a crowd import's ``simulated``); written into ``run.json``, and the
+        MLflow run's name, params and tags follow."""
         self.provenance = dataclasses.replace(self.provenance, **fields)
-        new = {k: str(fields[k]) for k in ("dataset", "model") if fields.get(k) is not None}
-        if fields.get("simulated"):
-            new["simulated"] = "true"
-        if new:
-            self.set_tags(new)
-        if self.is_main and self.run_id is not None:
+        if self.is_main and self.tracking.run_id is not None:
             self.tracking.log_identity()
             self._write_run_json(status="RUNNING")
 
@@ -191,10 +193,10 @@ class Stage:
             with open_dict(self.cfg):
                 self.cfg.tracking.uri = uri
             self.resolved["tracking"]["uri"] = uri
-        run_checks.write_atomically(
+        run_record.write_atomically(
             self.run_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True)
         )
-        self.tracking.start(uri, self.run_dir, self.fingerprint, self.run_inputs, self.extra_tags)
+        self.tracking.start(uri, self.run_dir, self.fingerprint, self.inputs, self.extra_tags)
         self._write_run_json(status="RUNNING")
         self._t0 = time.perf_counter()
         return self
@@ -221,7 +223,7 @@ class Stage:
                 tracking.log_metrics({"stage_seconds": seconds})
                 tracking.log_files([self.run_dir / "config.yaml"])
                 self._write_run_json(status=status, seconds=seconds)
-                tracking.log_files([self.run_dir / RUN_JSON])
+                tracking.log_files([RunRecord.path_in(self.run_dir)])
             else:
                 self._write_run_json(status=status, seconds=seconds, error=repr(exc))
         except Exception as err:
@@ -234,15 +236,14 @@ class Stage:
                     self._write_run_json(status=status, seconds=seconds, error=repr(err))
                 raise
         finally:
-            if self.run_id is not None:
+            if self.tracking.run_id is not None:
                 self._end(status, seconds, failure)
         if not exc_type and not self.tracking.nested:  # saleval-run prints its own summary
-            root = OmegaConf.select(self.cfg, "paths.output_root", default=None)
-            run_record.link_latest(root, self.stage, self.run_dir)
+            run_outputs.link_latest(paths.output_root(self.cfg), self.stage, self.run_dir)
             print(self.summary(), flush=True)
             missed = self.tracking.record() or {}
             if not missed.get("logged", True):
-                print(run_record.not_logged_line(self.stage, self.run_dir, missed), flush=True)
+                print(run_outputs.not_logged_line(self.stage, self.run_dir, missed), flush=True)
 
     def _end(self, status: str, seconds: float, exc: Any) -> None:
         """End the MLflow run; when its store missed part of the run, ``run.json`` then says
@@ -266,33 +267,41 @@ class Stage:
                 log.warning("%s: could not record what was not logged: %s", self.run_dir, err)
 
     def summary(self) -> str:
-        """Where the run went and the command(s) that take it further (run_record.summary)."""
+        """Where the run went and the command(s) that take it further (run_outputs.summary)."""
         known = {"run": str(self.run_dir), **{k: str(p) for k, p in self.inputs.items()}}
         if "checkpoint" in self.extra_tags:
             known.setdefault("model", self.extra_tags["checkpoint"])
         t = self.tracking
-        return run_record.summary(self.stage, self.run_dir, t.run_id, known,
-                                  t.experiment_id, t.view, t.tags.get("sweep"))  # fmt: skip
+        return run_outputs.summary(self.stage, self.run_dir, t.run_id, known,
+                                   t.experiment_id, t.view, t.tags.get("sweep"))  # fmt: skip
 
-    def _write_run_json(self, **extra: Any) -> None:
-        """``run.json`` (:func:`saleval.pipeline.run_record.write_run_json`) with the checksum
-        of every table written so far and what its tracking store has taken."""
-        run_record.write_run_json(
-            self.run_dir, self.stage, self.run_id, self.fingerprint, self.run_inputs,
-            self.provenance, self.tracking.view,
-            checksums=run_checks.table_checksums(self.run_dir, self._tables),
-            tracking=self.tracking.record(), **extra,
-        )  # fmt: skip
-        self._recorded = self.tracking.record()
+    def _write_run_json(
+        self, status: str, seconds: float | None = None, error: str | None = None
+    ) -> None:
+        """The run's record (:class:`RunRecord`) with the checksum of every table written so
+        far and what its tracking store has taken, written into the run dir."""
+        import mlflow
 
-    # -- inputs -------------------------------------------------------------------
-    def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
-        """``spec``'s table of ``inputs.<name>``, merged over its runs (:meth:`RunInputs.read`)."""
-        return self.run_inputs.read(spec, name)
-
-    def runs_of(self, name: str) -> list[tuple[Path, dict[str, Any], DictConfig]]:
-        """Every run behind ``inputs.<name>``: (run dir, run.json, config.yaml)."""
-        return self.run_inputs.runs_of(name)
+        recorded = self.tracking.record()
+        RunRecord(
+            stage=self.stage,
+            run_id=self.tracking.run_id,
+            tracking_uri=mlflow.get_tracking_uri(),
+            fingerprint=self.fingerprint,
+            parents={k: r.run_id for k, r in self.inputs.records.items()},
+            parent_dirs={k: str(p) for k, p in self.inputs.runs.items()},
+            simulated=self.provenance.simulated,
+            provenance=self.provenance,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            mlflow_view=self.tracking.view,
+            checksums=run_record.table_checksums(self.run_dir, self._tables),
+            tracking=recorded,
+            status=status,
+            seconds=seconds,
+            error=error,
+        ).write(self.run_dir)
+        self._recorded = recorded
 
     # -- outputs ------------------------------------------------------------------
     def path(self, name: str) -> Path:
@@ -305,7 +314,7 @@ class Stage:
             return spec.path(self.run_dir)
         path = spec.write(df, self.run_dir)
         self._tables.append(spec.filename)
-        if self.run_id is not None:  # the record follows what is on disk, table by table
+        if self.tracking.run_id is not None:  # the record follows what is on disk, table by table
             self._write_run_json(status="RUNNING")
         tracking.log_files([path])
         return path
@@ -321,16 +330,3 @@ class Stage:
         MLflow's ``model_id``/``dataset``."""
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)
-
-    def log_methods(self, methods: Sequence[str]) -> None:
-        """The saliency methods this run is about (:meth:`StageTracking.log_methods`)."""
-        self.tracking.log_methods(methods)
-
-    def log_method_rows(self, rows: pd.DataFrame, **kw: Any) -> dict[str, str]:
-        """One child run per method and a saved view (:meth:`StageTracking.log_method_rows`)."""
-        return self.tracking.log_method_rows(rows, **kw) if self.is_main else {}
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        if tags.get("simulated") == "true" and not self.provenance.simulated:
-            self.provenance = dataclasses.replace(self.provenance, simulated=True)
-        self.tracking.set_tags(tags)

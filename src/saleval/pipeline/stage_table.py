@@ -28,7 +28,7 @@ class StageSpec:
     """One stage: where its code, config and schema are, what it reads and what follows it."""
 
     name: str  # ``saleval-<name>``, ``conf/<name>.yaml``, the ``stage`` tag of its runs
-    module: str  # defines ``run(cfg) -> dict`` (and ``main``, its console script)
+    module: str  # defines ``run(cfg) -> dict`` (its console script is saleval.cli's)
     schema: (
         str  # its root config dataclass: a name in :mod:`saleval.config.stages`, or a dotted path
     )

@@ -2,14 +2,18 @@
 name and tags, the identity params (``dataset``, ``model``, ``methods``) logged once known,
 per-method child runs with a saved view, and the run ended with its status.
 
-:class:`saleval.pipeline.stage.Stage` owns one :class:`StageTracking`; it reads the run's provenance
-through a callable, since a stage may learn its model or ``simulated`` while it runs
-(``Stage.provide``) and the run's name and params follow.
+:class:`saleval.pipeline.stage.Stage` owns one :class:`StageTracking` (``st.tracking``); it
+reads the run's provenance through a callable, since a stage may learn its model or
+``simulated`` while it runs (``Stage.provide``), and the run's name, params and identity
+tags (:func:`identity_tags`: ``dataset``, ``model``, ``simulated``) follow it: they are set
+from the provenance only, never given.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval.pipeline import (
     dead_runs,
     run_naming,
-    run_record,
+    run_outputs,
     tracking,
     tracking_health,
     tracking_journal,
@@ -28,6 +32,20 @@ from saleval.pipeline import (
 )
 from saleval.pipeline.provenance import Provenance
 from saleval.pipeline.run_inputs import RunInputs
+
+#: the tags that say what a run is about, kept equal to its provenance (:func:`identity_tags`)
+IDENTITY_TAGS = ("dataset", "model", "simulated")
+
+
+def identity_tags(p: Provenance) -> dict[str, str]:
+    """The tags a run's provenance gives it: ``dataset`` and ``model`` (``none`` while
+    unknown), and ``simulated=true`` where a simulated crowd answered upstream.
+
+    >>> identity_tags(Provenance(dataset="imdb", simulated=True))
+    {'dataset': 'imdb', 'model': 'none', 'simulated': 'true'}
+    """
+    tags = {"dataset": str(p.dataset or "none"), "model": str(p.model or "none")}
+    return tags | ({"simulated": "true"} if p.simulated else {})
 
 
 class StageTracking:
@@ -70,13 +88,11 @@ class StageTracking:
         :mod:`saleval.pipeline.tracking_journal`). A store that refuses or fails here, before
         any work, is one :class:`~saleval.pipeline.tracking_health.TrackingError` line."""
         p = self._provenance()
-        dataset, model = str(p.dataset or "none"), str(p.model or "none")
         experiment = str(
-            OmegaConf.select(self.cfg, "tracking.experiment", default=None) or f"saleval/{dataset}"
+            OmegaConf.select(self.cfg, "tracking.experiment", default=None)
+            or f"saleval/{p.dataset or 'none'}"
         )
-        tags = run_tags(self.stage, dataset, model, run_dir, fingerprint, parents, extra)
-        if p.simulated:
-            tags["simulated"] = "true"
+        tags = run_tags(self.stage, identity_tags(p), run_dir, fingerprint, parents, extra)
         if p.unfinished:
             tags["unfinished_inputs"] = "; ".join(p.unfinished)[:5000]
         try:
@@ -99,7 +115,7 @@ class StageTracking:
         self.tags = tags
         # a sweep job's overrides add what it varies; the resolved values win where both
         # name a key (MLflow refuses a param logged twice with different strings)
-        swept = run_naming.override_params(run_record.sweep_overrides())
+        swept = run_naming.override_params(run_outputs.sweep_overrides())
         tracking.log_params({**swept, **run_naming.stage_params(self.stage, self.resolved, uri)})
         self.log_identity()
 
@@ -139,10 +155,14 @@ class StageTracking:
 
     def log_identity(self) -> None:
         """Params ``dataset``, ``model``, ``methods`` once known (a param never changes),
-        and the run name brought up to date."""
+        and the run name and identity tags brought up to date."""
         if self.run_id is None:
             return
         p = self._provenance()
+        changed = {k: v for k, v in identity_tags(p).items() if self.tags.get(k) != v}
+        if changed:
+            self.tags.update(changed)
+            tracking.set_tags(changed)
         methods = ",".join(self.methods) if self.methods else None
         known = {"dataset": p.dataset, "model": p.model, "methods": methods}
         new = {k: str(v) for k, v in known.items() if v is not None and k not in self._params}
@@ -155,11 +175,29 @@ class StageTracking:
             self._name = name
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        """Tag the run (and keep the tags for its child runs and summary)."""
+        """Tag the run (and keep the tags for its child runs and summary); the identity
+        tags are the provenance's (``Stage.provide``)."""
+        given = sorted(set(tags) & set(IDENTITY_TAGS))
+        if given:
+            raise ValueError(
+                f"set_tags: {', '.join(given)} follow the run's provenance: st.provide(...)"
+            )
         self.tags.update(tags)
         if self.run_id is not None:
             tracking.set_tags(dict(tags))
             self.log_identity()
+
+    def child_run(
+        self, name: str, tags: Mapping[str, str] | None = None
+    ) -> AbstractContextManager[str | None]:
+        """A child run of this run named ``<name> · <stage>``, active inside the block
+        (:func:`saleval.pipeline.tracking.child_run`), tagged with this run's dataset, model
+        and ``simulated`` as its method rows are, and ``tags``; nothing before the run
+        starts (a DDP rank > 0)."""
+        if self.run_id is None:
+            return contextlib.nullcontext()
+        identity = {k: v for k, v in self.tags.items() if k in IDENTITY_TAGS}
+        return tracking.child_run(name, self.stage, {**identity, **(tags or {})})
 
     def log_method_rows(
         self,
@@ -182,7 +220,7 @@ class StageTracking:
             return {}
         if self.methods is None and key == run_naming.METHOD:
             self.log_methods(rows[key].astype(str).tolist())
-        tags = {k: v for k, v in self.tags.items() if k in ("dataset", "model", "simulated")}
+        tags = {k: v for k, v in self.tags.items() if k in IDENTITY_TAGS}
         params = {k: v for k, v in self._params.items() if k in ("dataset", "model")}
         settings = run_naming.method_settings(self.resolved.get("method"))
         ids = tracking.log_method_rows(
@@ -201,24 +239,23 @@ class StageTracking:
 
 def run_tags(
     stage: str,
-    dataset: str,
-    model: str,
+    identity: Mapping[str, str],
     run_dir: Path,
     fingerprint: str,
     parents: RunInputs,
     extra: Mapping[str, str],
 ) -> dict[str, str]:
-    """A stage run's MLflow tags: what ran on what, its parents' run ids and dirs, the
-    process (host, pid, pid start: tells a dead run later) and the ``-m`` sweep it is in."""
+    """A stage run's MLflow tags: what ran on what (``identity``: :func:`identity_tags`),
+    its parents' run ids and dirs, the process (host, pid, pid start: tells a dead run
+    later) and the ``-m`` sweep it is in."""
     return {
         "stage": stage,
-        "dataset": dataset,
-        "model": model,
+        **identity,
         "run_dir": str(run_dir),
         "fingerprint": fingerprint,
         **dead_runs.process_tags(),
-        **{f"parent.{k}": str(v.get("run_id", "")) for k, v in parents.infos.items()},
+        **{f"parent.{k}": str(v.run_id or "") for k, v in parents.records.items()},
         **{f"parent_dir.{k}": str(p) for k, p in parents.runs.items()},
         **extra,
-        **run_record.sweep_tags(),
+        **run_outputs.sweep_tags(),
     }

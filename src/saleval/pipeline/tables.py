@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from saleval.errors import UserError
-from saleval.pipeline import run_checks
+from saleval.pipeline import run_record
 from saleval.vocab import PROBS, ColumnFamily
 
 
@@ -106,14 +106,14 @@ class TableSpec:
 
     def read(self, run_dir_or_file: str | Path) -> pd.DataFrame:
         """Read and validate; a table its run dir's record lists with another checksum
-        (:func:`saleval.pipeline.run_checks.table_problem`) or a file that cannot be parsed
+        (:func:`saleval.pipeline.run_record.table_problem`) or a file that cannot be parsed
         is one :class:`TableError` naming the file."""
         path = Path(run_dir_or_file)
         if path.is_dir():
             path = self.path(path)
         if not path.is_file():
             raise TableError(f"{path}: table '{self.name}' not found")
-        changed = run_checks.table_problem(path)
+        changed = run_record.table_problem(path)
         if changed:
             raise TableError(changed)
         try:

@@ -427,18 +427,10 @@ def _send_rows(rows: pd.DataFrame, op: Mapping[str, Any], target: Target) -> dic
         if old is not None and old.info.status == "FINISHED":
             ids[method] = old.info.run_id
             continue
-        run_tags = {
-            **tags,
-            "stage": stage,
-            key: method,
-            "mlflow.parentRunId": parent.info.run_id,
-        }
         if old is not None:
             child_id = old.info.run_id
         else:
-            child_id = client.create_run(
-                experiment_id, tags=run_tags, run_name=f"{method}{SEP}{stage}"
-            ).info.run_id
+            child_id = make_child(client, parent, method, stage, {**tags, key: method})
         row = values.iloc[i]
         metrics = [
             Metric(metric_key(str(k)), float(v) if _finite(v) else math.nan, now, 0)
@@ -462,6 +454,36 @@ def _send_rows(rows: pd.DataFrame, op: Mapping[str, Any], target: Target) -> dic
     if table:
         mlflow.log_table(rows.reset_index(drop=True), artifact_file=f"tables/{table}.json")
     return ids
+
+
+def make_child(
+    client: MlflowClient, parent: Any, name: str, stage: str, tags: Mapping[str, str]
+) -> str:
+    """A child run of the stage run ``parent``, named ``<name> · <stage>`` and tagged
+    ``stage`` and ``tags``: the one way saleval makes child runs, for a method's row
+    (:func:`log_method_rows`) as for a model a stage trains (:func:`child_run`). Returns
+    its id; it is RUNNING until ended."""
+    run_tags = {**tags, "stage": stage, "mlflow.parentRunId": parent.info.run_id}
+    run = client.create_run(
+        parent.info.experiment_id, tags=run_tags, run_name=f"{name}{SEP}{stage}"
+    )
+    return str(run.info.run_id)
+
+
+@contextlib.contextmanager
+def child_run(name: str, stage: str, tags: Mapping[str, str]) -> Iterator[str | None]:
+    """A child run of the active (stage) run (:func:`make_child`), active inside the block,
+    so what is logged there goes to it (the per-epoch curves of one of the models a stage
+    trains: two models' curves would otherwise interleave under the same keys); ended
+    FINISHED, or FAILED when the block raises. Outside a run, nothing is made (None).
+    Like Lightning's curves, what is logged inside is not journaled (docs/tracking.md)."""
+    parent = mlflow.active_run()
+    if parent is None:
+        yield None
+        return
+    child = make_child(MlflowClient(), parent, name, stage, tags)
+    with mlflow.start_run(run_id=child, nested=True):
+        yield child
 
 
 def method_rows(run_id: str, client: MlflowClient | None = None) -> pd.DataFrame:

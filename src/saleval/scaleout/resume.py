@@ -11,7 +11,6 @@ a sweep whose job was cancelled, preempted or crashed is finished by rerunning t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -24,6 +23,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.errors import EXIT_USER_ERROR, UserError
+from saleval.pipeline.run_record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,10 @@ def finished(job: Job) -> bool:
     status: Any = None
     if (job.dir / "pipeline.json").is_file():
         status = "FINISHED"
-    elif (job.dir / "run.json").is_file():
+    elif RunRecord.exists(job.dir):
         try:
-            status = json.loads((job.dir / "run.json").read_text()).get("status")
-        except (OSError, ValueError):
+            status = RunRecord.read(job.dir).status
+        except (OSError, ValueError, TypeError, AttributeError):
             status = None
     if status != "FINISHED":
         return False

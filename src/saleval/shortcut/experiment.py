@@ -5,18 +5,17 @@ a plain function so tests can run or replace one at a time.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import mlflow
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -134,17 +133,6 @@ def train_classifier(
     return model, metrics
 
 
-@contextlib.contextmanager
-def _child_run(name: str) -> Iterator[None]:
-    """Inside an MLflow run, train in a nested child run so that the two models'
-    per-epoch curves do not interleave under the same metric names."""
-    if mlflow.active_run() is None:
-        yield
-        return
-    with mlflow.start_run(run_name=name, nested=True, tags={"shortcut_model": name}):
-        yield
-
-
 def original_cache_key(cfg: DictConfig, rule: ShortcutRule) -> str:
     """What determines the original model: the same for st, tic and op (no planted
     tokens in its data, all three tokens in its vocabulary), so a sweep trains it once."""
@@ -163,9 +151,16 @@ def original_cache_key(cfg: DictConfig, rule: ShortcutRule) -> str:
 
 
 def train_pair(
-    cfg: DictConfig, data: ShortcutData, tokenizer: PreTrainedTokenizerFast, run_dir: Path
+    cfg: DictConfig,
+    data: ShortcutData,
+    tokenizer: PreTrainedTokenizerFast,
+    run_dir: Path,
+    child_run: Callable[[str, Mapping[str, str]], AbstractContextManager[Any]],
 ) -> tuple[dict[str, PreTrainedModel], dict[str, dict[str, Any]]]:
-    """The original and the mixed model, saved under ``original/`` and ``mixed/``.
+    """The original and the mixed model, saved under ``original/`` and ``mixed/``, each
+    trained inside a child run of the stage's run (``child_run(name, tags)``: the stage's
+    :meth:`~saleval.pipeline.stage_tracking.StageTracking.child_run`), so that the two
+    models' per-epoch curves do not interleave under the same metric names.
 
     With ``original_cache`` set, an original model trained earlier under the same
     :func:`original_cache_key` is copied instead of retrained (logged as ``reused``).
@@ -188,7 +183,7 @@ def train_pair(
             "reused_from": str(cached),
         }
     else:
-        with _child_run("original"):
+        with child_run("original", {"shortcut_model": "original"}):
             models["original"], metrics["original"] = train_classifier(
                 cfg, data.rule, tokenizer, data.label_names, data.original, orig_dir
             )
@@ -199,7 +194,7 @@ def train_pair(
                 shutil.rmtree(tmp)
             else:
                 tmp.replace(cached)
-    with _child_run("mixed"):
+    with child_run("mixed", {"shortcut_model": "mixed"}):
         models["mixed"], metrics["mixed"] = train_classifier(
             cfg, data.rule, tokenizer, data.label_names, data.mixed, run_dir / "mixed"
         )

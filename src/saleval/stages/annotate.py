@@ -35,12 +35,12 @@ import uvicorn
 from fastapi import FastAPI
 from omegaconf import DictConfig, open_dict
 
+from saleval import paths
 from saleval.annotate.app import create_app
 from saleval.annotate.export import answers_frame, write_completions, write_released
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.store_db import StoreError
 from saleval.annotate.study import Study, load_study
-from saleval.cli import hydra_main
 from saleval.config.annotate import AnnotateAction, AnnotateConfig, AnnotateCrowdConfig
 from saleval.errors import Stopped, sigterm_raises
 from saleval.pipeline import tables
@@ -58,7 +58,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     db = Path(str(cfg.annotate.db))
     if action == AnnotateAction.backup:
         return {"backup": str(backup(db, cfg.annotate.backup_to))}
-    study = load_study(resolve_input("tasks", cfg.inputs.tasks))
+    study = load_study(resolve_input("tasks", cfg.inputs.tasks, paths.output_root(cfg)))
     token = admin_token(cfg.annotate) if action == AnnotateAction.serve else None
     if any("annotate.admin_token=" in arg for arg in sys.argv[1:]):
         log.warning(
@@ -71,7 +71,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.annotate.admin_token = None if cfg.annotate.admin_token is None else "<redacted>"
     # the dataset (and study) are the task set's: adopted by the provenance rule
     with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}, requires=["dataset"]) as st:
-        st.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
+        st.tracking.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
         if action == AnnotateAction.export:
             if not db.is_file():
                 raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
@@ -95,7 +95,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             log.info(
                 "wrote %s: %d answers from %d workers", path, len(df), df["worker_id"].nunique()
             )
-            return {"run_dir": str(st.run_dir), "run_id": st.run_id, "answers": str(path), **counts}
+            return {
+                "run_dir": str(st.run_dir),
+                "run_id": st.tracking.run_id,
+                "answers": str(path),
+                **counts,
+            }
 
         app = build_app(study, cfg, token)
         settings: AnnotateConfig = app.state.settings
@@ -114,7 +119,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         counts = _counts(app.state.store, study.run_key)
         app.state.store.close()
         st.log_metrics(counts)
-        return {"run_dir": str(st.run_dir), "run_id": st.run_id, **counts}
+        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **counts}
 
 
 def build_app(study: Study, cfg: DictConfig, token: str | None) -> FastAPI:
@@ -198,6 +203,3 @@ def _counts(store: AnnotationStore, run_key: str) -> dict[str, int]:
         "n_bundles_released": len(store.released(run_key)),
         "n_answers": store.n_answers(run_key),
     }
-
-
-main = hydra_main("annotate", run)

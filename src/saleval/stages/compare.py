@@ -28,36 +28,28 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import comparison, comparison_report, scoring
 from saleval.analysis.validation import calibration_note, upstream_simulation
-from saleval.cli import hydra_main
 from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, run_naming, tables
-from saleval.pipeline.run_inputs import read_run_info
+from saleval.pipeline.run_record import ancestry
 from saleval.pipeline.stage import Stage
 from saleval.vocab import PROBS
 
 log = logging.getLogger(__name__)
 
 
-def ancestry(run_dir: Path) -> dict[str, Path]:
-    """Every run upstream of ``run_dir`` (itself included), by stage name."""
-    out: dict[str, Path] = {}
-    todo = [Path(run_dir)]
-    while todo:
-        d = todo.pop()
-        if not (d / "run.json").is_file():
-            continue
-        info = read_run_info(d)
-        stage = str(info.get("stage", d.name))
-        if stage in out:
-            continue
-        out[stage] = d
-        todo += [Path(p) for p in (info.get("parent_dirs") or {}).values() if Path(p).is_dir()]
+def chain(run_dir: Path) -> dict[str, tuple[Path, str]]:
+    """Every run upstream of ``run_dir`` (itself included), nearest first: stage name ->
+    (run dir, MLflow run id), the nearest run of each stage
+    (:func:`saleval.pipeline.run_record.ancestry`)."""
+    out: dict[str, tuple[Path, str]] = {}
+    for d, record in ancestry([run_dir]):
+        out.setdefault(record.stage or d.name, (d, record.run_id or ""))
     return out
 
 
-def find_table(spec: tables.TableSpec, runs: dict[str, Path]) -> Path | None:
+def find_table(spec: tables.TableSpec, runs: dict[str, tuple[Path, str]]) -> Path | None:
     """The first run of a chain (nearest first) that holds ``spec``'s file."""
-    for d in runs.values():
+    for d, _ in runs.values():
         if spec.path(d).is_file():
             return d
     return None
@@ -108,15 +100,15 @@ def method_rows(table: pd.DataFrame) -> pd.DataFrame:
     return rows.rename(columns={c: key(c) for c in rows.columns if c != "method"})
 
 
-def chain_tags(st: Stage, chains: list[dict[str, Path]]) -> dict[str, str]:
+def chain_tags(st: Stage, chains: list[dict[str, tuple[Path, str]]]) -> dict[str, str]:
     """The run's tags naming both chains: ``link.<stage>`` (every run of that stage in
     them), ``human_run`` (the score runs) and ``automated_run`` (the metrics runs)."""
     ids: dict[str, list[str]] = {}
-    for chain in chains:
-        for stage, d in chain.items():
-            ids.setdefault(stage, []).append(str(read_run_info(d).get("run_id", "")))
+    for runs in chains:
+        for stage, (_, run_id) in runs.items():
+            ids.setdefault(stage, []).append(run_id)
     links = {f"link.{stage}": ",".join(dict.fromkeys(v)) for stage, v in ids.items()}
-    automated = [str(info.get("run_id", "")) for _, info, _ in st.runs_of("metrics")]
+    automated = [record.run_id or "" for _, record, _ in st.inputs.runs_of("metrics")]
     return {"human_run": links.get("link.score", ""), "automated_run": ",".join(automated), **links}
 
 
@@ -126,22 +118,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inputs = {"score": cfg.inputs.score, "metrics": cfg.inputs.metrics}
     inherits = ("dataset", "model", "target", "population")
     with Stage(cfg, "compare", inputs, inherits=inherits, requires=["dataset"]) as st:
-        score_dirs, metrics_dirs = st.input_runs["score"], st.input_runs["metrics"]
+        score_dirs, metrics_dirs = st.inputs.input_runs["score"], st.inputs.input_runs["metrics"]
         # the metrics runs' own metrics modules, so their directions are known here too
-        for _, _, mcfg in st.runs_of("metrics"):
+        for _, _, mcfg in st.inputs.runs_of("metrics"):
             plugins = OmegaConf.select(mcfg, "metrics.plugins", default=None)
             import_plugins(list(plugins or []))
-        human_chains = [ancestry(d) for d in score_dirs]
-        auto_chains = [ancestry(d) for d in metrics_dirs]
+        human_chains = [chain(d) for d in score_dirs]
+        auto_chains = [chain(d) for d in metrics_dirs]
         dataset = str(st.provenance.dataset)
         simulated = st.provenance.simulated
-        st.set_tags(chain_tags(st, human_chains + auto_chains))
+        st.tracking.set_tags(chain_tags(st, human_chains + auto_chains))
         ccfg = cfg.compare
-        scores = st.read(tables.SCORES, "score")  # merged when several runs are given
+        scores = st.inputs.read(tables.SCORES, "score")  # merged when several runs are given
         human = scores.set_index(scores["method"].astype(str))["score"].astype(float)
-        metrics = st.read(tables.METRICS, "metrics")
-        per_example = st.read(tables.METRICS_PER_EXAMPLE, "metrics")
-        agg_dirs = [find_table(tables.AGGREGATED, chain) for chain in human_chains]
+        metrics = st.inputs.read(tables.METRICS, "metrics")
+        per_example = st.inputs.read(tables.METRICS_PER_EXAMPLE, "metrics")
+        agg_dirs = [find_table(tables.AGGREGATED, runs) for runs in human_chains]
         aggregated = cube = None
         if all(d is not None for d in agg_dirs):
             found = [d for d in agg_dirs if d is not None]
@@ -149,7 +141,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             cube = scoring.Cube.from_aggregated(aggregated)
         else:
             log.warning("no aggregated.csv upstream of %s: no CIs, no instance level", score_dirs)
-        explain_dirs = list(dict.fromkeys(c["explain"] for c in auto_chains if "explain" in c))
+        explain_dirs = list(dict.fromkeys(c["explain"][0] for c in auto_chains if "explain" in c))
         predictions = None
         if explain_dirs and all(tables.PREDICTIONS.path(d).is_file() for d in explain_dirs):
             merged = merge.read_merged(tables.PREDICTIONS, explain_dirs, "inputs.metrics")
@@ -201,14 +193,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         for name in outputs:
             st.log_file(st.path(name))
         st.log_metrics(correlation_metrics(corr))
-        st.log_method_rows(method_rows(table), table="comparison")
+        st.tracking.log_method_rows(method_rows(table), table="comparison")
         return {
             "run_dir": str(st.run_dir),
-            "run_id": st.run_id,
+            "run_id": st.tracking.run_id,
             "simulated": simulated,
             "columns": result.columns,
             "markdown": md,
         }
-
-
-main = hydra_main("compare", run)

@@ -27,14 +27,13 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.cli import hydra_main
+from saleval import paths
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables, tracking
@@ -145,7 +144,7 @@ class MethodReuse:
             return None
         if devices not in ("1", "auto"):
             return None
-        parent = str(st.parents["model"].get("fingerprint") or "")
+        parent = st.inputs.parents["model"].fingerprint or ""
         if not parent:
             return None
         dev = compute_device(cfg.get("trainer"))
@@ -157,7 +156,7 @@ class MethodReuse:
             for k, v in methods.items()
             if v is not None
         }
-        return cls(MethodStore(Path(str(cfg.paths.output_root)) / "cache" / "explain"), prints)
+        return cls(MethodStore(paths.output_root(cfg) / "cache" / "explain"), prints)
 
     def available(self, methods: Mapping[str, Any]) -> dict[str, str]:
         """Method key -> fingerprint of the methods with a stored result."""
@@ -228,10 +227,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         data = load_dataset(cfg.dataset)
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
-        trained = st.parent_provenance["model"].max_length if run else None
+        trained = st.inputs.parent_provenance["model"].max_length if run else None
         max_length = effective_max_length(cfg.max_length or trained, model, tokenizer)
         st.provide(max_length=max_length)
-        st.set_tags(model_tags(model, tokenizer))
+        st.tracking.set_tags(model_tags(model, tokenizer))
         if single_device(cfg.trainer):  # the population's predictions on the job's device
             torch.nn.Module.to(model, compute_device(cfg.trainer))
         pool = filter_population(
@@ -241,7 +240,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             pool, cfg.data.n_samples, int(cfg.seed), cfg.data.sample_ids, len(data.label_names)
         )
         if st.is_main:
-            st.log_methods([method_name(k, m) for k, m in cfg.method.items()])
+            st.tracking.log_methods([method_name(k, m) for k, m in cfg.method.items()])
             tracking.log_dataset(df, f"{data.name}/{cfg.data.split}", "explain", "label")
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
@@ -279,7 +278,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             for key in loaded:
                 timings[method_name(key, methods[key])]["reused"] = 1.0
         if reuse and st.is_main:
-            reuse.save(methods, attributions, timings, diag, st.run_id)
+            reuse.save(methods, attributions, timings, diag, st.tracking.run_id)
         if not st.is_main:  # DDP rank > 0 (torchrun, srun): same tables; rank 0 writes them
             return {"run_dir": str(st.run_dir), "run_id": None, "n_samples": len(df)}
         predictions["split"] = str(cfg.data.split)
@@ -292,14 +291,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_metrics(metrics)
         rows = method_rows(timings, diag)
         rows.to_csv(st.path(TIMINGS), index=False)  # per method: seconds, reused, diagnostics
-        st.log_method_rows(rows, table="method_timings")
+        st.tracking.log_method_rows(rows, table="method_timings")
         samples = cfg.view.samples if isinstance(cfg.view.samples, int) else list(cfg.view.samples)
         for path in views.write_views(
             st.path("views"), predictions, attributions, samples, int(cfg.view.k),
             int(cfg.view.overlap_k), data.label_names,
         ):  # fmt: skip
             st.log_file(path, "views")
-        return {"run_dir": str(st.run_dir), "run_id": st.run_id, **metrics}
-
-
-main = hydra_main("explain", run)
+        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **metrics}

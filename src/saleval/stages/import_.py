@@ -30,11 +30,10 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig
 
-from saleval.cli import hydra_main
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.rows import CrowdImport, RejectedRows, reject_summary
-from saleval.crowd.importing.source import Given, ImportContext, crowd_source
-from saleval.pipeline import tables, tracking
+from saleval.crowd.importing.source import ImportContext, crowd_source, source_run
+from saleval.pipeline import tables
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
@@ -78,7 +77,7 @@ def write_outputs(st: Stage, result: CrowdImport, report: dict[str, Any]) -> dic
     counts."""
     simulated = bool(report["simulated"])
     st.write(tables.ANNOTATIONS, result.annotations)
-    st.log_methods(list(dict.fromkeys(result.aggregated["method"].astype(str))))
+    st.tracking.log_methods(list(dict.fromkeys(result.aggregated["method"].astype(str))))
     st.write(tables.AGGREGATED, result.aggregated)
     st.write(tables.REJECTS, result.rejects)
     if result.removed is not None:
@@ -111,19 +110,19 @@ def write_outputs(st: Stage, result: CrowdImport, report: dict[str, Any]) -> dic
     if expert.get("agreement") is not None:
         metrics["expert_agreement"] = expert["agreement"]
     st.log_metrics(metrics)
-    return {"run_dir": str(st.run_dir), "run_id": st.run_id, "simulated": simulated, **metrics}
+    return {
+        "run_dir": str(st.run_dir),
+        "run_id": st.tracking.run_id,
+        "simulated": simulated,
+        **metrics,
+    }
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Any crowd source, the same way (docs/extending.md#a-crowd-source): locate its file and
     parent runs, import inside the run, write the outputs, then fail if nothing is left."""
     source = crowd_source(cfg.crowd)
-    file = source.locate(Given.of(cfg, "import"))
-    tags = {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
-    with Stage(cfg, "import", dict(file.parents), tags=tags, requires=list(file.requires)) as st:
-        if file.provides:
-            st.provide(**file.provides)
-        tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+    with source_run(cfg, "import", source) as (st, file):
         labels = [str(n) for n in cfg.dataset.label_names]
         ctx = ImportContext(file, dict(st.inputs), labels, str(cfg.dataset.name))
         with rejects_told(st, source.policy):
@@ -143,6 +142,3 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if result.failure:  # the outputs above stay, to see where answers went
             raise CrowdImportError(result.failure)
         return out
-
-
-main = hydra_main("import", run)

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.cli import hydra_main
 from saleval.errors import UserError
 from saleval.metrics.config import MetricsConfig
 from saleval.pipeline import run_naming, tables
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.run_record import RunRecord
 from saleval.pipeline.stage import Stage
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 TIMINGS = "metric_timings.csv"
 
 
-def _warn_on_other_model(explain_dir: Path, info: dict[str, Any], model_dir: Path) -> None:
-    explained_with = (info.get("parent_dirs") or {}).get("model")
+def _warn_on_other_model(explain_dir: Path, record: RunRecord, model_dir: Path) -> None:
+    explained_with = record.parent_dirs.get("model")
     if explained_with and Path(explained_with).resolve() != Path(model_dir).resolve():
         log.warning(
             "the explain run %s explained the model of %s, but inputs.model=%s: the metrics "
@@ -243,10 +243,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with Stage(cfg, "metrics", inputs, tags=tags, inherits=INHERITS, requires=["dataset"]) as st:
         explain_dir = st.inputs["explain"]
         model_dir = st.inputs["model"] if run else Path(str(checkpoint))
-        explain_cfg = st.parent_configs["explain"]
+        explain_cfg = st.inputs.parent_configs["explain"]
         if run:
-            for each, info, _ in st.runs_of("explain"):
-                _warn_on_other_model(each, info, model_dir)
+            for each, record, _ in st.inputs.runs_of("explain"):
+                _warn_on_other_model(each, record, model_dir)
         elif checkpoint_name(str(checkpoint)) != st.provenance.model:
             log.warning(
                 "inputs.model=%s is not the model the explain run %s explained (%s)",
@@ -254,7 +254,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )  # fmt: skip
         # the explain run's segmentation length (runs written before it was recorded: the
         # train run's model.max_length, which the explain stage then used)
-        trained = st.parent_provenance["model"].max_length if run else None
+        trained = st.inputs.parent_provenance["model"].max_length if run else None
         max_length = st.provenance.max_length or trained
         if not max_length:
             raise ValueError(
@@ -265,8 +265,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # in place (transformers' typed `to` wraps it): every forward pass runs there
         torch.nn.Module.to(model, inference_device(mcfg.inference.accelerator))
         align_labels(model, list(cfg.dataset.label_names), where=f"inputs.model={spec}")
-        preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
-        attrs = st.read(tables.ATTRIBUTIONS, "explain")
+        preds = st.inputs.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
+        attrs = st.inputs.read(tables.ATTRIBUTIONS, "explain")
         if mcfg.max_samples is not None:
             keep = sorted(preds["sample_id"].astype(str))[: int(mcfg.max_samples)]
             attrs = attrs[attrs["sample_id"].isin(keep)]
@@ -274,7 +274,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         explanations = explanations_from_tables(
             preds, attrs, tok, max_length, methods, where=str(tables.ATTRIBUTIONS.path(explain_dir))
         )
-        st.log_methods(list(dict.fromkeys(e.method for e in explanations)))
+        st.tracking.log_methods(list(dict.fromkeys(e.method for e in explanations)))
         result = evaluate(model, tok, explanations, mcfg, progress=bool(cfg.get("progress", True)))
         _warn_on_prediction_mismatch(preds, result.full)
         per_example = result.per_example
@@ -288,7 +288,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             cover = plaus.eraser.coverage
             write_eraser_inputs(st, plaus.eraser, cfg.dataset, explain_split(explain_cfg))
             log.info("ERASER convention: %s", cover.describe())
-            st.set_tags({"plausibility_document": cover.reading})
+            st.tracking.set_tags({"plausibility_document": cover.reading})
             st.log_metrics(
                 {
                     "eraser_texts_cut": cover.texts_cut,
@@ -299,7 +299,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.write(tables.METRICS, summary)
         result.timings.to_csv(st.path(TIMINGS), index=False)
         st.log_file(st.path(TIMINGS))
-        st.log_method_rows(method_rows(summary), table="metrics")
+        st.tracking.log_method_rows(method_rows(summary), table="metrics")
         st.log_metrics({f"seconds_{r.metric}": r.seconds for r in result.timings.itertuples()})
         bf16 = use_bf16(next(model.parameters()).device, mcfg.inference.bf16)  # what `auto` became
         st.log_metrics(
@@ -311,7 +311,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
         return {
             "run_dir": str(st.run_dir),
-            "run_id": st.run_id,
+            "run_id": st.tracking.run_id,
             "n_explanations": len(explanations),
             "n_forward": result.extra["n_forward"],
             "timings": result.timings.to_dict("records"),
@@ -329,6 +329,3 @@ def _warn_on_prediction_mismatch(preds: pd.DataFrame, full: pd.DataFrame) -> Non
             n,
             len(both),
         )
-
-
-main = hydra_main("metrics", run)

@@ -32,17 +32,16 @@ from tqdm.auto import tqdm
 
 from saleval.analysis import plan_report, planning
 from saleval.analysis.validation import calibration_differences, validated_name
-from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
 from saleval.crowd.importing.published_study import reader_training_data, study_bundles
 from saleval.crowd.importing.source import (
     Capability,
     CrowdSource,
-    Given,
     ImportContext,
     SourceFile,
     crowd_source,
+    source_run,
 )
 from saleval.crowd.simulation.workers import expected_seconds, simulate_crowd
 from saleval.modeling.data import load_dataset
@@ -83,20 +82,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "file>; an explain run has none, so its plan rests on the simulated crowd"
         )
     simulated = kind == PlanSource.simulated
-    tags = {"plan_source": str(kind)} | ({"simulated": "true"} if simulated else {})
+    tags = {"plan_source": str(kind)}
     if source is not None:
         needs = Capability.tasks if simulated else Capability.verdicts
         if not source.provides(needs):
             raise InputError(f"plan.source={kind}: crowd={source.name} does not provide {needs}")
-        file = source.locate(Given.of(cfg, "plan"))
-        tags |= {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
-        with Stage(cfg, "plan", dict(file.parents), tags=tags, requires=file.requires) as st:
-            st.provide(**file.provides, simulated=simulated)
-            tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+        with source_run(cfg, "plan", source, tags, simulated) as (st, file):
             pool = _source_pool(st, cfg, pc, source, file, kind)
             return _plan(st, cfg, pc, pool)
-    with Stage(cfg, "plan", {"explain": explain}, tags=tags, requires=["dataset"]) as st:
-        st.provide(simulated=True)
+    with Stage(cfg, "plan", {"explain": explain}, tags, requires=["dataset"], simulated=True) as st:
         pool = _explain_pool(st, cfg, pc)
         return _plan(st, cfg, pc, pool)
 
@@ -138,8 +132,8 @@ def _source_pool(
 def _explain_pool(st: Stage, cfg: DictConfig, pc: PlanConfig) -> planning.Pool:
     from saleval.crowd.design import build_study  # transformers-free, but heavy
 
-    preds = st.read(tables.PREDICTIONS, "explain")
-    attrs = st.read(tables.ATTRIBUTIONS, "explain")
+    preds = st.inputs.read(tables.PREDICTIONS, "explain")
+    attrs = st.inputs.read(tables.ATTRIBUTIONS, "explain")
     labels = [str(n) for n in cfg.dataset.label_names]
     ks = sorted({int(k) for k in cfg.kgrid.ks} | {int(k) for g in pc.ks or [] for k in g})
     longest = int(attrs.groupby("sample_id")["word_index"].max().max()) + 1
@@ -333,7 +327,7 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
     st.log_file(md)
     out: dict[str, Any] = {
         "run_dir": str(st.run_dir),
-        "run_id": st.run_id,
+        "run_id": st.tracking.run_id,
         "source": pool.source,
         "designs": len(table),
     }
@@ -443,11 +437,8 @@ def _log_plan(st: Stage, table: pd.DataFrame, recommended: pd.Series | None) -> 
         "repeats",
         "worker_minutes",
     ]
-    st.log_method_rows(rows[keep], key="design", order_by="cost", ascending=True)
-    st.set_tags(
+    st.tracking.log_method_rows(rows[keep], key="design", order_by="cost", ascending=True)
+    st.tracking.set_tags(
         {"plan_recommended": "none" if recommended is None else str(int(recommended["design"]))}
     )
     return best
-
-
-main = hydra_main("plan", run)

@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from saleval import paths
 from saleval.analysis.cross_run import (
     markdown,
     plot_correlation_heatmap,
@@ -45,11 +46,9 @@ from saleval.analysis.gathering import (
     sources_of,
     variants,
 )
-from saleval.cli import hydra_main
 from saleval.pipeline import run_naming, tables
 from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_checks import ALLOW_UNFINISHED, status_problem
-from saleval.pipeline.run_inputs import read_run_info
+from saleval.pipeline.run_record import ALLOW_UNFINISHED, RunRecord
 from saleval.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -73,20 +72,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     columns: str | list[str] = (
         rcfg.columns if isinstance(rcfg.columns, str) else [str(c) for c in rcfg.columns]
     )
-    root = OmegaConf.select(cfg, "paths.output_root", default=None)
+    root = paths.output_root(cfg)
     allow = bool(OmegaConf.select(cfg, ALLOW_UNFINISHED, default=False))
     # runs that did not finish are refused before the report's run starts, unless allowed
     dirs = [] if runs is None else dirs_of(runs, root, allow)
-    unfinished = tuple(
-        f"{d} ({info.get('status') or 'no status'})"
-        for d in dirs
-        if status_problem(info := read_run_info(d)) is not None
-    )
+    unfinished = tuple(mark for d in dirs if (mark := RunRecord.read(d).unfinished_mark(d)))
     with Stage(cfg, "report") as st:
         if unfinished:  # allow_unfinished_inputs=true: this run's provenance says so
             st.provide(unfinished=unfinished)
         if experiments:
-            dirs += search_dirs(experiments, str(scfg.filter or ""), int(scfg.max_results))
+            dirs += search_dirs(experiments, str(scfg.filter or ""), int(scfg.max_results), root)
         sources = sources_of(dirs)
         long = gather(sources, columns)
         table, metric_cols = report_table(long, rank_within)
@@ -116,7 +111,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             figures.append("correlation_heatmap.png")
         for name in figures:
             st.log_file(st.path(name))
-        st.set_tags(
+        st.tracking.set_tags(
             {
                 "datasets": ",".join(sorted(set(table["dataset"]))),
                 "models": ",".join(sorted(set(table["model"]))),
@@ -131,13 +126,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_metrics({"n_runs": len(sources), "n_rows": len(table), **logged})
         return {
             "run_dir": str(st.run_dir),
-            "run_id": st.run_id,
+            "run_id": st.tracking.run_id,
             "n_runs": len(sources),
             "columns": metric_cols,
         }
-
-
-main = hydra_main("report", run)
-
-if __name__ == "__main__":
-    main()

@@ -34,14 +34,14 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from saleval import paths
 from saleval.analysis.validation import published_ranking_agreement
-from saleval.cli import hydra_main
 from saleval.config.keys import check_keys
 from saleval.errors import UserError
 from saleval.pipeline import (
     dead_runs,
     run_naming,
-    run_record,
+    run_outputs,
     stage_table,
     tracking,
     tracking_health,
@@ -49,8 +49,8 @@ from saleval.pipeline import (
 )
 from saleval.pipeline.compose import compose_root, register_configs, stage_overrides
 from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.run_checks import RUN_JSON
-from saleval.pipeline.run_inputs import read_run_info, resolve_input
+from saleval.pipeline.run_inputs import resolve_input
+from saleval.pipeline.run_record import RunRecord
 from saleval.pipeline.stage import stage_fingerprint
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def find_reusable(stage: str, fp: str) -> Path | None:
     )
     for r in runs:
         d = r.data.tags.get("run_dir")
-        if d and Path(d, RUN_JSON).is_file() and read_run_info(d).get("status") == "FINISHED":
+        if d and RunRecord.exists(d) and RunRecord.read(d).finished:
             return Path(d)
     return None
 
@@ -179,9 +179,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 continue
             given = dict(cfg.inputs)
             if given.get(stage):  # this stage's run is given: use it instead of running it
-                dirs[stage] = resolve_input(stage, given[stage])
+                dirs[stage] = resolve_input(stage, given[stage], paths.output_root(cfg))
                 timings[stage] = {"seconds": 0.0, "reused": True, "run_dir": str(dirs[stage])}
-                tracking.set_tags({f"given.{stage}": read_run_info(dirs[stage]).get("run_id", "")})
+                tracking.set_tags({f"given.{stage}": RunRecord.read(dirs[stage]).run_id or ""})
                 print(f"[saleval-run] {stage:<9} given  {dirs[stage]}", flush=True)
                 continue
             t0 = time.perf_counter()
@@ -234,12 +234,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             write_json(out_root / "pipeline.json", summary)
     _final_report(dirs, timings, uri, experiment_id, summary.get("published_ranking"))
     if not journal.record()["logged"]:
-        print(run_record.not_logged_line("run", out_root, journal.record()), flush=True)
+        print(run_outputs.not_logged_line("run", out_root, journal.record()), flush=True)
     return summary
 
 
 def _input_overrides(
-    stage: str, needs: dict[str, str], given: dict[str, Any], dirs: dict[str, Path]
+    stage: str,
+    needs: dict[str, str],
+    given: dict[str, Any],
+    dirs: dict[str, Path],
+    output_root: Path,
 ) -> list[str]:
     """``inputs.<name>=`` for each input of ``stage``: a run given for it
     (``inputs.<stage>.<name>`` or ``inputs.<producer>``; a plain file such as a platform's
@@ -250,7 +254,7 @@ def _input_overrides(
         if src and Path(str(src)).is_file():
             out.append(f"inputs.{name}={Path(str(src)).resolve()}")
         elif src:
-            out.append(f"inputs.{name}={resolve_input(name, src)}")
+            out.append(f"inputs.{name}={resolve_input(name, src, output_root)}")
         elif producer in dirs:
             out.append(f"inputs.{name}={dirs[producer]}")
         else:
@@ -273,7 +277,7 @@ def _run_or_reuse(
     """Run ``stage`` under the pipeline's run, or reuse a finished run with the same
     fingerprint (``reuse``); returns its run dir and the reused run (None when it ran)."""
     overrides = stage_overrides(cfg.profile, stage)
-    overrides += _input_overrides(stage, needs, dict(cfg.inputs), dirs)
+    overrides += _input_overrides(stage, needs, dict(cfg.inputs), dirs, paths.output_root(cfg))
     stage_dir = out_root / stage
     overrides.append(f"run_dir={stage_dir}")
     stage_cfg = compose_stage(config_name, overrides)
@@ -292,7 +296,7 @@ def _run_or_reuse(
         raise tracking_health.TrackingError(f"before stage {stage}: {line}") from err
     if reused is not None:
         log.info("[run] %s: reusing %s (fingerprint %s)", stage, reused, fp)
-        tracking.set_tags({f"reused.{stage}": read_run_info(reused).get("run_id", "")})
+        tracking.set_tags({f"reused.{stage}": RunRecord.read(reused).run_id or ""})
         return reused, reused
     log.info("[run] %s: running (fingerprint %s) -> %s", stage, fp, stage_dir)
     fn: Callable[[DictConfig], Any] = importlib.import_module(module).run
@@ -365,8 +369,5 @@ def _final_report(
     # the compare stage's saved view: its methods as rows, human score and metrics as columns
     view = None
     if "compare" in dirs:
-        view = read_run_info(dirs["compare"]).get("mlflow_view")
+        view = RunRecord.read(dirs["compare"]).mlflow_view
     print(f"\nOpen the comparison:\n  {views.ui_hint(uri, experiment_id, view)}\n")
-
-
-main = hydra_main("run", run)

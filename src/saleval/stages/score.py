@@ -31,9 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval.analysis import reports, scoring
 from saleval.analysis.validation import calibration_note, upstream_simulation
-from saleval.cli import hydra_main
-from saleval.crowd.importing.source import Capability, Given, ImportContext, crowd_source
-from saleval.pipeline import tables, tracking
+from saleval.crowd.importing.source import (
+    Capability,
+    ImportContext,
+    crowd_source,
+    source_run,
+)
+from saleval.pipeline import tables
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.run_inputs import given_input
@@ -48,11 +52,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     crowd = OmegaConf.select(cfg, "crowd")
     source = None if crowd is None else crowd_source(crowd)
     if source is not None and source.provides(Capability.verdicts):
-        file = source.locate(Given.of(cfg, "score"))
-        tags = {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
-        with Stage(cfg, "score", dict(file.parents), tags=tags, requires=file.requires) as st:
-            st.provide(**file.provides)
-            tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+        with source_run(cfg, "score", source) as (st, file):
             labels = [str(n) for n in cfg.dataset.label_names]
             ctx = ImportContext(file, dict(st.inputs), labels, str(cfg.dataset.name))
             imported = source.import_(ctx)  # the crowd's verdicts as they are
@@ -96,7 +96,7 @@ def score_outputs(
             "task has n_answers = 0): there is nothing to score; see its import_report.json"
         )
     sc = cfg.scoring
-    simulated = st.tags.get("simulated") == "true"
+    simulated = st.provenance.simulated
     dataset = str(cfg.dataset.name)
     result = scoring.score(
         aggregated,
@@ -146,7 +146,7 @@ def score_outputs(
     _log_metrics(st, result)
     return {
         "run_dir": str(st.run_dir),
-        "run_id": st.run_id,
+        "run_id": st.tracking.run_id,
         "simulated": simulated,
         "scores": dict(zip(result.scores["method"], result.scores["score"])),
         "ranks": dict(zip(result.scores["method"], result.scores["rank"].astype(int))),
@@ -261,7 +261,4 @@ def _log_metrics(st: Stage, result: scoring.ScoreResult) -> None:
     m: dict[str, float] = {f"weight_k{k}": w for k, w in result.weights.items()}
     m["n_samples"] = result.info["n_samples"]
     st.log_metrics(m)
-    st.log_method_rows(method_rows(result), table="scores")
-
-
-main = hydra_main("score", run)
+    st.tracking.log_method_rows(method_rows(result), table="scores")

@@ -25,7 +25,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from saleval.cli import hydra_main
 from saleval.pipeline import tables
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
@@ -56,7 +55,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         for path in ex.write_data(data, st.run_dir):
             st.log_file(path, ex.DATA_DIR)
         st.log_metrics({k: v for k, v in data.info.items() if isinstance(v, int | float)})
-        models, fits = ex.train_pair(cfg, data, tokenizer, st.run_dir)
+        models, fits = ex.train_pair(cfg, data, tokenizer, st.run_dir, st.tracking.child_run)
         # verification and the sweep run outside a Trainer: on the device the fit used
         device = compute_device(cfg.get("trainer"))
         for m in models.values():
@@ -71,7 +70,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         write_json(st.path("verification.json"), info)
         st.log_file(st.path("verification.json"))
         st.log_metrics({f"verify_{k}": v for k, v in report.to_dict().items() if _num(v)})
-        st.set_tags({"verification": "passed" if report.passed else "failed"})
+        st.tracking.set_tags({"verification": "passed" if report.passed else "failed"})
         require(report)  # raises VerificationError: no saliency on a model without the shortcut
 
         model, _ = load_trained(st.run_dir / "mixed", attn_implementation="eager")
@@ -106,11 +105,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_file(st.path(TABLE_MD))
         # one child run per method configuration (its name is the run's `method`)
         rows = summary.drop(columns=["method"]).rename(columns={"config": "method"})
-        st.log_method_rows(rows.drop(columns=["k"], errors="ignore"), table="shortcut_results")
+        st.tracking.log_method_rows(
+            rows.drop(columns=["k"], errors="ignore"), table="shortcut_results"
+        )
         _refresh_sweep_table(st, cfg, reference)
         return {
             "run_dir": str(st.run_dir),
-            "run_id": st.run_id,
+            "run_id": st.tracking.run_id,
             "verification": report.to_dict(),
             "results": results,
             "objective": float(summary["precision"].mean()),
@@ -164,6 +165,3 @@ def _refresh_sweep_table(st: Stage, cfg: DictConfig, reference: Any) -> None:
         + _reference_markdown(cfg, reference, results)
     )
     st.log_file(path, "sweep")
-
-
-main = hydra_main("shortcut", run)

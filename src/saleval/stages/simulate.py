@@ -43,7 +43,6 @@ from saleval.analysis.validation import (
     compare_crowds,
     plot_validation,
 )
-from saleval.cli import hydra_main
 from saleval.config.crowd import SimulationConfig
 from saleval.config.stages import SimulateAction
 from saleval.crowd.importing.builtin import aggregate_answers
@@ -51,9 +50,9 @@ from saleval.crowd.importing.published_study import reader_training_data, study_
 from saleval.crowd.importing.source import (
     Capability,
     CrowdSource,
-    Given,
     ImportContext,
     crowd_source,
+    source_run,
 )
 from saleval.crowd.simulation.workers import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.modeling.data import load_dataset
@@ -117,13 +116,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "saleval-simulate needs inputs.tasks=<task run dir or runs:/id> "
             "(or crowd=lu2024 crowd.path=<published file> dataset=<name>)"
         )
-    inputs = {"tasks": spec}
-    tags = {"simulated": "true"}
-    with Stage(cfg, "simulate", inputs, tags=tags, requires=["dataset"]) as st:
+    with Stage(cfg, "simulate", {"tasks": spec}, requires=["dataset"], simulated=True) as st:
         task_dir = st.inputs["tasks"]
         tasks = tables.TASKS.read(task_dir)
         bundles = tables.BUNDLES.read(task_dir)
-        st.log_methods(list(dict.fromkeys(tasks["method"].astype(str))))
+        st.tracking.log_methods(list(dict.fromkeys(tasks["method"].astype(str))))
         sim = to_schema(SimulationConfig, cfg.simulation)
         data = load_dataset(cfg.dataset)
         labels = [str(n) for n in cfg.dataset.label_names]
@@ -132,7 +129,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.write(tables.ANSWERS, crowd.answers)
         _write_notice(st, cfg, sim, crowd, f"the `{split}` split")
         st.log_metrics(crowd.summary)
-        return {"run_dir": str(st.run_dir), "run_id": st.run_id, **crowd.summary}
+        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **crowd.summary}
 
 
 def run_on_source_tasks(
@@ -140,12 +137,7 @@ def run_on_source_tasks(
 ) -> dict[str, Any]:
     """The tasks a crowd answered (the published study's) answered by the simulated
     crowd, and (``validate``) compared with that crowd's verdicts."""
-    file = source.locate(Given.of(cfg, "simulate"))
-    tags = {"simulated": "true", f"{file.tag}_path": str(file.path)}
-    tags[f"{file.tag}_sha256"] = file.sha256
-    with Stage(cfg, "simulate", dict(file.parents), tags=tags, requires=file.requires) as st:
-        st.provide(**file.provides, simulated=True)
-        tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+    with source_run(cfg, "simulate", source, simulated=True) as (st, file):
         sim = to_schema(SimulationConfig, cfg.simulation)
         labels = [str(n) for n in cfg.dataset.label_names]
         dataset = str(cfg.dataset.name)
@@ -188,7 +180,7 @@ def run_on_source_tasks(
             "n_samples": len(study.samples),
         }
         st.log_metrics(summary)
-        out: dict[str, Any] = {"run_dir": str(st.run_dir), "run_id": st.run_id, **summary}
+        out: dict[str, Any] = {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **summary}
         if action == SimulateAction.validate:
             out["validation"] = _validate(st, study.aggregated, crowds, dataset, sim, crowd.reader)
         return out
@@ -247,6 +239,3 @@ def _validate(
 
 def _jsonable(x: Any) -> Any:
     return x.item() if hasattr(x, "item") else str(x)
-
-
-main = hydra_main("simulate", run)

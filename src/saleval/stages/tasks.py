@@ -23,7 +23,6 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.cli import hydra_main
 from saleval.config.crowd import DesignError, StudyConfig
 from saleval.pipeline import tables
 from saleval.pipeline.stage import Stage
@@ -53,13 +52,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     with Stage(cfg, "tasks", {"explain": cfg.inputs.explain}, requires=["dataset"]) as st:
         explain = st.inputs["explain"]
-        preds = st.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
-        attrs = st.read(tables.ATTRIBUTIONS, "explain")
+        preds = st.inputs.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
+        attrs = st.inputs.read(tables.ATTRIBUTIONS, "explain")
         prob_columns = PROBS.of(preds.columns)
         labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
         study = to_schema(StudyConfig, cfg.study)
         design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
-        st.log_methods(design.methods)
+        st.tracking.log_methods(design.methods)
         st.write(tables.TASKS, design.tasks)
         st.write(tables.BUNDLES, design.bundles)
         container = OmegaConf.to_container(cfg.dataset, resolve=True)
@@ -70,10 +69,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         ):
             st.log_file(path)
         st.log_metrics({k: v for k, v in design.info.items() if isinstance(v, int | float)})
-        st.set_tags(
+        st.tracking.set_tags(
             {"study": study.name, "target": str(study.target), "methods": ",".join(design.methods)}
         )
-        return {"run_dir": str(st.run_dir), "run_id": st.run_id, **design.info}
-
-
-main = hydra_main("tasks", run)
+        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **design.info}

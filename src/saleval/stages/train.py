@@ -26,7 +26,6 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from saleval.cli import hydra_main
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tracking
 from saleval.pipeline.jsonfiles import write_json
@@ -80,7 +79,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # the checkpoint's position limit caps model.max_length
         max_length = effective_max_length(int(cfg.model.max_length), model, tokenizer)
         st.provide(max_length=max_length)
-        st.set_tags(model_tags(model, tokenizer))
+        st.tracking.set_tags(model_tags(model, tokenizer))
         dm = TextDataModule.from_config(
             {s: data[s] for s in ("train", "validation", "test")},
             tokenizer,
@@ -113,10 +112,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_file(st.path("metrics.json"))
         return {
             "run_dir": str(st.run_dir),
-            "run_id": st.run_id,
+            "run_id": st.tracking.run_id,
             **metrics,
             "objective": metrics["val_accuracy"],
         }
-
-
-main = hydra_main("train", run)

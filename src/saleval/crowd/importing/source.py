@@ -11,6 +11,10 @@ source the same way, in two steps, so it never asks which source it holds:
 2. :meth:`CrowdSource.import_`, inside the run: the tables, from an
    :class:`ImportContext` (the file, the parent run dirs, the dataset's labels).
 
+Step 1 and the opening of the run are one function, :func:`source_run`, the same for
+every stage that reads a source's file (``saleval-import``, ``-score``, ``-simulate``,
+``-plan``).
+
 A source is a dataclass whose fields are its config: ``conf/crowd/<name>.yaml`` names it
 in ``_target_`` and :func:`crowd_source` builds it. The built-in ones are in
 :mod:`saleval.crowd.importing.builtin`.
@@ -28,7 +32,8 @@ the other stages ask a source what it provides, never which class it is:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, is_dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -38,11 +43,14 @@ import pandas as pd
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from saleval import paths
 from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.rows import CrowdImport, sha256_file
+from saleval.pipeline import tracking
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.run_inputs import file_input, given_input
+from saleval.pipeline.stage import Stage
 
 FileFinder = Callable[[str, str], tuple[Path, str | None]]
 """``(input name, file name)`` → the file ``inputs.<name>`` names (a plain file, or that
@@ -71,7 +79,7 @@ class Given:
         file input is found (:func:`saleval.pipeline.run_inputs.file_input`)."""
         names = OmegaConf.select(cfg, "inputs", default=None) or {}
         inputs = {str(k): v for k in names if (v := given_input(cfg, str(k))) is not None}
-        output_root = OmegaConf.select(cfg, "paths.output_root", default=None)
+        output_root = paths.output_root(cfg)
 
         def find(name: str, filename: str) -> tuple[Path, str | None]:
             if name not in inputs:
@@ -190,3 +198,40 @@ def crowd_source(node: Any) -> CrowdSource:
     typed = OmegaConf.merge(OmegaConf.structured(cls), container)
     source: CrowdSource = instantiate(typed, _convert_="object", _recursive_=False)
     return source
+
+
+@contextmanager
+def source_run(
+    cfg: DictConfig,
+    stage: str,
+    source: CrowdSource,
+    tags: Mapping[str, str] | None = None,
+    simulated: bool = False,
+) -> Iterator[tuple[Stage, SourceFile]]:
+    """The run of ``saleval-<stage>`` on ``source``'s file, the same for every stage that
+    reads one: the file and its parent runs located before the run starts (a missing input
+    fails before a run dir exists), the run opened on those parents, the file named by the
+    run's tags (``<tag>_path``, ``<tag>_sha256``) and params (``source.path``,
+    ``source.sha256``), and the provenance the source fixes (:attr:`SourceFile.provides`)
+    recorded before the file is read. ``tags``: the stage's own; ``simulated``: a simulated
+    crowd answers in this run.
+
+    Yields the stage and the located file::
+
+        with source_run(cfg, "score", source) as (st, file):
+            imported = source.import_(ImportContext(file, dict(st.inputs), labels, dataset))
+    """
+    file = source.locate(Given.of(cfg, stage))
+    named = {f"{file.tag}_path": str(file.path), f"{file.tag}_sha256": file.sha256}
+    with Stage(
+        cfg,
+        stage,
+        dict(file.parents),
+        tags={**(tags or {}), **named},
+        requires=list(file.requires),
+        simulated=simulated,
+    ) as st:
+        if file.provides:
+            st.provide(**file.provides)
+        tracking.log_params({"source.path": str(file.path), "source.sha256": file.sha256})
+        yield st, file
