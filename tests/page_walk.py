@@ -229,6 +229,8 @@ class Shell:
                     failed.append((int(status), command))
         path.unlink(missing_ok=True)
         ran = Ran(name, "".join(out), failed, time.monotonic() - t0)
+        with self.log.open("a") as fh:
+            fh.write(f"----- step {name} took {ran.seconds:.1f} s -----\n")
         self.ran.append(ran)
         return ran
 
