@@ -110,15 +110,27 @@ def test_the_main_options_a_help_names_exist(stage: str) -> None:
         assert _has_key(cfg, key), (stage, option)
 
 
-@pytest.mark.parametrize("module", sorted({*cli.STAGES.values(), "saleval.cli"}))
-def test_importing_a_stage_leaves_torch_lightning_and_transformers_unloaded(module: str) -> None:
-    heavy = ("torch", "lightning", "transformers") + (
-        ("mlflow",) if module == "saleval.cli" else ()
+def _heavy_after_import(modules: list[str], heavy: tuple[str, ...]) -> list[str]:
+    """The ``heavy`` packages in ``sys.modules`` of a fresh interpreter that imported
+    ``modules``."""
+    code = (
+        f"import sys, {', '.join(modules)}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
-    code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", module
+    return ast.literal_eval(done.stdout.strip())
+
+
+def test_importing_a_stage_leaves_torch_lightning_and_transformers_unloaded() -> None:
+    """A console script starts (and prints --help or a config error) without the heavy
+    packages. Every stage module is imported in one interpreter: what none of them loads
+    together, none loads alone; on a failure each is imported alone to name it."""
+    heavy = ("torch", "lightning", "transformers")
+    stages = sorted(set(cli.STAGES.values()))
+    if _heavy_after_import(stages, heavy):
+        loading = {m: found for m in stages if (found := _heavy_after_import([m], heavy))}
+        pytest.fail(f"importing a stage loads heavy packages: {loading}")
+    assert _heavy_after_import(["saleval.cli"], (*heavy, "mlflow")) == []
 
 
 def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_traceback(
