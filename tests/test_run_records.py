@@ -390,7 +390,11 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
     assert record["status"] == "FINISHED"
     assert tables.ATTRIBUTIONS.read(run)["method"].nunique() == 2
     missed = record["tracking"]
-    assert missed["logged"] is False and missed["lost"] == "connection refused"
+    # the server went away: refused, or reset when a kept-alive connection was cut
+    assert missed["logged"] is False and missed["lost"] in (
+        "connection refused",
+        "connection reset",
+    )
     assert "file attributions.parquet" in missed["not_logged"]
     assert "metrics n_samples, accuracy" in missed["not_logged"]
     assert missed["not_logged"][-1] == "end (FINISHED)"

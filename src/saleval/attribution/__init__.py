@@ -29,6 +29,8 @@ post-processes on its own (docs/methods.md#words).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from saleval.attribution.attention import AllAttention, LastAttention, attention_token_scores
 from saleval.attribution.base import (
     REGISTRY,
@@ -42,7 +44,6 @@ from saleval.attribution.base import (
     paper_methods,
     published_names,
 )
-from saleval.attribution.frame import explain_frame
 from saleval.attribution.gradient import (
     DeepLiftMethod,
     InputXGradientMethod,
@@ -76,3 +77,17 @@ __all__ = [
     "paper_methods",
     "published_names",
 ]
+
+if TYPE_CHECKING:
+    from saleval.attribution.frame import explain_frame
+
+
+def __getattr__(name: str) -> Any:
+    """``explain_frame`` is loaded when first asked for: its module loads Lightning (~6 s
+    a process), which a stage that only reads the methods' metadata (score, report,
+    compare, a published file's import) never needs."""
+    if name == "explain_frame":
+        from saleval.attribution.frame import explain_frame
+
+        return explain_frame
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
