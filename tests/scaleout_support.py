@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +110,23 @@ def hydra_config(overrides: Sequence[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=True)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, limit_s: float = 90) -> None:
+    """Return once the MLflow server at ``url`` answers ``/health``; fail the test, with the
+    end of its ``log``, when its process ``proc`` exits or ``limit_s`` passes first."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"mlflow server not healthy after {limit_s:.0f} s:\n{log.read_text()[-4000:]}"
+            )
+        time.sleep(0.3)

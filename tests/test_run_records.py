@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,9 +41,10 @@ from saleval.pipeline.stage import Stage
 from saleval.stages import tasks as tasks_stage
 from saleval.stages.run import compose_stage
 from saleval.testing import explain_frames, make_explain_run
+from saleval.testing.load_servers import free_port
 from tests.cli_support import script
 from tests.conftest import DATA_ROOT, FinishedPipeline
-from tests.scaleout_support import BIN, launch, subprocess_env
+from tests.scaleout_support import BIN, launch, subprocess_env, wait_healthy
 from tests.sweeps_support import LABELS, fake_sweep, tasks_cfg
 
 pytestmark = pytest.mark.usefixtures("keep_mlflow_store")
@@ -318,34 +318,16 @@ def mlflow_server(where: Path, port: int) -> Iterator[Server]:
             cwd=where, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not up:\n{(where / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.3)
+        wait_healthy(url, proc, where / "server.log")
         yield Server(url, proc)
     finally:
         Server(url, proc).die()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_server_that_does_not_answer_at_the_start_is_one_line_within_the_wait(
     tmp_path: Path,
 ) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     t0 = time.monotonic()
     done = script(
         "score", *SCORE, "tracking.wait_s=2", f"paths.output_root={tmp_path / 'out'}",
@@ -366,7 +348,7 @@ def test_a_server_that_does_not_answer_at_the_start_is_one_line_within_the_wait(
 def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port, store = _free_port(), tmp_path / "server"
+    port, store = free_port(), tmp_path / "server"
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the test's outage is final
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     preds, attrs = _frames()
@@ -434,7 +416,7 @@ def test_a_server_back_before_the_run_ends_gets_what_it_missed_from_the_stage_it
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     preds, attrs = _frames()
     run = tmp_path / "explain"
-    with mlflow_server(tmp_path / "server", _free_port()) as server:
+    with mlflow_server(tmp_path / "server", free_port()) as server:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         tracking_health.forget_checks()
         cfg = compose_stage("explain", ["dataset=ag_news", "method=[random,lime]"])

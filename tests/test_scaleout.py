@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from saleval.pipeline.tracking import method_rows
 from tests.conftest import DATA_ROOT
-from tests.scaleout_support import clean_env, hydra_config
+from tests.scaleout_support import clean_env, hydra_config, wait_healthy
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
 
@@ -124,19 +123,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not healthy after 90 s:\n{log.read_text()[-4000:]}")
-            time.sleep(0.5)
+        wait_healthy(url, proc, log)
         yield url, artifacts
     finally:
         if proc.poll() is None:

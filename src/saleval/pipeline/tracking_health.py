@@ -324,15 +324,24 @@ def store_failure(err: BaseException) -> str | None:
     return None
 
 
+def _refused(cause: str, uri: str, experiment: str | None = None, action: str = "") -> str | None:
+    """:func:`auth_message`'s line when the store's ``cause`` is a 401 or a 403 (None: it
+    is not)."""
+    if cause.startswith("401"):
+        return auth_message(uri, 401)
+    if cause.startswith("403"):
+        return auth_message(uri, 403, experiment, action)
+    return None
+
+
 def start_message(err: BaseException, uri: str, experiment: str | None) -> str | None:
     """The one line for a store that failed as a run started (None: not the store's)."""
     cause = store_failure(err)
     if cause is None:
         return None
-    if cause.startswith("401"):
-        return auth_message(uri, 401)
-    if cause.startswith("403"):
-        return auth_message(uri, 403, experiment, "start runs in")
+    refused = _refused(cause, uri, experiment, "start runs in")
+    if refused:
+        return refused
     return (
         f"the tracking store {redact(uri)} failed as the run started ({cause}): nothing was "
         "computed; check the server (and its database), then rerun"
@@ -345,10 +354,9 @@ def failure_message(err: BaseException, uri: str) -> str | None:
     cause = store_failure(err)
     if cause is None:
         return None
-    if cause.startswith("401"):
-        return auth_message(uri, 401)
-    if cause.startswith("403"):
-        return auth_message(uri, 403)
+    refused = _refused(cause, uri)
+    if refused:
+        return refused
     return (
         f"the tracking store {redact(uri)} failed ({cause}): the run dirs keep what was "
         "computed; once the store answers, rerun (finished runs are reused) or log them "
