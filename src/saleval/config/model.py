@@ -29,6 +29,24 @@ DEFAULT_MAX_BATCH = 512
 
 
 @dataclass
+class PromptConfig:
+    """``model.prompt`` of ``conf/model/prompted.yaml``: how a causal LM is prompted to
+    classify (docs/data-and-models.md#prompted-llms)."""
+
+    template: str = "Text: {text}\nAnswer:"  # holds {text} once; what follows is the answer cue
+    instruction: str = ""  # opens the prompt (the first user turn in a chat)
+    system: str | None = None  # a chat's system message
+    chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one; on; off
+    # class name -> words appended at the answer position, exactly as written (null: the
+    # class names; with a leading space when no chat template is used)
+    label_words: dict[str, list[str]] | None = None
+    shots: int = 0  # few-shot examples, drawn class-balanced from the training split
+    shot_seed: int = 0
+    shot_separator: str = "\n\n"
+    prefix_cache: bool = True  # compute the template before {text} once (same logits)
+
+
+@dataclass
 class ModelConfig:
     """``conf/model/*.yaml``. ``_target_`` names the source class in :mod:`saleval.modeling.models`
     (``EmbeddedSource``: ``package``; ``PretrainedSource``: ``pretrained``;
@@ -41,3 +59,16 @@ class ModelConfig:
     pretrained: str | None = None  # PretrainedSource: hub id or local directory
     tokenizer_package: str | None = None  # RandomSource: where its tokenizer comes from
     config: dict[str, Any] = field(default_factory=dict)  # RandomSource: BertConfig fields
+    prompt: PromptConfig | None = None  # PromptedSource: a causal LM prompted to classify
+
+
+def is_prompted(cfg: Any) -> bool:
+    """Whether a ``conf/model`` node (a config, a mapping or a :class:`ModelConfig`) is a
+    causal LM prompted to classify: it has a ``prompt`` section.
+
+    >>> is_prompted({"name": "minilm"}), is_prompted({"prompt": {"shots": 0}})
+    (False, True)
+    """
+    get = getattr(cfg, "get", None)
+    prompt = get("prompt") if callable(get) else getattr(cfg, "prompt", None)
+    return prompt is not None

@@ -69,7 +69,9 @@ class TrainStageConfig(StageConfig):
 
 @dataclass
 class ExplainInputs:
-    model: str = MISSING  # a train run dir or runs:/<mlflow run id>
+    # a train run dir, runs:/<mlflow run id> or a checkpoint dir (model=prompted: may be
+    # left out for model.pretrained)
+    model: str | None = MISSING
 
 
 @dataclass
@@ -92,6 +94,9 @@ class ExplainView:
 @dataclass
 class ExplainStageConfig(StageConfig):
     dataset: DatasetConfig | None = None  # null: the train run's (saleval.pipeline.provenance)
+    # null: the train run's; model=prompted: a causal LM (inputs.model or model.pretrained)
+    # prompted to classify (docs/data-and-models.md#prompted-llms)
+    model: ModelConfig | None = None
     trainer: TrainerConfig = MISSING
     method: MethodGroup = None
     inputs: ExplainInputs = field(default_factory=ExplainInputs)

@@ -88,7 +88,7 @@ class ModelInterface:
         return ids, mask
 
 
-def _forward_params(model: nn.Module) -> set[str]:
+def forward_params(model: nn.Module) -> set[str]:
     """The named parameters of ``model.forward`` (not a ``**kwargs`` catch-all)."""
     params = inspect.signature(model.forward).parameters.values()
     return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
@@ -114,7 +114,7 @@ def interface(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None)
     names: tuple[str, ...] = ("input_ids", "attention_mask")
     if tokenizer is not None:
         produced = tuple(getattr(tokenizer, "model_input_names", names))
-        takes = _forward_params(model)
+        takes = forward_params(model)
         names = tuple(n for n in produced if n in takes) or names
         for need in ("input_ids", "attention_mask"):
             if need not in names:
@@ -420,7 +420,10 @@ def embedding_point(
     memo = _POINTS.setdefault(model, {})
     if layer in memo:
         return memo[layer]
-    if layer == "word_embeddings":
+    own = getattr(model, "explained_embeddings", None)
+    if callable(own):  # a prompted LLM: its prompt's token embeddings, for both layers
+        point = EmbeddingPoint(own(), "the prompt's token embeddings", "output")
+    elif layer == "word_embeddings":
         point = EmbeddingPoint(model.get_input_embeddings(), "word embeddings", "output")
     else:
         point = _first_block_input(model, tokenizer)
@@ -523,16 +526,24 @@ def effective_max_length(
     return want if limit is None else min(want, limit)
 
 
+#: the pad token a loaded checkpoint adopted from its tokenizer (saleval.modeling.models.adopt_pad)
+ADOPTED_PAD: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
 def model_tags(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None) -> dict[str, str]:
     """What a run records of how it fed and read its model (MLflow tags): the model class,
-    its inputs, its pad id, and the positions its classifier reads."""
+    its inputs, its pad id, the pad token it adopted from its tokenizer (if any), and the
+    positions its classifier reads."""
     iface = interface(model, tokenizer)
-    return {
+    tags = {
         "model.class": iface.model_class,
         "model.inputs": ",".join(iface.input_names),
         "model.pad_token_id": str(iface.pad_token_id),
         "model.reads": classifier_reads(model, tokenizer),
     }
+    if model in ADOPTED_PAD:
+        tags["model.pad_adopted"] = ADOPTED_PAD[model]
+    return tags
 
 
 def check_replacement(

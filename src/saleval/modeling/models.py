@@ -183,14 +183,32 @@ class RandomSource(ModelSource):
         return BertForSequenceClassification(conf)
 
 
+class PromptedSource(ModelSource):
+    """A causal LM (``model.pretrained``: a directory or hub id) prompted to classify
+    (``model.prompt``; :mod:`saleval.modeling.prompted`): nothing is trained."""
+
+    def location(self) -> str:
+        if not self.cfg.pretrained:
+            raise ModelError(
+                "model=prompted needs model.pretrained: the directory (or hub id) of a causal LM"
+            )
+        return str(self.cfg.pretrained)
+
+    def build(self, kwargs: dict[str, Any], seed: int) -> PreTrainedModel:
+        raise ModelError(
+            "model=prompted is not fine-tuned: saleval-train records its prompt and accuracy, "
+            "and the shortcut protocol, which fine-tunes, does not apply to it"
+        )
+
+
 PRETRAINED_TARGET = "saleval.modeling.models.PretrainedSource"
 
 
 def source_target(mc: ModelConfig) -> str:
     """The source class a model node means: ``model.pretrained`` set means that checkpoint,
     whatever the group's own ``_target_`` (``model=minilm model.pretrained=<dir>`` trains
-    ``<dir>``, never the embedded MiniLM)."""
-    return PRETRAINED_TARGET if mc.pretrained else mc._target_
+    ``<dir>``, never the embedded MiniLM); a prompted node keeps its own."""
+    return PRETRAINED_TARGET if mc.pretrained and mc.prompt is None else mc._target_
 
 
 def use_checkpoint(node: Any) -> str | None:
@@ -199,7 +217,7 @@ def use_checkpoint(node: Any) -> str | None:
     (:func:`checkpoint_name`), so the run's config, provenance and run name say which model
     was trained. Returns a one-line note of the change (None when there is none)."""
     mc = model_config(node)
-    if not mc.pretrained or mc._target_ == PRETRAINED_TARGET:
+    if not mc.pretrained or mc._target_ == PRETRAINED_TARGET or mc.prompt is not None:
         return None
     before = f"model={mc.name}"
     node._target_ = PRETRAINED_TARGET
@@ -296,6 +314,13 @@ def load_trained(
     ``eager`` attention is the default because attention methods read
     ``output_attentions`` and the sdpa kernels return none.
     """
+    from saleval.modeling import prompted
+
+    if prompted.prompt_dir(source) is not None:  # a prompted LLM (docs/data-and-models.md)
+        return cast(
+            tuple[PreTrainedModel, PreTrainedTokenizerFast],
+            prompted.load(source, attn_implementation),
+        )
     path = Path(source).expanduser()
     if (path / MODEL_DIR / "config.json").is_file():
         path = path / MODEL_DIR
@@ -322,8 +347,28 @@ def load_trained(
             f"{where}: its tokenizer is not a fast (Rust) tokenizer; saleval maps words to "
             "tokens through the fast tokenizer's offsets: save one with the checkpoint"
         )
+    tok = cast(PreTrainedTokenizerFast, tok)
+    adopt_pad(model, tok)
     model.eval()
-    return model, cast(PreTrainedTokenizerFast, tok)
+    return model, tok
+
+
+def adopt_pad(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> dict[str, str]:
+    """A loaded checkpoint pads as training pads (:func:`prepare_for_training`): a config
+    without ``pad_token_id`` takes the tokenizer's pad token (or its eos token where it has
+    none). What was set is remembered for the run's tags
+    (:func:`saleval.modeling.interface.model_tags`: ``model.pad_adopted``)."""
+    from saleval.modeling.interface import ADOPTED_PAD
+
+    has_pad = getattr(model.config, "pad_token_id", None) is not None
+    if has_pad and tokenizer.pad_token_id is not None:
+        return {}
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is None:
+        return {}  # nothing to adopt: check_padding names the problem if padding matters
+    notes = prepare_for_training(model, tokenizer)
+    if notes:
+        ADOPTED_PAD[model] = "; ".join(f"{k}={v}" for k, v in notes.items())
+    return notes
 
 
 def checkpoint_name(source: str | Path) -> str:

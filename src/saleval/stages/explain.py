@@ -34,6 +34,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
+from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables, tracking
@@ -204,15 +205,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     from saleval.analysis import views
     from saleval.attribution import explain_frame, method_name
+    from saleval.modeling import prompted
     from saleval.modeling.inference import compute_device, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
-    from saleval.modeling.models import align_labels, checkpoint_name, load_trained
+    from saleval.modeling.models import MODEL_DIR, align_labels, checkpoint_name, load_trained
 
     spec = given_input(cfg, "model")
+    prompting = cfg.get("model") is not None and is_prompted(cfg.model)
+    if spec is None and prompting and cfg.model.get("pretrained"):
+        spec = str(cfg.model.pretrained)  # model=prompted model.pretrained=<causal LM dir>
     if spec is None:
         raise InputError(
             "inputs.model is required: a saleval train run, a save_pretrained checkpoint "
-            "directory, or a hub id"
+            "directory, or a hub id (model=prompted: model.pretrained=<causal LM dir>)"
         )
     run, checkpoint = run_or_checkpoint(spec)
     # from a train run: the dataset and the model's name come from it unless given (checked
@@ -221,10 +226,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     tags = {"checkpoint": checkpoint} if checkpoint else {}
     inherits = ("dataset", "model")
     with Stage(cfg, "explain", inputs, tags=tags, inherits=inherits, requires=["dataset"]) as st:
-        model, tokenizer = load_trained(st.inputs["model"] if run else str(checkpoint))
-        if checkpoint:
-            st.provide(model=checkpoint_name(checkpoint))
         data = load_dataset(cfg.dataset)
+        if checkpoint and prompting and prompted.prompt_dir(checkpoint) is None:
+            # a causal LM prompted to classify, built here; its prompt is kept with the run
+            # so that the metrics (and anyone) rebuild exactly this classifier
+            model, tokenizer, pspec = prompted.build(
+                cfg.model, str(checkpoint), data.label_names, data["train"]
+            )
+            pspec.save(st.path(MODEL_DIR))
+            st.provide(model=f"{checkpoint_name(checkpoint)}-prompted")
+        else:
+            model, tokenizer = load_trained(st.inputs["model"] if run else str(checkpoint))
+            if checkpoint:
+                st.provide(model=checkpoint_name(checkpoint))
+        if isinstance(tokenizer, prompted.PromptTokenizer):
+            st.tracking.set_tags(prompted.describe(tokenizer.spec))
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
         trained = st.inputs.parent_provenance["model"].max_length if run else None
@@ -282,6 +298,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if not st.is_main:  # DDP rank > 0 (torchrun, srun): same tables; rank 0 writes them
             return {"run_dir": str(st.run_dir), "run_id": None, "n_samples": len(df)}
         predictions["split"] = str(cfg.data.split)
+        if isinstance(tokenizer, prompted.PromptTokenizer):  # the exact prompt of each text
+            predictions["prompt"] = [
+                tokenizer.encode_text(str(t), max_length).prompt for t in predictions["text"]
+            ]
+            predictions["special_tokens"] = tokenizer.spec.add_special_tokens
         st.write(tables.PREDICTIONS, predictions)
         st.write(tables.ATTRIBUTIONS, attributions)
         metrics = {

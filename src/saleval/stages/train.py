@@ -26,6 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
+from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.pipeline import tracking
 from saleval.pipeline.jsonfiles import write_json
@@ -51,7 +52,76 @@ def mlflow_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def run_prompted(cfg: DictConfig) -> dict[str, Any]:
+    """``model=prompted``: nothing is fine-tuned. The prompt is fixed (the few-shot
+    examples drawn from the training split), written to ``model/`` as the classifier every
+    later stage loads, and its validation and test accuracy recorded as a trained model's
+    are (docs/data-and-models.md#prompted-llms)."""
+    import torch
+
+    from saleval.modeling import prompted
+    from saleval.modeling.inference import compute_device, forward_logits, single_device
+    from saleval.modeling.interface import effective_max_length, model_tags
+    from saleval.modeling.models import MODEL_DIR, checkpoint_name
+
+    if not cfg.model.get("pretrained"):
+        raise prompted.PromptError(
+            "model=prompted needs model.pretrained: the directory (or hub id) of a causal LM"
+        )
+    if cfg.model.name == "prompted":  # the run's model is the LM it prompts
+        with open_dict(cfg):
+            cfg.model.name = f"{checkpoint_name(str(cfg.model.pretrained))}-prompted"
+    with Stage(cfg, "train") as st:
+        t0 = time.perf_counter()
+        data = load_dataset(cfg.dataset)
+        model, tok, spec = prompted.build(
+            cfg.model, str(cfg.model.pretrained), data.label_names, data["train"]
+        )
+        max_length = effective_max_length(int(cfg.model.max_length), model, tok)
+        st.provide(max_length=max_length)
+        st.tracking.set_tags({**model_tags(model, tok), **prompted.describe(spec)})
+        if single_device(cfg.trainer):
+            torch.nn.Module.to(model, compute_device(cfg.trainer))
+        accuracy = {}
+        for split, key in (("validation", "val_accuracy"), ("test", "test_accuracy")):
+            df = data[split]
+            ids = tok(df["text"].astype(str).tolist(), truncation=True, max_length=max_length)
+            logits = forward_logits(
+                model, ids["input_ids"], tokenizer=tok, progress=False, desc=f"{split} accuracy"
+            )
+            accuracy[key] = float((logits.argmax(1) == df["label"].to_numpy()).mean())
+            log.info("prompted %s: %s accuracy %.3f", cfg.model.name, split, accuracy[key])
+        if not st.is_main:
+            return {"run_dir": str(st.run_dir), "run_id": None, **accuracy}
+        prompt_file = spec.save(st.path(MODEL_DIR))
+        metrics = {
+            **accuracy,
+            "n_train": len(data["train"]),
+            "n_validation": len(data["validation"]),
+            "n_test": len(data["test"]),
+            "n_shots": len(spec.shots),
+            "seconds": time.perf_counter() - t0,
+            "data_source": data.source,
+            **({"max_length": max_length} if max_length != int(cfg.model.max_length) else {}),
+            **({"pad_token": f"{spec.pad_token} (the eos token)"} if spec.pad_token else {}),
+        }
+        write_json(st.path("metrics.json"), metrics)
+        for split in ("train", "validation", "test"):
+            tracking.log_dataset(data[split], f"{data.name}/{split}", split, targets="label")
+        st.log_metrics(mlflow_metrics(metrics))
+        st.log_file(st.path("metrics.json"))
+        st.log_file(prompt_file, MODEL_DIR)
+        return {
+            "run_dir": str(st.run_dir),
+            "run_id": st.tracking.run_id,
+            **metrics,
+            "objective": metrics["val_accuracy"],
+        }
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
+    if is_prompted(cfg.model):
+        return run_prompted(cfg)
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     import lightning as L
 
