@@ -308,3 +308,58 @@ def test_explain_straight_from_the_lm_directory(causal_checkpoints, make_cfg) ->
     assert info["provenance"]["model"] == "tiny-llama-prompted"
     preds = tables.PREDICTIONS.read(run_dir)
     assert preds["prompt"].str.contains("Answer:").all() and preds["special_tokens"].all()
+
+
+# --- self-explanation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "named", "unknown"),
+    [
+        ("wonderful, boring", ["wonderful", "boring"], []),
+        ("1. Wonderful\n2. plot\n3. music", ["wonderful", "plot"], ["music"]),
+        ('"boring" and "thin"', ["boring", "thin"], []),
+        ("- acting\n- Wonderful!", ["acting", "wonderful"], []),
+        ("The words: plot, plot, thin.", ["the", "plot", "thin"], ["words"]),
+        ("I cannot say.", [], ["i", "cannot", "say"]),
+        ("", [], []),
+    ],
+)
+def test_self_explanation_replies_are_parsed_into_word_ranks(reply, named, unknown) -> None:
+    from saleval.attribution.self_explain import parse_answer
+
+    words = ["the", "plot", "is", "thin", "but", "the", "acting", "is", "wonderful", "boring"]
+    got = parse_answer(reply, words)
+    assert got.named == named and got.unknown == unknown
+    assert got.no_word == (not named)
+    for rank, w in enumerate(named):  # every occurrence, the first named highest
+        for i in [i for i, x in enumerate(words) if x == w]:
+            assert got.scores[i] == len(named) - rank
+    assert (got.scores[[i for i, x in enumerate(words) if x not in named]] == 0).all()
+
+
+def test_self_explain_generates_on_a_tiny_model_and_records_every_reply(
+    causal_checkpoints, make_cfg
+) -> None:
+    """End to end: a random LM replies with noise; each text's reply is recorded, words
+    that are not the text's are reported and never scored, a reply naming no word of the
+    text is recorded as such — never a crash."""
+    from saleval.stages import explain
+
+    ckpt = causal_checkpoints["gpt2"]
+    e = make_cfg("explain", ["model=prompted", f"model.pretrained={ckpt}", "dataset=sst2",
+                             "dataset.max_test=16", "data.n_samples=4", "progress=false",
+                             "method=[self_explain,random]", "method.self_explain.max_new_tokens=12",
+                             "view.samples=1"], name="p-self")  # fmt: skip
+    run_dir = Path(explain.run(e)["run_dir"])
+    answers = pd.read_csv(run_dir / "self_explanations.csv", keep_default_na=False)
+    preds = tables.PREDICTIONS.read(run_dir).set_index("sample_id")
+    assert len(answers) == 4
+    for row in answers.itertuples():
+        text_words = {w.casefold() for w in
+                      (preds.loc[row.sample_id, "text"][s:e] for s, e in word_spans(preds.loc[row.sample_id, "text"]))}  # fmt: skip
+        assert set(str(row.named).split()) <= text_words
+        assert not set(str(row.not_in_text).split()) & text_words
+        assert bool(row.no_word) == (str(row.named) == "")
+    attrs = tables.ATTRIBUTIONS.read(run_dir)
+    assert set(attrs["method"]) == {"self_explain", "random"}

@@ -52,6 +52,7 @@ from saleval.attribution.gradient import (
 )
 from saleval.attribution.perturbation import CaptumLime, Lime, Occlusion
 from saleval.attribution.random import RandomScores
+from saleval.attribution.self_explain import SelfExplain
 
 __all__ = [
     "REGISTRY",
@@ -66,6 +67,7 @@ __all__ = [
     "Lime",
     "Occlusion",
     "RandomScores",
+    "SelfExplain",
     "Texts",
     "TokenAttributor",
     "VanillaGradient",

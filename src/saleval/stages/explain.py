@@ -199,6 +199,28 @@ class MethodReuse:
             )
 
 
+SELF_EXPLANATIONS = "self_explanations.csv"
+
+
+def self_explanations(predictions: pd.DataFrame, target: Any) -> pd.DataFrame | None:
+    """One row per explained text of the ``self_explain`` method's reply: the reply, the
+    text's words it named (in its order), the items that are no word of the text, and
+    whether it named none (docs/methods.md#self-explanation); None when it did not run."""
+    from saleval.attribution.self_explain import ANSWERS
+
+    if not ANSWERS:
+        return None
+    col = "label" if Target(target) is Target.gold else "pred"
+    rows = []
+    for sid, text, t in zip(predictions["sample_id"], predictions["text"], predictions[col]):
+        got = ANSWERS.get((str(text), int(t)))
+        if got is not None:
+            rows.append({"sample_id": sid, "target": int(t), "reply": got.answer,
+                         "named": " ".join(got.named), "not_in_text": " ".join(got.unknown),
+                         "no_word": got.no_word})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     import torch
@@ -260,6 +282,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             tracking.log_dataset(df, f"{data.name}/{cfg.data.split}", "explain", "label")
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
+        from saleval.attribution.self_explain import ANSWERS
+
+        ANSWERS.clear()  # this run's replies only
         reuse = MethodReuse.of(cfg, st, model) if run else None
         methods = {k: m for k, m in cfg.method.items() if m is not None}
         stored = reuse.available(methods) if reuse else {}
@@ -310,6 +335,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "accuracy": float((predictions["pred"] == predictions["label"]).mean()),
         }
         st.log_metrics(metrics)
+        answers = self_explanations(predictions, cfg.target)
+        if answers is not None:  # what the LLM replied per text, words named and not
+            answers.to_csv(st.path(SELF_EXPLANATIONS), index=False)
+            st.log_file(st.path(SELF_EXPLANATIONS))
         rows = method_rows(timings, diag)
         rows.to_csv(st.path(TIMINGS), index=False)  # per method: seconds, reused, diagnostics
         st.tracking.log_method_rows(rows, table="method_timings")
