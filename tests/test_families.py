@@ -24,6 +24,7 @@ from saleval.modeling.interface import (
     classifier_reads,
     effective_max_length,
     embedding_point,
+    model_tags,
 )
 from saleval.modeling.models import align_labels, load_trained
 from saleval.pipeline import tables
@@ -297,9 +298,10 @@ def test_the_explain_stage_refuses_before_any_work(family_checkpoints, make_cfg)
 def test_a_decoder_without_a_pad_id_is_one_line_and_training_sets_it(
     family_checkpoints, tmp_path, make_cfg
 ) -> None:
-    """GPT-2 as published: no pad token, no ``config.pad_token_id``. Explaining a padded
-    batch would read padding, so it is refused naming the fix; training from it sets the
-    pad token (its eos) and records that."""
+    """GPT-2 as published: no pad token, no ``config.pad_token_id``. A model that pads
+    with nothing would read padding, so it is refused naming the fix; loading it as
+    saleval does (the explain and metrics stages) and training from it both set the pad
+    token (its eos) and record that."""
     from saleval.stages import train
 
     src = family_checkpoints["gpt2"]
@@ -310,12 +312,17 @@ def test_a_decoder_without_a_pad_id_is_one_line_and_training_sets_it(
     tok.pad_token = None
     model.save_pretrained(bare)
     tok.save_pretrained(bare)
-    m, t = load_trained(bare)
-    segs = [segment(x, t, 64) for x in TEXTS[:3]]
+    raw = AutoModelForSequenceClassification.from_pretrained(bare).eval()
+    raw_tok = AutoTokenizer.from_pretrained(bare)
+    segs = [segment(x, raw_tok, 64) for x in TEXTS[:3]]
     with pytest.raises(
         InterfaceError, match="names no pad_token_id.*set model.config.pad_token_id"
     ):
-        inference.forward_logits(m, [s.input_ids for s in segs], tokenizer=t)
+        inference.forward_logits(raw, [s.input_ids for s in segs], tokenizer=raw_tok)
+    m, t = load_trained(bare)  # what explain does: the eos token pads, as in training
+    assert m.config.pad_token_id == t.pad_token_id == t.eos_token_id
+    assert model_tags(m, t)["model.pad_adopted"].startswith("pad_token=<|endoftext|>")
+    inference.forward_logits(m, [s.input_ids for s in segs], tokenizer=t)
     cfg = make_cfg(
         "train",
         [f"model.pretrained={bare}", "dataset=sst2", "trainer=smoke",

@@ -125,7 +125,7 @@ def test_explained_logits_equal_the_plain_label_word_log_probs(family, causal_ch
 
 @pytest.mark.parametrize("family", CAUSAL_FAMILIES)
 def test_the_recorded_prompt_tokenizes_to_the_ids_the_model_read(family, causal_checkpoints):
-    model, tok, spec = _build(causal_checkpoints[family], shots=4)
+    _, tok, spec = _build(causal_checkpoints[family], shots=4)
     assert spec.chat == (family == "qwen2")
     assert len(spec.shots) == 4 and [s.label for s in spec.shots] == [0, 1, 0, 1]
     for text in TEXTS:
@@ -182,7 +182,7 @@ def test_ig_is_complete_against_the_plain_model(family, causal_checkpoints) -> N
         table = model.lm.get_input_embeddings()
         word = model.label_ids[t][0]
 
-        def score(prompt_ids):
+        def score(prompt_ids, table=table, word=word):
             full = torch.cat(
                 [table(prompt_ids), table(torch.tensor([word[:-1]], dtype=torch.long))], 1
             )
@@ -295,7 +295,7 @@ def test_train_explain_tasks_and_metrics_on_a_prompted_model(causal_checkpoints,
 
 def test_explain_straight_from_the_lm_directory(causal_checkpoints, make_cfg) -> None:
     """The documented command: ``saleval-explain model=prompted model.pretrained=<dir>``."""
-    from saleval.stages import explain
+    from saleval.stages import explain, metrics
 
     ckpt = causal_checkpoints["llama"]
     e = make_cfg("explain", ["model=prompted", f"model.pretrained={ckpt}", "dataset=sst2",
@@ -308,6 +308,11 @@ def test_explain_straight_from_the_lm_directory(causal_checkpoints, make_cfg) ->
     assert info["provenance"]["model"] == "tiny-llama-prompted"
     preds = tables.PREDICTIONS.read(run_dir)
     assert preds["prompt"].str.contains("Answer:").all() and preds["special_tokens"].all()
+    # the metrics, given the same directory, read the prompt the explain run kept
+    m = make_cfg("metrics", [f"inputs.model={ckpt}", f"inputs.explain={run_dir}",
+                             "kgrid=smoke", "progress=false"], name="p-direct-metrics")  # fmt: skip
+    got = tables.METRICS.read(Path(metrics.run(m)["run_dir"]))
+    assert set(got["method"]) == {"integrated_gradients", "occlusion"}
 
 
 # --- self-explanation ------------------------------------------------------------------
@@ -363,3 +368,40 @@ def test_self_explain_generates_on_a_tiny_model_and_records_every_reply(
         assert bool(row.no_word) == (str(row.named) == "")
     attrs = tables.ATTRIBUTIONS.read(run_dir)
     assert set(attrs["method"]) == {"self_explain", "random"}
+
+
+def test_saleval_run_smoke_profile_on_a_prompted_model(causal_checkpoints, tmp_path) -> None:
+    """``saleval-run profile=prompted_smoke profile.params.lm=<dir>``: every stage, on a
+    prompted LLM, with its self-explanations among the scored methods."""
+    import contextlib
+    import io
+
+    from saleval.stages import run as pipeline
+
+    from .conftest import compose_config
+
+    lm = causal_checkpoints["llama"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = pipeline.run(compose_config(
+            "run", ["profile=prompted_smoke", f"profile.params.lm={lm}"], tmp_path / "run"
+        ))  # fmt: skip
+    dirs = {k: Path(v["run_dir"]) for k, v in summary["stages"].items()}
+    assert (dirs["train"] / "model" / prompted.PROMPT_FILE).is_file()
+    scored = tables.METRICS.read(dirs["metrics"])
+    assert "self_explain" in set(scored["method"])
+    preds = tables.PREDICTIONS.read(dirs["explain"])
+    assert preds["prompt"].str.contains("Answer:").all()
+
+
+def test_the_api_explains_and_evaluates_a_prompted_model(causal_checkpoints) -> None:
+    from saleval import api
+
+    clf = api.load_prompted(causal_checkpoints["gpt2"], LABELS, template=TEMPLATE, device="cpu")
+    got = api.explain(TEXTS[:2], clf, ["occlusion", "vanilla_gradient"])
+    assert set(got["method"]) == {"occlusion", "vanilla_gradient"}
+    for text, rows in got.groupby("text"):
+        words = [str(text)[s:e] for s, e in word_spans(str(text))]
+        for _, one in rows.groupby("method"):
+            assert one.sort_values("word_index")["word"].tolist() == words
+    scored = api.evaluate(got, clf, metrics="quick")
+    assert set(scored.index) == {"occlusion", "vanilla_gradient"} and scored.notna().any(axis=None)

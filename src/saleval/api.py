@@ -53,6 +53,7 @@ __all__ = [
     "explain",
     "highlight",
     "load_model",
+    "load_prompted",
     "read_explanations",
 ]
 
@@ -151,6 +152,38 @@ def load_model(
         where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch.nn.Module.to(clf.model, where)  # Module.to: transformers' wrapper confuses mypy
     return clf
+
+
+def load_prompted(
+    lm: str | os.PathLike[str],
+    label_names: Sequence[str],
+    train: pd.DataFrame | None = None,
+    device: str | None = None,
+    **prompt: Any,
+) -> Classifier:
+    """A causal LM (its directory, or a hub id) prompted to classify, as ``model=prompted``
+    builds it (docs/data-and-models.md#prompted-llms). ``prompt``: the ``model.prompt``
+    settings (``template``, ``instruction``, ``label_words``, ``shots``, ...); ``train``
+    (sample_id, text, label) gives the few-shot examples.
+
+    ``load_prompted(dir, ["negative", "positive"], template="Review: {text}\nSentiment:")``
+    """
+    import torch
+
+    from saleval.config.model import ModelConfig, PromptConfig
+    from saleval.modeling import prompted
+    from saleval.modeling.models import checkpoint_name
+
+    node = ModelConfig(
+        _target_="saleval.modeling.models.PromptedSource",
+        name="prompted",
+        pretrained=str(lm),
+        prompt=PromptConfig(**prompt),
+    )
+    model, tok, _ = prompted.build(node, str(lm), list(label_names), train)
+    where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.nn.Module.to(model, where)
+    return Classifier(model, tok, int(node.max_length), f"{checkpoint_name(str(lm))}-prompted")  # type: ignore[arg-type]
 
 
 def _method_configs(

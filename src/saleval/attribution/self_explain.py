@@ -42,9 +42,9 @@ _ITEM_MARK = re.compile(r"^\s*(?:[-*•]+|\(?\d+[.)]|[a-z][.)])\s+", re.IGNORECA
 def _norm(word: str) -> str:
     """A word as the parser compares it: NFKC, case-folded, edge punctuation and quotes off."""
     w = unicodedata.normalize("NFKC", word).casefold().strip()
-    while w and not (unicodedata.category(w[0])[0] in "LN"):
+    while w and unicodedata.category(w[0])[0] not in "LN":
         w = w[1:]
-    while w and not (unicodedata.category(w[-1])[0] in "LN"):
+    while w and unicodedata.category(w[-1])[0] not in "LN":
         w = w[:-1]
     return w
 

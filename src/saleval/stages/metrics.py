@@ -230,6 +230,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.metrics.faithfulness import evaluate, explanations_from_tables, summarize
     from saleval.modeling.inference import use_bf16
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained
+    from saleval.modeling.prompted import prompt_dir
 
     # a bad key fails before any run starts; metrics.plugins (a user's own metrics) are
     # imported first, so they register themselves and their settings
@@ -244,10 +245,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         explain_dir = st.inputs["explain"]
         model_dir = st.inputs["model"] if run else Path(str(checkpoint))
         explain_cfg = st.inputs.parent_configs["explain"]
+        name = checkpoint_name(str(checkpoint)) if checkpoint else None
+        if checkpoint and prompt_dir(checkpoint) is None and prompt_dir(explain_dir):
+            # the causal LM the explain run prompted: the prompt it kept (same shots)
+            model_dir, name = Path(str(prompt_dir(explain_dir))), f"{name}-prompted"
         if run:
             for each, record, _ in st.inputs.runs_of("explain"):
                 _warn_on_other_model(each, record, model_dir)
-        elif checkpoint_name(str(checkpoint)) != st.provenance.model:
+        elif name != st.provenance.model:
             log.warning(
                 "inputs.model=%s is not the model the explain run %s explained (%s)",
                 checkpoint, explain_dir, st.provenance.model,
