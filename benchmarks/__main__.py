@@ -18,6 +18,8 @@ ON_REQUEST = {
     # issue #44: the GPU check (benchmarks/gpu_check.sh on a lent GPU; --dry-run on a CPU)
     "gpu": "benchmarks.gpu",
     "gpu_pack": "benchmarks.gpu_pack",
+    # issue #51: a prompted LLM's shared prefix cached vs recomputed (8-shot prompt)
+    "prefix_cache": "benchmarks.prefix_cache",
     # issue #46: saleval's ERASER convention against ERASER's scorer (--scorer <checkout>)
     "eraser_agreement": "benchmarks.eraser_agreement",
 }

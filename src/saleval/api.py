@@ -183,7 +183,7 @@ def load_prompted(
     model, tok, _ = prompted.build(node, str(lm), list(label_names), train)
     where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.nn.Module.to(model, where)
-    return Classifier(model, tok, int(node.max_length), f"{checkpoint_name(str(lm))}-prompted")  # type: ignore[arg-type]
+    return Classifier(model, tok, int(node.max_length), f"{checkpoint_name(str(lm))}-prompted")
 
 
 def _method_configs(

@@ -19,7 +19,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -159,7 +159,7 @@ class SelfExplain(Attributor):
             enc = tok.base(prompt, add_special_tokens=spec.add_special_tokens, return_tensors="pt")
             ids = enc["input_ids"].to(device)
             with torch.no_grad():
-                gen = model.lm.generate(
+                gen = cast(Any, model).lm.generate(
                     input_ids=ids,
                     attention_mask=torch.ones_like(ids),
                     max_new_tokens=self.max_new_tokens,

@@ -37,9 +37,9 @@ class PromptConfig:
     instruction: str = ""  # opens the prompt (the first user turn in a chat)
     system: str | None = None  # a chat's system message
     chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one; on; off
-    # class name -> words appended at the answer position, exactly as written (null: the
-    # class names; with a leading space when no chat template is used)
-    label_words: dict[str, list[str]] | None = None
+    # class name -> words appended at the answer position, exactly as written (a class
+    # left out: its name, with a leading space when no chat template is used)
+    label_words: dict[str, list[str]] = field(default_factory=dict)
     shots: int = 0  # few-shot examples, drawn class-balanced from the training split
     shot_seed: int = 0
     shot_separator: str = "\n\n"

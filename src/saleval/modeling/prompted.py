@@ -650,9 +650,11 @@ def spec_of(
 
 def from_spec(
     spec: PromptSpec, attn_implementation: str | None = "eager", lm_and_tok: Any = None
-) -> tuple[PromptedClassifier, PromptTokenizer]:
+) -> tuple[Any, Any]:
     """The classifier and tokenizer a :class:`PromptSpec` fixes (the LM loaded from
-    ``spec.lm`` unless given)."""
+    ``spec.lm`` unless given): a :class:`PromptedClassifier` and a :class:`PromptTokenizer`,
+    typed ``Any`` because every stage takes them where it takes a transformers model and
+    fast tokenizer (they answer what saleval asks of those)."""
     from saleval.modeling.interface import position_limit
 
     lm, tok = lm_and_tok or _load_lm(spec.lm, attn_implementation)
@@ -670,7 +672,7 @@ def build(
     label_names: Sequence[str],
     train: Any = None,
     attn_implementation: str | None = "eager",
-) -> tuple[PromptedClassifier, PromptTokenizer, PromptSpec]:
+) -> tuple[Any, Any, PromptSpec]:
     """A prompted classifier from a ``model=prompted`` node, on the causal LM at ``lm``;
     ``train`` (the training split) gives the few-shot examples."""
     from saleval.modeling.models import model_config
@@ -699,9 +701,7 @@ def prompt_dir(source: str | Path) -> Path | None:
     return None
 
 
-def load(
-    source: str | Path, attn_implementation: str | None = "eager"
-) -> tuple[PromptedClassifier, PromptTokenizer]:
+def load(source: str | Path, attn_implementation: str | None = "eager") -> tuple[Any, Any]:
     """A prompted classifier from its directory (:func:`prompt_dir`)."""
     where = prompt_dir(source)
     if where is None:

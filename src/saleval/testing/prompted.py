@@ -79,7 +79,9 @@ def causal_lm(family: str, tok: Any) -> Any:
         Qwen2ForCausalLM,
     )
 
-    ids = {f"{k}_token_id": getattr(tok, f"{k}_token_id", None) for k in ("pad", "bos", "eos")}
+    ids: dict[str, Any] = {
+        f"{k}_token_id": getattr(tok, f"{k}_token_id", None) for k in ("pad", "bos", "eos")
+    }
     if family == "gpt2":
         conf = GPT2Config(
             vocab_size=len(tok), n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
@@ -87,7 +89,7 @@ def causal_lm(family: str, tok: Any) -> Any:
         )  # fmt: skip
         conf.pad_token_id = None  # GPT-2's config names no pad id either
         return GPT2LMHeadModel(conf)
-    size = {
+    size: dict[str, Any] = {
         "vocab_size": len(tok), "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
         "num_attention_heads": HEADS, "num_key_value_heads": 2, "intermediate_size": FFN,
         "max_position_embeddings": CAUSAL_POSITIONS, "initializer_range": INIT,
