@@ -405,3 +405,23 @@ def test_the_api_explains_and_evaluates_a_prompted_model(causal_checkpoints) -> 
             assert one.sort_values("word_index")["word"].tolist() == words
     scored = api.evaluate(got, clf, metrics="quick")
     assert set(scored.index) == {"occlusion", "vanilla_gradient"} and scored.notna().any(axis=None)
+
+
+def test_the_shortcut_protocol_refuses_a_prompted_model_in_one_line(make_cfg) -> None:
+    from saleval.errors import UserError
+    from saleval.stages import shortcut
+
+    cfg = make_cfg("shortcut", ["model=prompted", "model.pretrained=/nowhere"], name="p-st")
+    with pytest.raises(UserError, match=r"^model=prompted: the synthetic-shortcut") as err:
+        shortcut.run(cfg)
+    assert "\n" not in str(err.value) and not Path(cfg.run_dir).exists()
+
+
+def test_the_prefix_cache_benchmark_runs_at_smoke_size(capsys) -> None:
+    """The benchmark of docs/benchmarks.md#prefix-cache end to end; its exit code says the
+    cached and whole-prompt logits agree within 1e-4 (speed is not asserted)."""
+    from benchmarks import prefix_cache
+
+    assert prefix_cache.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| occlusion |" in out and "| lime |" in out and "Largest logit difference" in out

@@ -25,6 +25,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from saleval.config.model import is_prompted
+from saleval.errors import UserError
 from saleval.pipeline import tables
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
@@ -48,6 +50,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.shortcut.report import published_table, to_markdown, uncertainty_markdown
     from saleval.shortcut.verify import require
 
+    if is_prompted(cfg.model):  # before any run dir: the protocol fine-tunes its models
+        raise UserError(
+            "model=prompted: the synthetic-shortcut protocol fine-tunes a model on planted "
+            "tokens, and a prompted LLM is not fine-tuned; use a fine-tunable model "
+            "(model=minilm, model.pretrained=<dir>)"
+        )
     kind = str(cfg.shortcut.kind)
     with Stage(cfg, "shortcut", tags={"shortcut": kind, "unit": str(cfg.shortcut.unit)}) as st:
         reference = _reference(cfg)
