@@ -39,12 +39,20 @@ def test_every_stage_root_composes_typed_by_its_schema(stage: str) -> None:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_stage_composes_with_every_profile(profile: str) -> None:
-    cfg = compose_config("run", [f"profile={profile}"])
+    # a profile's required parameter (prompted_smoke: the causal LM's directory) given
+    required = {"prompted_smoke": ["profile.params.lm=/path/to/causal-lm"]}
+    cfg = compose_config("run", [f"profile={profile}", *required.get(profile, [])])
     selected = list(cfg.profile.stages_to_run or [s for s, *_ in pipeline.PIPELINE])
     pipeline.check_profile(cfg.profile, selected)  # raises on the first stage that fails
     for stage, _, config_name, _ in pipeline.PIPELINE:
         stage_cfg = compose_config(config_name, stage_overrides(cfg.profile, stage))
         assert stage_cfg.task_name == stage
+
+
+def test_a_profile_parameter_left_out_is_one_line_naming_it() -> None:
+    cfg = compose_config("run", ["profile=prompted_smoke"])
+    with pytest.raises(pipeline.ProfileError, match=r"stage train: .*profile\.params\.lm"):
+        pipeline.check_profile(cfg.profile, ["train"])
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

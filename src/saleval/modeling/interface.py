@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import UserError
+
+log = logging.getLogger(__name__)
 
 #: the positions a classifier's logits read: the first token, the last non-pad token, all
 Reads = Literal["first", "last", "mean"]
@@ -128,6 +131,36 @@ def basic_interface(tokenizer: PreTrainedTokenizerFast) -> ModelInterface:
     names = tuple(getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
     pad = tokenizer.pad_token_id
     return ModelInterface("?", names, int(pad) if pad is not None else 0)
+
+
+def prepare_for_training(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> dict[str, str]:
+    """Make a fresh classifier trainable in padded batches; returns what was set (recorded
+    in the train run's ``metrics.json``).
+
+    A decoder checkpoint (GPT-2, Llama) usually has no pad token, and its head finds the
+    token it reads by ``config.pad_token_id``: the tokenizer's pad token becomes its eos
+    token where it has none (the usual choice), and the config's pad id the tokenizer's.
+    Both are saved with the trained model, so every later stage pads the same way.
+    """
+    notes: dict[str, str] = {}
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise InterfaceError(
+                f"{type(model).__name__}: the tokenizer has neither a pad nor an eos token, so "
+                "batches cannot be padded: add a pad token to the checkpoint's tokenizer"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+        notes["pad_token"] = (
+            f"{tokenizer.eos_token} (the eos token; the tokenizer had no pad token)"
+        )
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+        notes["config_pad_token_id"] = f"{tokenizer.pad_token_id} (the tokenizer's pad token)"
+    for key, note in notes.items():
+        log.info("%s: %s set to %s", type(model).__name__, key, note)
+    return notes
 
 
 # ---------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from transformers import (
 
 from saleval.config.model import ModelConfig
 from saleval.errors import UserError
+from saleval.modeling.interface import prepare_for_training
 from saleval.schema import to_schema
 
 log = logging.getLogger(__name__)
@@ -273,36 +274,6 @@ def build_model(
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     return model_source(cfg).build(kwargs, seed)
-
-
-def prepare_for_training(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
-) -> dict[str, str]:
-    """Make a fresh classifier trainable in padded batches; returns what was set (recorded
-    in the train run's ``metrics.json``).
-
-    A decoder checkpoint (GPT-2, Llama) usually has no pad token, and its head finds the
-    token it reads by ``config.pad_token_id``: the tokenizer's pad token becomes its eos
-    token where it has none (the usual choice), and the config's pad id the tokenizer's.
-    Both are saved with the trained model, so every later stage pads the same way.
-    """
-    notes: dict[str, str] = {}
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token is None:
-            raise ModelError(
-                f"{type(model).__name__}: the tokenizer has neither a pad nor an eos token, so "
-                "batches cannot be padded: add a pad token to the checkpoint's tokenizer"
-            )
-        tokenizer.pad_token = tokenizer.eos_token
-        notes["pad_token"] = (
-            f"{tokenizer.eos_token} (the eos token; the tokenizer had no pad token)"
-        )
-    if getattr(model.config, "pad_token_id", None) is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
-        notes["config_pad_token_id"] = f"{tokenizer.pad_token_id} (the tokenizer's pad token)"
-    for key, note in notes.items():
-        log.info("%s: %s set to %s", type(model).__name__, key, note)
-    return notes
 
 
 def load_trained(

@@ -577,30 +577,28 @@ def _cache_of(out: Any) -> Any:
 def _load_lm(where: str, attn_implementation: str | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from saleval.modeling.models import ModelError
-
     path = Path(where).expanduser()
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
         lm = AutoModelForCausalLM.from_pretrained(str(path) if path.is_dir() else where, **kwargs)
         tok = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else where, use_fast=True)
     except (OSError, ValueError) as err:
-        raise ModelError(
+        raise PromptError(
             f"{where}: cannot load a causal LM and its tokenizer ({str(err).splitlines()[0]}); "
             "model=prompted needs a directory (or, with a network, a hub id) of an "
             "AutoModelForCausalLM checkpoint"
         ) from err
     if not getattr(tok, "is_fast", False):
-        raise ModelError(f"{where}: its tokenizer is not a fast tokenizer; word offsets need one")
+        raise PromptError(f"{where}: its tokenizer is not a fast tokenizer; word offsets need one")
     lm.eval()
     return lm, tok
 
 
 def adopt_pad_token(lm: Any, tok: Any) -> str | None:
     """A tokenizer without a pad token pads with its eos token, and a config without a pad
-    id takes the tokenizer's, as training does (:func:`saleval.modeling.models.prepare_for_training`);
+    id takes the tokenizer's, as training does (:func:`saleval.modeling.interface.prepare_for_training`);
     returns the adopted pad token, or None when nothing changed."""
-    from saleval.modeling.models import prepare_for_training
+    from saleval.modeling.interface import prepare_for_training
 
     notes = prepare_for_training(lm, tok)
     return str(tok.pad_token) if notes else None
@@ -675,9 +673,14 @@ def build(
 ) -> tuple[Any, Any, PromptSpec]:
     """A prompted classifier from a ``model=prompted`` node, on the causal LM at ``lm``;
     ``train`` (the training split) gives the few-shot examples."""
-    from saleval.modeling.models import model_config
+    from omegaconf.errors import OmegaConfBaseException
 
-    mc = model_config(cfg)
+    from saleval.schema import to_schema
+
+    try:
+        mc = to_schema(ModelConfig, cfg)
+    except OmegaConfBaseException as err:
+        raise PromptError(f"model config: {str(err).splitlines()[0]}") from err
     if mc.prompt is None:
         raise PromptError("model.prompt is not set: use model=prompted")
     if mc.prompt.shots and train is None:
