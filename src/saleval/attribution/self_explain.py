@@ -129,21 +129,19 @@ class SelfExplain(Attributor):
 
     def follow_up(self, tokenizer: Any, text: str, target: int) -> str:
         """The self-explanation prompt for ``text`` answered as class ``target``."""
-        from saleval.modeling.prompted import _messages
+        from saleval.modeling.prompts import messages
 
         spec = tokenizer.spec
         answer = spec.label_words[target][0]
         question = QUESTION.format(max_words=self.max_words)
         if spec.chat:
-            messages = _messages(spec, spec.template.replace("{text}", text))
-            messages += [
+            chat = messages(spec, spec.template.replace("{text}", text))
+            chat += [
                 {"role": "assistant", "content": answer.strip()},
                 {"role": "user", "content": question},
             ]
             return str(
-                tokenizer.base.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
-                )
+                tokenizer.base.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
             )
         return tokenizer.render(text) + answer + spec.shot_separator + question + PLAIN_CUE
 

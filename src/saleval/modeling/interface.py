@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import UserError
-
-log = logging.getLogger(__name__)
 
 #: the positions a classifier's logits read: the first token, the last non-pad token, all
 Reads = Literal["first", "last", "mean"]
@@ -131,36 +128,6 @@ def basic_interface(tokenizer: PreTrainedTokenizerFast) -> ModelInterface:
     names = tuple(getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
     pad = tokenizer.pad_token_id
     return ModelInterface("?", names, int(pad) if pad is not None else 0)
-
-
-def prepare_for_training(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
-) -> dict[str, str]:
-    """Make a fresh classifier trainable in padded batches; returns what was set (recorded
-    in the train run's ``metrics.json``).
-
-    A decoder checkpoint (GPT-2, Llama) usually has no pad token, and its head finds the
-    token it reads by ``config.pad_token_id``: the tokenizer's pad token becomes its eos
-    token where it has none (the usual choice), and the config's pad id the tokenizer's.
-    Both are saved with the trained model, so every later stage pads the same way.
-    """
-    notes: dict[str, str] = {}
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token is None:
-            raise InterfaceError(
-                f"{type(model).__name__}: the tokenizer has neither a pad nor an eos token, so "
-                "batches cannot be padded: add a pad token to the checkpoint's tokenizer"
-            )
-        tokenizer.pad_token = tokenizer.eos_token
-        notes["pad_token"] = (
-            f"{tokenizer.eos_token} (the eos token; the tokenizer had no pad token)"
-        )
-    if getattr(model.config, "pad_token_id", None) is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
-        notes["config_pad_token_id"] = f"{tokenizer.pad_token_id} (the tokenizer's pad token)"
-    for key, note in notes.items():
-        log.info("%s: %s set to %s", type(model).__name__, key, note)
-    return notes
 
 
 # ---------------------------------------------------------------------------------------
@@ -559,10 +526,6 @@ def effective_max_length(
     return want if limit is None else min(want, limit)
 
 
-#: the pad token a loaded checkpoint adopted from its tokenizer (saleval.modeling.models.adopt_pad)
-ADOPTED_PAD: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-
-
 def model_tags(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None) -> dict[str, str]:
     """What a run records of how it fed and read its model (MLflow tags): the model class,
     its inputs, its pad id, the pad token it adopted from its tokenizer (if any), and the
@@ -574,6 +537,8 @@ def model_tags(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None
         "model.pad_token_id": str(iface.pad_token_id),
         "model.reads": classifier_reads(model, tokenizer),
     }
+    from saleval.modeling.padding import ADOPTED_PAD
+
     if model in ADOPTED_PAD:
         tags["model.pad_adopted"] = ADOPTED_PAD[model]
     return tags

@@ -35,7 +35,7 @@ from transformers import (
 
 from saleval.config.model import ModelConfig
 from saleval.errors import UserError
-from saleval.modeling.interface import prepare_for_training
+from saleval.modeling.padding import adopt_pad
 from saleval.schema import to_schema
 
 log = logging.getLogger(__name__)
@@ -322,24 +322,6 @@ def load_trained(
     adopt_pad(model, tok)
     model.eval()
     return model, tok
-
-
-def adopt_pad(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> dict[str, str]:
-    """A loaded checkpoint pads as training pads (:func:`prepare_for_training`): a config
-    without ``pad_token_id`` takes the tokenizer's pad token (or its eos token where it has
-    none). What was set is remembered for the run's tags
-    (:func:`saleval.modeling.interface.model_tags`: ``model.pad_adopted``)."""
-    from saleval.modeling.interface import ADOPTED_PAD
-
-    has_pad = getattr(model.config, "pad_token_id", None) is not None
-    if has_pad and tokenizer.pad_token_id is not None:
-        return {}
-    if tokenizer.pad_token_id is None and tokenizer.eos_token is None:
-        return {}  # nothing to adopt: check_padding names the problem if padding matters
-    notes = prepare_for_training(model, tokenizer)
-    if notes:
-        ADOPTED_PAD[model] = "; ".join(f"{k}={v}" for k, v in notes.items())
-    return notes
 
 
 def checkpoint_name(source: str | Path) -> str:

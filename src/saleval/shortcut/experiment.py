@@ -36,8 +36,8 @@ from saleval.modeling.models import (
     build_model,
     load_tokenizer,
     load_trained,
-    prepare_for_training,
 )
+from saleval.modeling.padding import prepare_for_training
 from saleval.modeling.training import TextDataModule, fit
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import fingerprint

@@ -130,9 +130,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         MODEL_DIR,
         build_model,
         load_tokenizer,
-        prepare_for_training,
         use_checkpoint,
     )
+    from saleval.modeling.padding import prepare_for_training
     from saleval.modeling.training import TextDataModule, fit
 
     with open_dict(cfg):  # model.pretrained=<dir> trains <dir>, whatever the model group
