@@ -84,6 +84,10 @@ def _plain_label_logprobs(lm, tok, prompt: str, add_special: bool, words) -> tor
     return torch.stack(scores)
 
 
+def word_spans_of(text: str) -> list[str]:
+    return [text[s:e] for s, e in word_spans(text)]
+
+
 # --- the logits are the label words' log-probabilities ---------------------------------
 
 
@@ -284,9 +288,14 @@ def test_train_explain_tasks_and_metrics_on_a_prompted_model(causal_checkpoints,
                  name="p-tasks")  # fmt: skip
     task_rows = tables.TASKS.read(Path(tasks.run(k)["run_dir"]))
     assert len(task_rows)
-    for row in task_rows.itertuples():
-        text = preds.set_index("sample_id").loc[row.sample_id, "text"]
-        assert "Answer" not in str(row.display_text) or "Answer" in text
+    template_words = {w for w in word_spans_of(tok.render("")) if w}
+    for row in task_rows.itertuples():  # a worker sees the text's words, nothing else
+        text = str(preds.set_index("sample_id").loc[row.sample_id, "text"])
+        words = word_spans_of(text)
+        shown = [w.lstrip(".") for w in str(row.display_text).split(" ") if w.strip(".")]
+        assert row.n_words == len(words) and set(shown) <= set(words), (shown, words)
+        assert len(shown) == row.n_words_shown
+    assert template_words - {w for t in preds["text"] for w in word_spans_of(str(t))}
     m = make_cfg("metrics", [f"inputs.model={train_dir}", f"inputs.explain={run_dir}",
                              "kgrid=smoke", "progress=false"], name="p-metrics")  # fmt: skip
     got = tables.METRICS.read(Path(metrics.run(m)["run_dir"]))
