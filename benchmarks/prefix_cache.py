@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lime-samples", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args(argv)
-    n_texts = args.texts or (3 if args.smoke else 16)
-    lime_samples = args.lime_samples or (32 if args.smoke else 300)
-    repeats = args.repeats or (1 if args.smoke else 2)
+    n_texts = args.texts or (3 if args.smoke else 8)
+    lime_samples = args.lime_samples or (32 if args.smoke else 200)
+    repeats = args.repeats or 1
     data = load_dataset(_sst2())
     train = data["train"].head(2000)
     with tempfile.TemporaryDirectory() as tmp:
