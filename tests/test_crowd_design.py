@@ -22,6 +22,7 @@ from saleval.crowd.design import (
     render,
     task_id,
 )
+from saleval.crowd.design.duplicates import identical_methods, methods_to_drop
 from saleval.crowd.design.sampling import SamplingError, select_samples
 from saleval.crowd.export.formats import bundles_wide
 from saleval.pipeline import tables
@@ -361,6 +362,100 @@ def test_assign_bundles_rejects_too_few_gold_items() -> None:
         )
 
 
+# --- identical methods ------------------------------------------------------------------
+
+
+def _attrs(scores: dict[str, dict[str, Sequence[float]]]) -> pd.DataFrame:
+    """Attribution rows by hand: sample -> method -> one score per word."""
+    rows = [
+        (sid, m, j, f"{sid}w{j}", 0, 1, float(v))
+        for sid, by_method in scores.items()
+        for m, vals in by_method.items()
+        for j, v in enumerate(vals)
+    ]
+    cols = ["sample_id", "method", "word_index", "word", "char_start", "char_end", "score"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def test_identical_top_k_is_every_sample_at_every_k() -> None:
+    # "deeplift" is input_x_gradient scaled (same ranking everywhere); "lime" agrees with
+    # them on the top word of both samples but not on their top 3
+    attrs = _attrs(
+        {
+            "a": {"random": [0.3, 0.1, 0.2, 0.4, 0.0], "ixg": [0.9, 0.1, 0.5, 0.3, 0.2],
+                  "deeplift": [1.8, 0.2, 1.0, 0.6, 0.4], "lime": [0.9, 0.5, 0.1, 0.3, 0.2]},
+            "b": {"random": [0.0, 0.2, 0.1, 0.4, 0.3], "ixg": [0.1, 0.7, 0.2, 0.6, 0.0],
+                  "deeplift": [0.3, 2.1, 0.6, 1.8, 0.0], "lime": [0.6, 0.7, 0.2, 0.0, 0.1]},
+        }
+    )  # fmt: skip
+    methods = ["random", "ixg", "deeplift", "lime"]
+    assert identical_methods(attrs, methods, [1, 3]) == [("ixg", "deeplift")]
+    # at k=1 alone lime shows the same words as well: the whole k-grid decides
+    assert identical_methods(attrs, methods, [1]) == [
+        ("ixg", "deeplift"), ("ixg", "lime"), ("deeplift", "lime")
+    ]  # fmt: skip
+    # one sample where they differ is enough to tell them apart
+    differs = attrs.copy()
+    at = (differs["sample_id"] == "b") & (differs["method"] == "deeplift")
+    differs.loc[at, "score"] = [0.3, 0.1, 0.6, 1.8, 0.0]
+    assert identical_methods(differs, methods, [1, 3]) == []
+    assert identical_methods(differs, methods, [1, 3], sample_ids=["a"]) == [("ixg", "deeplift")]
+    # a k past every text shows whole texts: only the smaller ks tell methods apart
+    assert identical_methods(attrs, ["random", "lime"], [5]) == [("random", "lime")]
+    assert identical_methods(attrs, methods, [1, 3], sample_ids=[]) == []
+
+
+def test_methods_to_drop_keeps_the_first_of_each_group_and_the_baseline() -> None:
+    order = ["random", "ixg", "deeplift", "ig", "lime"]
+    assert methods_to_drop([("ixg", "deeplift")], order) == ["deeplift"]
+    three = [("ixg", "deeplift"), ("ixg", "lime"), ("deeplift", "lime")]
+    assert methods_to_drop(three, order, keep={"random"}) == ["deeplift", "lime"]
+    assert methods_to_drop([("ixg", "random")], order, keep={"random"}) == ["ixg"]
+    assert methods_to_drop([], order) == []
+
+
+def _with_deeplift_as_ixg(attrs: pd.DataFrame) -> pd.DataFrame:
+    """``attrs`` with DeepLIFT's scores twice input x gradient's, as on a decoder."""
+    out = attrs.copy()
+    ixg = out[out["method"] == "input_x_gradient"].set_index(["sample_id", "word_index"])["score"]
+    dl = out["method"] == "deeplift"
+    keys = pd.MultiIndex.from_frame(out.loc[dl, ["sample_id", "word_index"]])
+    out.loc[dl, "score"] = 2 * ixg.reindex(keys).to_numpy()
+    return out
+
+
+def test_build_study_warns_about_identical_methods_and_drops_on_request(caplog) -> None:
+    assert {"input_x_gradient", "deeplift"} <= set(METHODS)
+    assert METHODS.index("input_x_gradient") < METHODS.index("deeplift")
+    preds, attrs = synthetic_explain(60, 12)
+    attrs = _with_deeplift_as_ixg(attrs)
+    study = StudyConfig(n_samples=20, bundle_size=None, repeats=1)
+    with caplog.at_level("WARNING", logger="saleval.crowd.design.study"):
+        kept = build_study(preds, attrs, AG_LABELS, study, [2, 5])
+    lines = [r.getMessage() for r in caplog.records if "identical top-k" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "input_x_gradient and deeplift" in lines[0] and "drop_duplicate_methods" in lines[0]
+    assert kept.identical == [("input_x_gradient", "deeplift")] and kept.dropped == []
+    assert "deeplift" in set(kept.tasks["method"])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="saleval.crowd.design.study"):
+        d = build_study(preds, attrs, AG_LABELS, study, [2, 5], drop_identical=True)
+    assert any("dropped" in r.getMessage() and "deeplift" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert d.dropped == ["deeplift"] and "deeplift" not in d.methods
+    assert set(d.tasks["method"]) == set(METHODS) - {"deeplift"}
+    assert d.info["n_dropped_methods"] == 1 and d.info["n_identical_pairs"] == 1
+    # the samples are drawn before the drop: the same either way
+    assert d.samples["sample_id"].tolist() == kept.samples["sample_id"].tolist()
+    # distinct methods: nothing warned or dropped
+    caplog.clear()
+    preds, attrs = synthetic_explain(60, 12)
+    with caplog.at_level("WARNING", logger="saleval.crowd.design.study"):
+        d = build_study(preds, attrs, AG_LABELS, study, [2, 5], drop_identical=True)
+    assert d.identical == [] and d.dropped == []
+    assert not [r for r in caplog.records if "identical top-k" in r.getMessage()]
+
+
 # --- the stage ------------------------------------------------------------------------
 
 
@@ -424,6 +519,27 @@ def test_tasks_stage_forward_study_and_dataset_checks(tmp_path: Path, make_cfg: 
     imdb = make_cfg("tasks", [f"inputs.explain={explain}", "dataset=imdb"], name="imdb")
     with pytest.raises(ProvenanceError, match="dataset=imdb is given.*pass dataset=ag_news"):
         tasks_stage.run(imdb)
+
+
+def test_tasks_stage_drops_a_method_identical_to_another(
+    tmp_path: Path, make_cfg: Callable
+) -> None:
+    from saleval.stages import tasks as tasks_stage
+
+    methods = ["random", "input_x_gradient", "deeplift"]
+    preds, attrs = synthetic_explain(60, 20, methods=methods)
+    explain = write_explain_run(tmp_path / "explain", preds, _with_deeplift_as_ixg(attrs))
+    base = [f"inputs.explain={explain}", "dataset=ag_news", "kgrid=smoke",
+            "study.n_samples=20", "study.bundle_size=20"]  # fmt: skip
+    assert compose_config("tasks", base).drop_duplicate_methods is False
+    cfg = make_cfg("tasks", [*base, "drop_duplicate_methods=true"])
+    out = tasks_stage.run(cfg)
+    assert out["dropped_methods"] == ["deeplift"]
+    assert set(tables.TASKS.read(out["run_dir"])["method"]) == {"random", "input_x_gradient"}
+    run = MlflowClient().get_run(out["run_id"])
+    assert run.data.tags["dropped_methods"] == "deeplift"
+    assert run.data.tags["identical_methods"] == "input_x_gradient=deeplift"
+    assert run.data.metrics["n_dropped_methods"] == 1
 
 
 def test_study_options_compose_for_the_tasks_stage() -> None:

@@ -126,6 +126,10 @@ class TasksStageConfig(StageConfig):
     study: StudyConfig = MISSING
     kgrid: KGridConfig = MISSING
     inputs: TasksInputs = field(default_factory=TasksInputs)
+    # methods with identical top-k words on every study sample at every k are always warned;
+    # true: the later of each such pair (explain's method order) makes no tasks
+    # (docs/study-design.md#identical-methods)
+    drop_duplicate_methods: bool = False
 
 
 @dataclass

@@ -9,7 +9,9 @@ writes ``tasks.csv``, ``bundles.csv`` and every registered export format
 dir, all logged to MLflow.
 
 Main options: ``inputs.explain``, ``study`` (main, forward, misclassified, smoke), ``kgrid``
-(paper, smoke: the top-k values shown), ``seed``.
+(paper, smoke: the top-k values shown), ``seed``, ``drop_duplicate_methods`` (two methods
+with identical top-k words on every study sample at every k are always warned; true drops
+the later one: docs/study-design.md#identical-methods).
 
 Example::
 
@@ -57,7 +59,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         prob_columns = PROBS.of(preds.columns)
         labels = check_labels(list(cfg.dataset.label_names), explain, prob_columns)
         study = to_schema(StudyConfig, cfg.study)
-        design = build_study(preds, attrs, labels, study, list(cfg.kgrid.ks), where=str(explain))
+        design = build_study(
+            preds,
+            attrs,
+            labels,
+            study,
+            list(cfg.kgrid.ks),
+            where=str(explain),
+            drop_identical=bool(cfg.drop_duplicate_methods),
+        )
         st.tracking.log_methods(design.methods)
         st.write(tables.TASKS, design.tasks)
         st.write(tables.BUNDLES, design.bundles)
@@ -69,7 +79,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         ):
             st.log_file(path)
         st.log_metrics({k: v for k, v in design.info.items() if isinstance(v, int | float)})
+        identical = ",".join(f"{a}={b}" for a, b in design.identical)
         st.tracking.set_tags(
-            {"study": study.name, "target": str(study.target), "methods": ",".join(design.methods)}
-        )
-        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **design.info}
+            {"study": study.name, "target": str(study.target), "methods": ",".join(design.methods),
+             "identical_methods": identical, "dropped_methods": ",".join(design.dropped)}
+        )  # fmt: skip
+        return {
+            "run_dir": str(st.run_dir),
+            "run_id": st.tracking.run_id,
+            **design.info,
+            "identical_methods": design.identical,
+            "dropped_methods": design.dropped,
+        }

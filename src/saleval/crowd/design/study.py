@@ -12,6 +12,7 @@ import pandas as pd
 from saleval.config.crowd import DesignError, StudyConfig
 from saleval.crowd.design.bundles import assign_bundles
 from saleval.crowd.design.checks import assert_design, check_design
+from saleval.crowd.design.duplicates import identical_methods, methods_to_drop
 from saleval.crowd.design.gold import GOLD_METHOD, select_gold
 from saleval.crowd.design.sampling import interleave, select_samples
 from saleval.crowd.design.tasks import build_tasks
@@ -31,6 +32,10 @@ class StudyDesign:
     methods: list[str]
     ks: list[int]
     info: dict[str, Any] = field(default_factory=dict)
+    #: pairs of methods with the same top-k words on every study sample at every k
+    #: (:func:`warn_identical`), and those of them dropped (``drop_identical``)
+    identical: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
 
 def choose_methods(available: Sequence[str], study: StudyConfig, where: str) -> list[str]:
@@ -69,6 +74,38 @@ def warn_whole_texts(tasks: pd.DataFrame, ks: Sequence[int]) -> list[int]:
     return whole
 
 
+def warn_identical(
+    attributions: pd.DataFrame,
+    methods: Sequence[str],
+    ks: Sequence[int],
+    sample_ids: Sequence[str],
+    baseline: str,
+    drop: bool,
+    where: str = "attributions",
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The pairs of ``methods`` whose top-k words agree on every study sample at every k
+    (:func:`saleval.crowd.design.duplicates.identical_methods`, methods in the
+    attributions' order), each warned in one line; and, with ``drop``, the methods
+    dropped for them (:func:`~saleval.crowd.design.duplicates.methods_to_drop`: the later
+    of each pair, never the baseline), also warned. Without ``drop`` nothing is dropped."""
+    order = [str(m) for m in attributions["method"].unique() if m in set(methods)]
+    pairs = identical_methods(attributions, order, ks, sample_ids, where)
+    for a, b in pairs:
+        log.warning(
+            "methods %s and %s give identical top-k words on all %d study samples at every k "
+            "of %s: the crowd would answer the same tasks twice (docs/study-design.md"
+            "#identical-methods); %s",
+            a, b, len(sample_ids), sorted(int(k) for k in ks),
+            "the later one is dropped" if drop else
+            "saleval-tasks drop_duplicate_methods=true drops the later one (or leave one "
+            "out of study.methods)",
+        )  # fmt: skip
+    dropped = methods_to_drop(pairs, order, keep={baseline}) if drop else []
+    if dropped:
+        log.warning("methods dropped from the study as identical to another: %s", dropped)
+    return pairs, dropped
+
+
 def build_study(
     predictions: pd.DataFrame,
     attributions: pd.DataFrame,
@@ -76,14 +113,29 @@ def build_study(
     study: StudyConfig,
     ks: Sequence[int],
     where: str = "explain run",
+    drop_identical: bool = False,
 ) -> StudyDesign:
-    """Samples → tasks → bundles → verified design (docs/study-design.md)."""
+    """Samples → tasks → bundles → verified design (docs/study-design.md).
+
+    Methods with the same top-k words on every drawn sample at every k are warned
+    (:func:`warn_identical`); ``drop_identical`` drops the later of each such pair before
+    the tasks are built (the samples are drawn first, so they are the same either way)."""
     methods = choose_methods(attributions["method"].unique(), study, where)
     ks = sorted({int(k) for k in ks})
     samples = _draw_samples(
         predictions, label_names, study, _eligible(predictions, attributions, methods), where
     )
     n = len(samples)
+    identical, dropped = warn_identical(
+        attributions,
+        methods,
+        ks,
+        samples["sample_id"].astype(str).tolist(),
+        study.baseline,
+        drop_identical,
+        f"{where}: attributions",
+    )
+    methods = [m for m in methods if m not in set(dropped)]
     bundle_size = int(study.bundle_size) if study.bundle_size else n
     tasks = build_tasks(
         samples,
@@ -111,9 +163,11 @@ def build_study(
         "gold_per_bundle": gold_per_bundle,
         "repeats": int(study.repeats),
         "n_all_shown": int(tasks["all_shown"].sum()),
+        "n_identical_pairs": len(identical),
+        "n_dropped_methods": len(dropped),
     }
     log.info("study design: %s", info)
-    return StudyDesign(samples, all_tasks, bundles, methods, ks, info)
+    return StudyDesign(samples, all_tasks, bundles, methods, ks, info, identical, dropped)
 
 
 def _eligible(

@@ -48,7 +48,7 @@ def noisy_shown(
     return np.sort(np.concatenate([kept, rest[add]]))
 
 
-def _word_table(
+def word_table(
     attributions: pd.DataFrame, sample_ids: Sequence[str], methods: Sequence[str], where: str
 ) -> dict[str, dict[str, Any]]:
     """Per sample: its words in order, and each method's ranking over them.
@@ -115,7 +115,7 @@ def build_tasks(
     if not ks or ks[0] < 1:
         raise DesignError(f"the k-grid must hold positive integers, got {list(ks)}")
     ids = samples["sample_id"].astype(str).tolist()
-    words = _word_table(attributions, ids, methods, where)
+    words = word_table(attributions, ids, methods, where)
     rows = []
     for rec in tqdm(
         samples.itertuples(index=False), total=len(samples), desc="tasks", leave=False, disable=None
