@@ -8,15 +8,17 @@ number that can be computed independently on the plain model checked against it.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy.stats import spearmanr
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from saleval.attribution import AttributionError, Texts, build_method
+from saleval.attribution import AttributionError, Texts, build_method, explain_frame
 from saleval.attribution.gradient import EmbeddingForward
 from saleval.modeling import inference
 from saleval.modeling.interface import (
@@ -28,7 +30,7 @@ from saleval.modeling.interface import (
 )
 from saleval.modeling.models import align_labels, load_trained
 from saleval.pipeline import tables
-from saleval.testing.families import FAMILIES, POSITIONS
+from saleval.testing.families import FAMILIES, FFN, HEADS, HIDDEN, INIT, LAYERS, POSITIONS
 from saleval.words import segment, token_to_word_scores
 
 ALL = sorted(FAMILIES)
@@ -249,6 +251,71 @@ def test_decoder_attention_is_not_a_position_ramp(family, family_checkpoints) ->
     assert rho_all < -0.7, rho_all
     with pytest.raises(AttributionError, match="query: cls reads row 0.*query: output"):
         build_method({"kind": "all_attention", "query": "cls"}).attribute(model, tok, segs, targets)
+
+
+def test_the_decoder_query_warning_is_logged_once_per_run(
+    family_checkpoints, caplog, monkeypatch
+) -> None:
+    """``query: all`` on a decoder is warned when the method is prepared, which happens
+    for every method built and again for every call that attributes (the explain stage
+    met it six times a run); the run's log says it once per model class."""
+    from saleval import errors
+    from saleval.attribution.attention import resolve_query
+
+    monkeypatch.setattr(errors, "_WARNED", set())  # what this process warned before
+    model, tok = _load(family_checkpoints["gpt2"])
+    segs = [segment(t, tok, 64) for t in TEXTS[:3]]
+    frame = pd.DataFrame({"sample_id": ["a", "b", "c"], "text": TEXTS[:3]})
+    methods = {kind: {"kind": kind, "query": "all"} for kind in ("all_attention", "last_attention")}
+    with caplog.at_level(logging.WARNING, logger="saleval.attribution.attention"):
+        for kind in methods:
+            for _ in range(2):
+                build_method(methods[kind]).attribute(model, tok, segs, [0, 1, 0])
+        explain_frame(model, tok, frame, methods)
+        resolve_query("all", "last", type(model).__name__)
+    said = [r for r in caplog.records if "query: all on GPT2ForSequenceClassification" in r.message]
+    assert len(said) == 1, [r.message for r in said]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="saleval.attribution.attention"):
+        resolve_query("all", "last", "LlamaForSequenceClassification")  # another model class
+    assert len(caplog.records) == 1 and "LlamaForSequenceClassification" in caplog.messages[0]
+
+
+def _tiny_bert(tok):
+    """A random BERT classifier at the families' sizes: its pooler's ``nn.Tanh`` is the one
+    non-linearity Captum's DeepLIFT has a rule for (docs/methods.md#deeplift)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    conf = BertConfig(vocab_size=len(tok), hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, intermediate_size=FFN,
+                      max_position_embeddings=POSITIONS, initializer_range=INIT,
+                      pad_token_id=tok.pad_token_id, num_labels=2)  # fmt: skip
+    return BertForSequenceClassification(conf).eval()
+
+
+@pytest.mark.parametrize("family", [*DECODERS, "bert"])
+def test_deeplift_is_input_x_gradient_where_captum_has_no_rule(family, family_checkpoints):
+    """The table of docs/methods.md#deeplift: Captum's DeepLIFT rescales only at the
+    ``torch.nn`` non-linearities it knows; GPT-2 (``NewGELUActivation``) and Llama (SiLU)
+    have none, so from the zero baseline DeepLIFT is input × gradient to float rounding.
+    BERT's pooler ``Tanh`` is rescaled, and there the two differ."""
+    if family == "bert":  # BERT's tokenizer kind: WordPiece, as DistilBERT's
+        tok = _load(family_checkpoints["distilbert"])[1]
+        model = _tiny_bert(tok)
+    else:
+        model, tok = _load(family_checkpoints[family])
+    segs = [segment(t, tok, 64) for t in TEXTS]
+    targets = [i % 2 for i in range(len(segs))]
+    dl = build_method({"kind": "deeplift"}).attribute(model, tok, segs, targets)
+    ixg = build_method({"kind": "input_x_gradient"}).attribute(model, tok, segs, targets)
+    scale = max(float(np.abs(x).max()) for x in ixg)
+    gap = max(float(np.abs(a - b).max()) for a, b in zip(dl, ixg))
+    assert scale > 1e-3, "scores of zero would make the comparison vacuous"
+    if family == "bert":
+        assert gap > 0.01 * scale, (gap, scale)
+    else:
+        assert gap <= 1e-5 * scale, (gap, scale)
 
 
 @pytest.mark.parametrize("family", DECODERS)

@@ -434,3 +434,33 @@ def test_the_prefix_cache_benchmark_runs_at_smoke_size(capsys) -> None:
     assert prefix_cache.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "| occlusion |" in out and "| lime |" in out and "Largest logit difference" in out
+
+
+def test_a_label_word_merging_with_the_prompt_is_warned_once(caplog, monkeypatch) -> None:
+    """Every stage that loads a prompted model finds its label words' tokens again; the
+    word that merges with the prompt's last token is warned once per process."""
+    from types import SimpleNamespace
+
+    from saleval import errors
+    from saleval.modeling import prompts
+
+    monkeypatch.setattr(errors, "_WARNED", set())
+
+    def base(text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        """One id per character, except that a word after the prompt merges with its
+        last character ("d" of "Hello world" becomes id 0)."""
+        ids = [ord(c) for c in text]
+        if text.startswith("Hello world") and len(text) > len("Hello world"):
+            ids[len("Hello world") - 1] = 0
+        return {"input_ids": ids}
+
+    def render(text: str) -> str:
+        return text
+
+    tok = SimpleNamespace(base=base, render=render, spec=SimpleNamespace(add_special_tokens=False))
+    with caplog.at_level("WARNING", logger=prompts.__name__):
+        for _ in range(3):
+            ids = prompts.label_token_ids(tok, [["ab"], ["cd"]])  # type: ignore[arg-type]
+    assert ids == [[[97, 98]], [[99, 100]]]
+    said = [m for m in caplog.messages if "merges with the prompt's last token" in m]
+    assert len(said) == 2 and "'ab'" in said[0] and "'cd'" in said[1], said

@@ -12,6 +12,10 @@ A process told to stop from outside is neither: :class:`Stopped`, which
 :func:`sigterm_raises` raises, the one way a SIGTERM becomes an exception here (the SLURM
 job, the explain job across its ranks, the annotation server).
 
+A warning about a setting, which a user can act on but which does not stop the run, is
+said once per process (:func:`warn_once`), however many batches, methods or model loads
+meet it.
+
 >>> from saleval.pipeline.input_paths import InputError
 >>> issubclass(InputError, UserError) and issubclass(InputError, ValueError)
 True
@@ -20,6 +24,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -37,6 +42,34 @@ class Stopped(BaseException):
     SIGTERM). A ``BaseException``, like ``KeyboardInterrupt``, so no ``except Exception``
     on the way swallows it: the stage that runs ends its run as KILLED, not FAILED
     (docs/scale-out.md, *When a job dies*)."""
+
+
+#: the warnings :func:`warn_once` has logged in this process: (logger, message, arguments)
+_WARNED: set[tuple[str, ...]] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_once(logger: logging.Logger, msg: str, *args: object) -> bool:
+    """``logger.warning(msg, *args)`` the first time this process meets that logger,
+    message and arguments; afterwards nothing. True when it logged.
+
+    For a warning about a setting that the code meets on every batch, method or model
+    load (a decoder's attention query, a label word's tokens): the run's log says it
+    once. Different arguments (another model class, another word) are another warning.
+
+    >>> log = logging.getLogger("saleval.doctest_warn_once")
+    >>> [warn_once(log, "query %s on %s", "all", "GPT2") for _ in range(3)]
+    [True, False, False]
+    >>> warn_once(log, "query %s on %s", "all", "Llama")
+    True
+    """
+    key = (logger.name, msg, *(repr(a) for a in args))
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return False
+        _WARNED.add(key)
+    logger.warning(msg, *args)
+    return True
 
 
 def _stopped(signum: int) -> BaseException:

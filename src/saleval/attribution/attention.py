@@ -35,6 +35,7 @@ from saleval.attribution.base import (
     one_of,
     register,
 )
+from saleval.errors import warn_once
 from saleval.modeling.inference import BF16, autocast, parse_bf16, use_bf16
 from saleval.modeling.interface import Reads, classifier_reads, read_weights
 
@@ -125,7 +126,8 @@ def resolve_query(query: str, reads: Reads, model_class: str, warn: bool = True)
     """The query rows ``query`` means for a classifier that reads ``reads``.
 
     ``auto`` is ``all`` for an encoder and ``output`` for a decoder (``reads == "last"``);
-    ``cls`` on a decoder is an error: its row 0 sees only itself.
+    ``cls`` on a decoder is an error: its row 0 sees only itself; ``all`` on a decoder is
+    warned (with ``warn``), once per model class and process (:func:`saleval.errors.warn_once`).
 
     >>> resolve_query("auto", "first", "BertForSequenceClassification")
     'all'
@@ -142,8 +144,9 @@ def resolve_query(query: str, reads: Reads, model_class: str, warn: bool = True)
             "classified from its last non-pad token) attends only to itself: use query: output "
             "(the row the classifier reads) or auto"
         )
-    if query == "all" and decoder and warn:
-        log.warning(
+    if query == "all" and decoder and warn:  # once per model class and process
+        warn_once(
+            log,
             "query: all on %s (a decoder): under its causal mask, averaging every query row "
             "ranks words by position; query: output reads the row the classifier reads",
             model_class,

@@ -23,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 
 from saleval.config.model import PromptConfig
-from saleval.errors import UserError
+from saleval.errors import UserError, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,8 @@ def label_token_ids(
                 ids = full[len(head) :]
             else:
                 ids = list(base(word, add_special_tokens=False)["input_ids"])
-                log.warning(
+                warn_once(  # once per word: every stage loading the model meets it
+                    log,
                     "label word %r merges with the prompt's last token; scoring its own "
                     "tokens %s (end the template with a space or newline to avoid this)",
                     word, ids,
