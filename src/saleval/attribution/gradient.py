@@ -417,7 +417,10 @@ class DeepLiftMethod(_BaselineMethod):
     so all of those pass *plain gradients* evaluated at the input. The result is
     therefore DeepLIFT-rescale at the pooler and gradient×(x − baseline) elsewhere —
     not an exact DeepLIFT, and its summation-to-delta property holds only
-    approximately (the deltas land in ``diagnostics["convergence_delta"]``).
+    approximately (the deltas land in ``diagnostics["convergence_delta"]``). The other
+    families (RoBERTa, DeBERTa-v2, DistilBERT, ELECTRA, ModernBERT, GPT-2, Llama) have no
+    such module at all, so there DeepLIFT from the ``zero`` baseline is input × gradient
+    (the per-family table: docs/methods.md#deeplift).
     """
 
     def token_scores(self, texts: Texts) -> torch.Tensor:
