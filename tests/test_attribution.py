@@ -82,6 +82,8 @@ SMALL = {
     "occlusion": {},
     "captum_lime": {"n_samples": 10, "perturbations_per_eval": 10},
 }
+#: methods that need a prompted LLM, tested in tests/test_prompted.py
+PROMPTED_ONLY = {"self_explain"}
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,12 @@ def test_registry_covers_every_method_and_config() -> None:
     from saleval import paths
 
     options = {p.stem for p in (paths.conf_dir() / "method").glob("*.yaml")}
-    assert set(SMALL) == set(REGISTRY) == options
+    assert set(SMALL) | PROMPTED_ONLY == set(REGISTRY) == options
+
+
+def test_self_explain_on_a_fine_tuned_classifier_is_one_line(model, tok, segs) -> None:
+    with pytest.raises(AttributionError, match=r"^self_explain asks .* needs a prompted LLM"):
+        attribute_words(model, tok, segs, _targets(len(segs)), {"kind": "self_explain"})
 
 
 def test_what_a_method_is_is_declared_where_it_registers() -> None:
