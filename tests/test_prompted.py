@@ -19,7 +19,7 @@ import torch
 from saleval.attribution import Texts, build_method
 from saleval.attribution.gradient import EmbeddingForward
 from saleval.config.model import ModelConfig, PromptConfig
-from saleval.modeling import inference, prompted
+from saleval.modeling import inference, prompted, prompts
 from saleval.modeling.interface import classifier_reads
 from saleval.modeling.models import load_trained
 from saleval.pipeline import tables
@@ -266,7 +266,7 @@ def test_train_explain_tasks_and_metrics_on_a_prompted_model(causal_checkpoints,
                            "tracking.log_model=false", *common], name="p-train")  # fmt: skip
     out = train.run(t)
     train_dir = Path(out["run_dir"])
-    saved = json.loads((train_dir / "model" / prompted.PROMPT_FILE).read_text())
+    saved = json.loads((train_dir / "model" / prompts.PROMPT_FILE).read_text())
     assert len(saved["shots"]) == 2 and saved["chat"] is True
     assert 0.0 <= json.loads((train_dir / "metrics.json").read_text())["test_accuracy"] <= 1.0
     e = make_cfg("explain", [f"inputs.model={train_dir}", "data.n_samples=8", "progress=false",
@@ -312,7 +312,7 @@ def test_explain_straight_from_the_lm_directory(causal_checkpoints, make_cfg) ->
                              "method=[integrated_gradients,occlusion]", "view.samples=1"],
                  name="p-direct")  # fmt: skip
     run_dir = Path(explain.run(e)["run_dir"])
-    assert (run_dir / "model" / prompted.PROMPT_FILE).is_file()
+    assert (run_dir / "model" / prompts.PROMPT_FILE).is_file()
     info = json.loads((run_dir / "run.json").read_text())
     assert info["provenance"]["model"] == "tiny-llama-prompted"
     preds = tables.PREDICTIONS.read(run_dir)
@@ -395,7 +395,7 @@ def test_saleval_run_smoke_profile_on_a_prompted_model(causal_checkpoints, tmp_p
             "run", ["profile=prompted_smoke", f"profile.params.lm={lm}"], tmp_path / "run"
         ))  # fmt: skip
     dirs = {k: Path(v["run_dir"]) for k, v in summary["stages"].items()}
-    assert (dirs["train"] / "model" / prompted.PROMPT_FILE).is_file()
+    assert (dirs["train"] / "model" / prompts.PROMPT_FILE).is_file()
     scored = tables.METRICS.read(dirs["metrics"])
     assert "self_explain" in set(scored["method"])
     preds = tables.PREDICTIONS.read(dirs["explain"])

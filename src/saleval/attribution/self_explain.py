@@ -119,7 +119,8 @@ class SelfExplain(Attributor):
         self.max_new_tokens = int(max_new_tokens)
 
     def prepare(self, model: Any, tokenizer: Any) -> None:
-        from saleval.modeling.prompted import PromptedClassifier, PromptTokenizer
+        from saleval.modeling.prompted import PromptedClassifier
+        from saleval.modeling.prompts import PromptTokenizer
 
         if not isinstance(model, PromptedClassifier) or not isinstance(tokenizer, PromptTokenizer):
             raise AttributionError(

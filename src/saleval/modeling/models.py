@@ -285,9 +285,9 @@ def load_trained(
     ``eager`` attention is the default because attention methods read
     ``output_attentions`` and the sdpa kernels return none.
     """
-    from saleval.modeling import prompted
+    from saleval.modeling import prompted, prompts
 
-    if prompted.prompt_dir(source) is not None:  # a prompted LLM (docs/data-and-models.md)
+    if prompts.prompt_dir(source) is not None:  # a prompted LLM (docs/data-and-models.md)
         return cast(
             tuple[PreTrainedModel, PreTrainedTokenizerFast],
             prompted.load(source, attn_implementation),

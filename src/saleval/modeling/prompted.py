@@ -45,25 +45,10 @@ from saleval.modeling.prompts import (
     PromptError,
     PromptSpec,
     PromptTokenizer,
-    describe,
     label_token_ids,
     prompt_dir,
     spec_of,
 )
-
-__all__ = [
-    "PROMPT_FILE",
-    "PromptError",
-    "PromptSpec",
-    "PromptTokenizer",
-    "PromptedClassifier",
-    "build",
-    "describe",
-    "from_spec",
-    "load",
-    "prompt_dir",
-]
-
 
 # ---------------------------------------------------------------------------------------
 # the classifier

@@ -227,7 +227,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     from saleval.analysis import views
     from saleval.attribution import explain_frame, method_name
-    from saleval.modeling import prompted
+    from saleval.modeling import prompted, prompts
     from saleval.modeling.inference import compute_device, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import MODEL_DIR, align_labels, checkpoint_name, load_trained
@@ -249,7 +249,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inherits = ("dataset", "model")
     with Stage(cfg, "explain", inputs, tags=tags, inherits=inherits, requires=["dataset"]) as st:
         data = load_dataset(cfg.dataset)
-        if checkpoint and prompting and prompted.prompt_dir(checkpoint) is None:
+        if checkpoint and prompting and prompts.prompt_dir(checkpoint) is None:
             # a causal LM prompted to classify, built here; its prompt is kept with the run
             # so that the metrics (and anyone) rebuild exactly this classifier
             model, tokenizer, pspec = prompted.build(
@@ -261,8 +261,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             model, tokenizer = load_trained(st.inputs["model"] if run else str(checkpoint))
             if checkpoint:
                 st.provide(model=checkpoint_name(checkpoint))
-        if isinstance(tokenizer, prompted.PromptTokenizer):
-            st.tracking.set_tags(prompted.describe(tokenizer.spec))
+        if isinstance(tokenizer, prompts.PromptTokenizer):
+            st.tracking.set_tags(prompts.describe(tokenizer.spec))
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
         trained = st.inputs.parent_provenance["model"].max_length if run else None
@@ -323,7 +323,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if not st.is_main:  # DDP rank > 0 (torchrun, srun): same tables; rank 0 writes them
             return {"run_dir": str(st.run_dir), "run_id": None, "n_samples": len(df)}
         predictions["split"] = str(cfg.data.split)
-        if isinstance(tokenizer, prompted.PromptTokenizer):  # the exact prompt of each text
+        if isinstance(tokenizer, prompts.PromptTokenizer):  # the exact prompt of each text
             predictions["prompt"] = [
                 tokenizer.encode_text(str(t), max_length).prompt for t in predictions["text"]
             ]

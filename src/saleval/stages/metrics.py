@@ -230,7 +230,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.metrics.faithfulness import evaluate, explanations_from_tables, summarize
     from saleval.modeling.inference import use_bf16
     from saleval.modeling.models import align_labels, checkpoint_name, load_trained
-    from saleval.modeling.prompted import prompt_dir
+    from saleval.modeling.prompts import prompt_dir
 
     # a bad key fails before any run starts; metrics.plugins (a user's own metrics) are
     # imported first, so they register themselves and their settings

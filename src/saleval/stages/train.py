@@ -59,13 +59,13 @@ def run_prompted(cfg: DictConfig) -> dict[str, Any]:
     are (docs/data-and-models.md#prompted-llms)."""
     import torch
 
-    from saleval.modeling import prompted
+    from saleval.modeling import prompted, prompts
     from saleval.modeling.inference import compute_device, forward_logits, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import MODEL_DIR, checkpoint_name
 
     if not cfg.model.get("pretrained"):
-        raise prompted.PromptError(
+        raise prompts.PromptError(
             "model=prompted needs model.pretrained: the directory (or hub id) of a causal LM"
         )
     if cfg.model.name == "prompted":  # the run's model is the LM it prompts
@@ -79,7 +79,7 @@ def run_prompted(cfg: DictConfig) -> dict[str, Any]:
         )
         max_length = effective_max_length(int(cfg.model.max_length), model, tok)
         st.provide(max_length=max_length)
-        st.tracking.set_tags({**model_tags(model, tok), **prompted.describe(spec)})
+        st.tracking.set_tags({**model_tags(model, tok), **prompts.describe(spec)})
         if single_device(cfg.trainer):
             torch.nn.Module.to(model, compute_device(cfg.trainer))
         accuracy = {}
