@@ -255,16 +255,61 @@ def test_a_real_full_disk_is_one_line(tmp_path: Path, mlflow_uri: str) -> None:
 SECRET = "s3cret-Pa55word"
 
 
-def test_a_password_in_a_setting_is_refused_before_anything_is_written(
+@pytest.mark.parametrize(
+    ("uri", "shown", "what"),
+    [
+        (f"http://lab-jobs:{SECRET}@h:9", "http://lab-jobs:***@h:9", "a password"),
+        (f"https://{SECRET}@h:9/", "https://***@h:9/", "a user-info"),
+        (f"http://h:9/?token={SECRET}&x=1", "http://h:9/?token=***&x=1", "query parameter 'token'"),
+        (f"http://h:9/?x=1&API_KEY={SECRET}", "http://h:9/?x=1&API_KEY=***", "'API_KEY'"),
+        (
+            f"http://h:9/mlflow;key={SECRET}/x",
+            "http://h:9/mlflow;key=***/x",
+            "path parameter 'key'",
+        ),
+        (f"http://h:9/#access_token={SECRET}", "http://h:9/#access_token=***", "fragment"),
+        (f"s3://b/x?X-Amz-Signature={SECRET}", "s3://b/x?X-Amz-Signature=***", "'X-Amz-Signature'"),
+        (f"postgresql://mlflow:{SECRET}@db/m", "postgresql://mlflow:***@db/m", "a password"),
+    ],
+)
+def test_every_secret_in_a_url_is_masked_and_refused(uri: str, shown: str, what: str) -> None:
+    line = tracking_health.secret_problem("tracking.uri", uri)
+    assert line is not None and SECRET not in line
+    assert line.startswith(f"tracking.uri={shown} holds ") and what in line.split(", which")[0]
+    assert tracking_health.redact(f"uri: '{uri}' again {uri}") == f"uri: '{shown}' again {shown}"
+    fixed = line.split(" pass tracking.uri=")[1].split(" and ")[0]  # the value to pass instead
+    assert tracking_health.secret_problem("tracking.uri", fixed) is None, fixed
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "sqlite:///outputs/mlflow.db",
+        "postgresql://mlflow@db:5432/m?sslmode=require&passfile=/home/u/.pgpass",
+        "http://mlflow.lab:5000/?view=runs&experiment=3",
+        "file:///tmp/mlruns",
+    ],
+)
+def test_a_url_without_a_secret_is_left_alone(uri: str) -> None:
+    assert tracking_health.secret_problem("tracking.uri", uri) is None
+    assert tracking_health.redact(uri) == uri
+
+
+def test_a_secret_in_a_setting_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
     uri = f"http://lab-jobs:{SECRET}@127.0.0.1:9/"
+    token = f"http://127.0.0.1:9/?token={SECRET}"
     given = [f"paths.output_root={out}", *SCORE]
     cases = {
         "override": script("score", *given, f"tracking.uri={uri}"),
         "sweep": script("score", "-m", *given, f"tracking.uri={uri}", "seed=1,2"),
         "environment": script("score", *given, env={"MLFLOW_TRACKING_URI": uri}),
+        # the token forms, as an override, under -m and in the environment
+        "token override": script("score", *given, f"tracking.uri={token}"),
+        "token sweep": script("score", "-m", *given, f"tracking.uri={token}", "seed=1,2"),
+        "token environment": script("score", *given, env={"MLFLOW_TRACKING_URI": token}),
     }
     conf = tmp_path / "conf" / "tracking"
     conf.mkdir(parents=True)
@@ -275,9 +320,13 @@ def test_a_password_in_a_setting_is_refused_before_anything_is_written(
     for case, done in cases.items():
         assert done.returncode != 0, case
         assert SECRET not in done.stdout + done.stderr, case
-        lines = [ln for ln in done.stderr.splitlines() if "holds a password" in ln]
+        lines = [ln for ln in done.stderr.splitlines() if " holds " in ln]
         assert len(lines) == 1, (case, done.stderr[-2000:])
-        assert "lab-jobs:***@127.0.0.1:9" in lines[0] and "MLFLOW_TRACKING_PASSWORD" in lines[0]
+        if case.startswith("token"):
+            assert "127.0.0.1:9/?token=***" in lines[0] and "query parameter 'token'" in lines[0]
+        else:
+            assert "lab-jobs:***@127.0.0.1:9" in lines[0] and "holds a password" in lines[0]
+        assert "MLFLOW_TRACKING_PASSWORD" in lines[0]
     leaked = [
         p for p in tmp_path.rglob("*") if p.is_file() and SECRET in p.read_text(errors="ignore")
     ]
@@ -285,6 +334,9 @@ def test_a_password_in_a_setting_is_refused_before_anything_is_written(
     # the API's way in: a stage run from Python refuses it too
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(tracking_health.TrackingError, match=r"lab-jobs:\*\*\*@"):
+        tracking.tracking_uri(None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", token)
+    with pytest.raises(tracking_health.TrackingError, match=r"\?token=\*\*\*"):
         tracking.tracking_uri(None)
 
 
@@ -342,7 +394,73 @@ def test_a_server_that_does_not_answer_at_the_start_is_one_line_within_the_wait(
     )
     assert "tracking.wait_s=<seconds>" in lines[0] and "saleval-catch-up" in lines[0]
     assert took < 60  # not MLflow's minutes of retries (measured under load: about 10 s)
-    assert not list((tmp_path / "out").rglob("run.json"))  # nothing was started
+    assert not list((tmp_path / "out").rglob("*")), "a refused run leaves no stub dir"
+
+
+def test_a_sweep_whose_store_is_down_is_refused_before_submitting(tmp_path: Path) -> None:
+    """The Ray launcher (on this machine) asks the store before it starts Ray or submits a
+    job: one line within tracking.wait_s + 10 s, and no sweep dir left (docs/tracking.md)."""
+    pytest.importorskip("ray")
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    done = script(
+        "score", "-m", "hydra/launcher=ray", *SCORE, f"tracking.uri={url}", "tracking.wait_s=3",
+        f"paths.output_root={tmp_path / 'out'}", "seed=1,2",
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith(
+        f"saleval-score: the tracking store {url} did not answer within 3 s (connection refused)"
+    )
+    assert lines[0].endswith("; nothing was submitted")
+    assert "Ray" not in done.stdout, done.stdout[-2000:]  # Ray was never started
+    assert took < 3 + 10 + 15, took  # the wait, plus the command's own start (imports)
+    assert not list((tmp_path / "out").rglob("*")), "no sweep dir is left behind"
+
+
+def test_mlflows_retries_fit_in_the_wait() -> None:
+    """Each call: (retries + 1) tries of the timeout, plus pauses of 1, 2, 4... s."""
+    for wait in (1, 5, 7, 15, 60, 600):
+        bounds = tracking_health.request_bounds(wait)
+        n = int(bounds["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])
+        timeout = int(bounds["MLFLOW_HTTP_REQUEST_TIMEOUT"])
+        assert bounds["MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"] == "0"
+        pauses = sum(int(bounds["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]) * 2**i for i in range(n))
+        assert (n + 1) * timeout + pauses <= max(wait, 1), (wait, bounds)
+        assert timeout >= min(wait, (wait - 3) // 3), (wait, bounds)  # not needlessly short
+
+
+def test_a_damaged_run_json_on_an_input_is_one_line(tmp_path: Path) -> None:
+    explain = make_explain_run(tmp_path / "explain", *_frames())
+    record = explain / "run.json"
+    record.write_text(record.read_text()[:200])  # cut short, as by a full disk or a copy
+    done = script("tasks", f"inputs.explain={explain}", f"paths.output_root={tmp_path / 'o'}")
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[0].startswith(f"saleval-tasks: {record} is damaged (cut short: "), lines[0]
+    assert "rerun that stage" in lines[0]
+    record.write_text("[1, 2]")  # whole JSON, but not a record
+    with pytest.raises(run_record.DamagedRecordError, match="a JSON list, not an object"):
+        run_record.RunRecord.read(explain)
+
+
+def test_latest_pointing_at_a_deleted_run_says_so(tmp_path: Path) -> None:
+    from saleval.pipeline.input_paths import input_path_problem, latest_link
+
+    link = latest_link(tmp_path, "explain")
+    link.parent.mkdir(parents=True)
+    line = input_path_problem("explain", "latest", tmp_path)
+    assert line is not None and "no saleval-explain run has finished there yet" in line
+    gone = tmp_path / "explain" / "2026-12-07" / "10-00-00"
+    link.symlink_to(gone, target_is_directory=True)
+    line = input_path_problem("explain", "latest", tmp_path)
+    assert line == (
+        f"inputs.explain=latest: {link} points at {gone}, which no longer exists (deleted or "
+        "moved): pass a run dir, or rerun saleval-explain"
+    )
 
 
 def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(

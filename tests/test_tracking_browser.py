@@ -8,9 +8,9 @@ expanding it shows one child row per method, named ``<method> · compare``; addi
 equal to ``comparison.csv``'s. Rows are found by their ``row-id``, which MLflow's grid sets
 to the run id, and cells by their ``col-id`` (``attributes.`Run Name```,
 ``metrics.`human_score```): the names of MLflow's own DOM, the one thing here that may
-need updating with a new MLflow release. The page is filtered to ``tags.stage =
-'compare'`` first, so the rows sought are on the first page whatever other tests of the
-session logged to the same store.
+need updating with a new MLflow release. The page is filtered to this pipeline's compare runs first
+(``pipeline_window``): the grid renders only the rows in view, so the rows sought must be
+among the first whatever other tests of the session logged to the same store.
 """
 
 from __future__ import annotations
@@ -70,12 +70,24 @@ def mlflow_server(uri: str, log: Path) -> Iterator[str]:
             stop(proc)
 
 
+def pipeline_window(client: MlflowClient, parent_id: str) -> str:
+    """The search that lists the compare runs of this pipeline and no other. The grid renders
+    only the rows in view, so a filter that matched every compare run of the session (dozens,
+    newest first) could leave this pipeline's row unrendered, below the fold; the tests run
+    one after another, so the pipeline's start and end bound its own runs."""
+    info = client.get_run(parent_id).info
+    return (
+        f"tags.stage = 'compare' and attributes.start_time >= {info.start_time}"
+        f" and attributes.start_time <= {info.end_time}"
+    )
+
+
 def name_cell(page: Any, run_id: str) -> Any:
     return page.locator(f'[role=row][row-id="{run_id}"] [{NAME}]')
 
 
 def walk_runs_table(
-    page: Any, parent_id: str, compare: Any, children: pd.Series, human: pd.Series
+    page: Any, query: str, parent_id: str, compare: Any, children: pd.Series, human: pd.Series
 ) -> None:
     """What a researcher does and sees, from the opened link to the human_score column."""
     # the runs table, not the GenAI traces page
@@ -86,7 +98,7 @@ def walk_runs_table(
     if close.count():
         close.first.click()
     search = page.get_by_placeholder(re.compile("metrics"))
-    search.fill("tags.stage = 'compare'")
+    search.fill(query)
     search.press("Enter")
 
     # the pipeline's run, expanded, lists the compare run by name; expanded, its methods
@@ -131,6 +143,9 @@ def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
     assert len(children) == len(human) == 9
     printed = PRINTED.findall(smoke_pipeline.out)
     assert printed, "saleval-run printed no link to the runs table"
+    query = pipeline_window(client, parent_id)
+    found = client.search_runs([compare.info.experiment_id], query, max_results=1000)
+    assert sorted(r.info.run_id for r in found) == sorted([compare.info.run_id, *children])
 
     with (
         mlflow_server(mlflow_uri, tmp_path / "mlflow_server.log") as base,
@@ -144,7 +159,7 @@ def test_runs_table_lists_the_compare_run_with_one_child_row_per_method(
         page.goto(base + printed[-1].split("&" + VIEW_PARAM)[0])
         shot = tmp_path / "mlflow_runs.png"
         try:
-            walk_runs_table(page, parent_id, compare, children, human)
+            walk_runs_table(page, query, parent_id, compare, children, human)
         finally:  # on a failure too: what the page showed
             page.screenshot(path=str(shot), full_page=True)
             browser.close()

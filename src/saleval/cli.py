@@ -227,6 +227,20 @@ def refuse_secrets(cfg: DictConfig, scrub: bool = False) -> None:
     raise tracking_health.TrackingError(problem)
 
 
+def _remove_stub(cfg: DictConfig) -> None:
+    """A job refused before its stage started leaves no dir of Hydra's files behind
+    (:func:`saleval.pipeline.run_outputs.remove_stub`)."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from saleval.pipeline.run_outputs import remove_stub
+
+    if HydraConfig.initialized():
+        root = OmegaConf.select(cfg, "paths.output_root", default=None)
+        remove_stub(Path(HydraConfig.get().runtime.output_dir), root)
+
+
 def _scrub_hydra_files() -> None:
     """Take passwords out of the files Hydra wrote for this job (``.hydra/*.yaml``, a
     sweep's ``multirun.yaml``)."""
@@ -299,6 +313,7 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
             if line is None:
                 raise
             message = f"saleval-{config_name}: {line}"
+            _remove_stub(cfg)
             if _multirun():
                 raise JobFailed(message) from err
             print(message, file=sys.stderr, flush=True)

@@ -53,7 +53,6 @@ from lightning.pytorch.strategies.launchers import (
     _MultiProcessingLauncher,
     _SubprocessScriptLauncher,
 )
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
@@ -62,6 +61,7 @@ from saleval.errors import sigterm_raises
 from saleval.modeling.inference import n_labels_of, predict_proba
 from saleval.modeling.interface import check_padding
 from saleval.modeling.models import label_names_of
+from saleval.progress import bar
 from saleval.vocab import PROBS, Target
 from saleval.words import Segmentation, segment
 
@@ -142,7 +142,7 @@ def _phase(
     done: list[tuple[int, list[Any], dict[str, list[float]]]] = []
     error: Exception | None = None
     try:
-        for b in tqdm(
+        for b in bar(
             range(rank, len(batches), world),
             desc=desc,
             disable=not progress or rank != 0,
@@ -368,7 +368,7 @@ def explain_frame(
     label_names = label_names_of(model)
     segs: list[Segmentation] = [
         segment(t, tokenizer, max_length)
-        for t in tqdm(texts, desc="segment", disable=not progress, leave=False)
+        for t in bar(texts, desc="segment", disable=not progress, leave=False)
     ]
     attributors: list[tuple[str, Attributor]] = []
     seen: dict[str, str] = {}

@@ -24,10 +24,10 @@ from typing import Any, Literal, cast
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
+from saleval.progress import bar
 
 
 def n_labels_of(model: PreTrainedModel) -> int:
@@ -384,7 +384,7 @@ def _forward_logits(
     batches = list(length_batches(lengths, max_tokens, max_batch))
     bf16 = use_bf16(device, bf16)  # resolve `auto` once, not per batch
     with attention_implementation(model, "sdpa"), cls_only_last_layer(model):
-        for idx in tqdm(batches, desc=desc, disable=not progress, leave=False):
+        for idx in bar(batches, desc=desc, disable=not progress, leave=False):
             count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
             ids, mask = feed.pad([sequences[i] for i in idx], device)
             with autocast(device, bf16):

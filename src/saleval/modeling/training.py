@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from transformers.optimization import get_linear_schedule_with_warmup
 
+from saleval import progress
 from saleval.config.trainer import LoaderConfig, TrainerConfig
 from saleval.modeling.interface import ModelInterface, basic_interface
 from saleval.schema import to_schema
@@ -330,6 +331,30 @@ class MlflowEpochLogger(Callback):
         self._log(trainer)
 
 
+class EpochLines(Callback):
+    """One plain log line per epoch where stderr is not a terminal (a job's log), in place
+    of Lightning's bar, whose redraws a file would keep (:mod:`saleval.progress`)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank != 0:
+            return
+        keys = MlflowEpochLogger.KEYS
+        vals = [
+            f"{keys[k]} {float(v):.4f}" for k, v in trainer.callback_metrics.items() if k in keys
+        ]
+        progress.log.info(
+            progress.line(
+                f"epoch ({', '.join(sorted(vals))})" if vals else "epoch",
+                trainer.current_epoch + 1,
+                trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
+                time.perf_counter() - self.t0,
+            )
+        )
+
+
 def trainer_config(cfg: TrainerConfig | Mapping[str, Any] | Any) -> TrainerConfig:
     """A ``conf/trainer`` node as the typed :class:`TrainerConfig` (unknown keys fail).
 
@@ -416,8 +441,11 @@ def fit(
         EarlyStopping(monitor="val_acc", mode="max", patience=tc.early_stopping.patience),
         MlflowEpochLogger(log_metrics),
     ]
-    if tc.progress_bar:
+    bar = tc.progress_bar and progress.interactive()  # a file gets one line per epoch
+    if bar:
         callbacks.append(TQDMProgressBar(refresh_rate=tc.progress_refresh))
+    elif tc.progress_bar:
+        callbacks.append(EpochLines())
     opt = tc.optimizer
     module = SequenceClassifier(
         model,
@@ -443,7 +471,7 @@ def fit(
         default_root_dir=str(workdir),
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        enable_progress_bar=tc.progress_bar,
+        enable_progress_bar=bar,
         # length-grouped batches shard themselves across processes (LengthGroupedBatches)
         use_distributed_sampler=not data.length_grouped,
     )

@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from saleval.pipeline import slurm_state
 from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.tracking_health import redact
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def end_dead_runs(client: MlflowClient | None = None) -> list[str]:
             max_results=10_000,
         )
     except mlflow.exceptions.MlflowException as err:  # a store that refuses the search
-        log.warning("could not look for runs whose process died: %s", err)
+        log.warning("could not look for runs whose process died: %s", redact(str(err)))
         return []
     dead = [
         r
@@ -167,7 +168,7 @@ def _end_ended_slurm_jobs(client: MlflowClient, exps: list[str]) -> list[str]:
             max_results=10_000,
         )
     except mlflow.exceptions.MlflowException as err:
-        log.warning("could not look for runs whose SLURM job ended: %s", err)
+        log.warning("could not look for runs whose SLURM job ended: %s", redact(str(err)))
         return []
     if not running:
         return []

@@ -69,6 +69,11 @@ def input_path_problem(name: str, spec: str, output_root: str | Path) -> str | N
         link = latest_link(output_root, stage)
         if link.exists():
             return None
+        if link.is_symlink():  # its run dir was deleted (or moved) after it finished
+            return (
+                f"inputs.{name}=latest: {link} points at {os.readlink(link)}, which no longer "
+                f"exists (deleted or moved): pass a run dir, or rerun saleval-{stage}"
+            )
         return (
             f"inputs.{name}=latest: {link} does not exist; no saleval-{stage} run has finished "
             "there yet: pass a run dir"

@@ -31,6 +31,38 @@ def run_dir_of(cfg: DictConfig) -> Path:
     raise ValueError("no run dir: set run_dir=<path> when calling a stage outside Hydra")
 
 
+def remove_stub(
+    where: Path, root: str | Path | None = None, own: tuple[str, ...] = (".hydra", "*.log")
+) -> bool:
+    """Remove ``where`` when it holds nothing but what Hydra wrote before the job started
+    (``own``: its ``.hydra/`` and the job's log; a sweep dir's ``multirun.yaml``), so a run
+    refused before any work leaves no stub dir behind, nor the empty dirs above it inside
+    ``root`` (the output root: ``<stage>/<day>/``). A dir holding anything else (a
+    ``run.json``, a table, another job) is kept. Returns whether it was removed.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp()); d = root / "explain" / "2026-12-07" / "10-00-00"
+    >>> (d / ".hydra").mkdir(parents=True); (d / "explain.log").touch()
+    >>> remove_stub(d, root), list(root.iterdir())
+    (True, [])
+    """
+    import fnmatch
+    import shutil
+
+    if not where.is_dir():
+        return False
+    if any(not any(fnmatch.fnmatch(p.name, pat) for pat in own) for p in where.iterdir()):
+        return False
+    shutil.rmtree(where, ignore_errors=True)
+    if root is not None:
+        top = Path(root).resolve()
+        for parent in where.resolve().parents:
+            if parent == top or top not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    return not where.exists()
+
+
 def not_logged_line(stage: str, run_dir: Path, record: Mapping[str, Any]) -> str:
     """The line a finished run prints when its tracking store missed part of it.
 

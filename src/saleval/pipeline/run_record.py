@@ -40,6 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from saleval.errors import UserError
 from saleval.pipeline.provenance import Provenance
 
 #: the record's file in a run dir (the one place its name is written)
@@ -54,6 +55,11 @@ ALLOW_UNFINISHED = "allow_unfinished_inputs"
 _ALGORITHM = "sha256"
 #: (path, size, mtime_ns) -> digest: a table read twice in one process is hashed once
 _SEEN: dict[tuple[str, int, int], str] = {}
+
+
+class DamagedRecordError(UserError, ValueError):
+    """A ``run.json`` that is not a whole JSON object (cut short by a full disk or a copy,
+    or edited by hand): one line naming the file and the fix."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +116,25 @@ class RunRecord:
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RunRecord:
-        """The record of ``run_dir`` (``FileNotFoundError`` when it has none, ``ValueError``
-        when it is not JSON)."""
-        return cls.from_json(json.loads(cls.path_in(run_dir).read_text()))
+        """The record of ``run_dir`` (``FileNotFoundError`` when it has none,
+        :class:`DamagedRecordError`, a ``ValueError``, when it is not a whole JSON object)."""
+        path = cls.path_in(run_dir)
+        text = path.read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            cut = "not valid JSON" if text.rstrip().endswith("}") else "cut short"
+            raise DamagedRecordError(
+                f"{path} is damaged ({cut}: {err.msg}, line {err.lineno} column "
+                f"{err.colno}): the run that wrote it cannot be trusted as an input; rerun "
+                f"that stage (or restore {path.name} from a copy of {path.parent})"
+            ) from None
+        if not isinstance(data, Mapping):
+            raise DamagedRecordError(
+                f"{path} is damaged (a JSON {type(data).__name__}, not an object): rerun the "
+                f"stage that wrote {path.parent} (or restore {path.name} from a copy)"
+            )
+        return cls.from_json(data)
 
     def write(self, run_dir: str | Path) -> None:
         """Write the record into ``run_dir``, whole or not at all (:func:`write_atomically`)."""

@@ -3,12 +3,14 @@
 
 * **No credential in any artefact.** saleval writes its config into every run dir
   (``config.yaml``, ``run.json``, Hydra's ``.hydra/*.yaml``), logs it to MLflow and prints
-  its tracking URI. A password inside a URL (``http://user:secret@host``,
-  ``postgresql://user:secret@host/db``) would land in all of them, so any setting holding
-  one is refused before anything is written, in one line that says where the password goes
-  instead (:func:`secret_problem`): ``MLFLOW_TRACKING_USERNAME`` and
-  ``MLFLOW_TRACKING_PASSWORD`` for a tracking server, the database's own password file for
-  a database URI. :func:`redact` shows a URI without its password.
+  its tracking URI. A secret inside a URL (a password, ``http://user:secret@host``,
+  ``postgresql://user:secret@host/db``; an http user-info, often a token; a query, fragment
+  or path parameter named like a credential, ``?token=``, ``;api_key=``) would land in all
+  of them, so any setting holding one is refused before anything is written, in one line
+  that masks it and says where the secret goes instead (:func:`secret_problem`):
+  ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` (or
+  ``MLFLOW_TRACKING_TOKEN``) for a tracking server, the database's own password file for
+  a database URI. :func:`redact` shows a URI without its secrets.
 * **The store is checked once, before any work** (:func:`check_store`): a server is asked
   one cheap question within ``tracking.wait_s`` seconds (default 15); unreachable, 401
   (no or wrong credentials) and 403 (not permitted) each end the stage in one line naming
@@ -26,7 +28,9 @@ scripts can check settings for passwords before they import anything.
 >>> redact("http://lab-jobs:s3cret@mlflow.lab:5000")
 'http://lab-jobs:***@mlflow.lab:5000'
 >>> print(secret_problem("tracking.uri", "http://lab-jobs:s3cret@mlflow.lab:5000"))
-tracking.uri=http://lab-jobs:***@mlflow.lab:5000 holds a password, which saleval would write into config.yaml, run.json, Hydra's files, MLflow and its printed lines: pass tracking.uri=http://mlflow.lab:5000 and give the account in the environment: MLFLOW_TRACKING_USERNAME=lab-jobs and MLFLOW_TRACKING_PASSWORD (or ~/.mlflow/credentials)
+tracking.uri=http://lab-jobs:***@mlflow.lab:5000 holds a password, which saleval would write into config.yaml, run.json, Hydra's files, MLflow and its printed lines: pass tracking.uri=http://mlflow.lab:5000 and give the account in the environment: MLFLOW_TRACKING_USERNAME=lab-jobs and MLFLOW_TRACKING_PASSWORD (or ~/.mlflow/credentials; a bearer token: MLFLOW_TRACKING_TOKEN)
+>>> redact("http://mlflow.lab:5000/?token=abc123&view=runs")
+'http://mlflow.lab:5000/?token=***&view=runs'
 >>> secret_problem("tracking.uri", "sqlite:///outputs/mlflow.db") is None
 True
 """
@@ -47,6 +51,20 @@ from saleval.errors import UserError
 
 #: a URL's user-info with a password: ``scheme://user:password@``
 _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://(?P<user>[^/\s:@]*):)(?P<pw>[^/\s]+)@")
+#: a URL's user-info without a password: ``scheme://name@`` (an http token passed as the user)
+_BARE_USER = re.compile(
+    r"(?P<head>\b(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)(?P<user>[^/\s:@?#;'\"]+)@"
+)
+#: a ``name=value`` of a URL's query string or fragment, and of its path (``;name=value``)
+_PARAM = re.compile(r"(?P<head>[?&#](?P<name>[A-Za-z0-9_.~-]+)=)(?P<value>[^&;#\s'\"]*)")
+_PATH_PARAM = re.compile(r"(?P<head>;(?P<name>[A-Za-z0-9_.~-]+)=)(?P<value>[^/&;?#\s'\"]*)")
+#: a URL anywhere in a text (a setting, a YAML file Hydra wrote)
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+#: parameter names whose value is a credential (matched on the lower-cased name)
+_SECRET_NAME = re.compile(
+    r"token|secret|passw|pwd|api[_-]?key|apikey|access[_-]?key|signature|credential|auth"
+    r"|^(key|sig|pass|code|session|sessionid)$"
+)
 #: the environment variable whose value is a store URI (it wins over ``tracking.uri``)
 URI_ENV = "MLFLOW_TRACKING_URI"
 #: the default of ``tracking.wait_s`` (saleval.config.common.TrackingConfig)
@@ -64,41 +82,96 @@ class TrackingError(UserError, RuntimeError):
     """The tracking store cannot be used as configured: the message says why and what to do."""
 
 
+def _http(scheme: str) -> bool:
+    return scheme.lower().split("+")[0] in ("http", "https")
+
+
+def _secret_param(name: str) -> bool:
+    return _SECRET_NAME.search(name.lower()) is not None
+
+
+def _redact_url(url: str) -> str:
+    url = _USERINFO.sub(lambda m: f"{m['head']}***@", url)
+    url = _BARE_USER.sub(lambda m: f"{m['head']}***@" if _http(m["scheme"]) else m[0], url)
+    for params in (_PARAM, _PATH_PARAM):
+        url = params.sub(lambda m: f"{m['head']}***" if _secret_param(m["name"]) else m[0], url)
+    return url
+
+
 def redact(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``."""
-    return _USERINFO.sub(lambda m: f"{m['head']}***@", text)
+    """``text`` with every secret of every URL in it replaced by ``***``: a user-info's
+    password (and an http URL's whole user-info, often a token), and the value of a query,
+    fragment or path parameter named like a credential (``token``, ``api_key``, ``sig``,
+    ``X-Amz-Signature``, ...).
+
+    >>> redact("see http://mlflow.lab:5000/?token=abc123&view=1 and postgresql://u@db/x")
+    'see http://mlflow.lab:5000/?token=***&view=1 and postgresql://u@db/x'
+    """
+    return _URL.sub(lambda m: _redact_url(m[0]), text)
+
+
+def _url_secret(url: str) -> str | None:
+    """What secret ``url`` holds, in words (None: none)."""
+    if _USERINFO.search(url):
+        return "a password"
+    bare = _BARE_USER.search(url)
+    if bare and _http(bare["scheme"]):
+        return "a user-info (an http URL's user-info is a credential)"
+    for m in [*_PARAM.finditer(url), *_PATH_PARAM.finditer(url)]:
+        if _secret_param(m["name"]) and m["value"]:
+            kind = {"?": "query", "&": "query", ";": "path", "#": "fragment"}[m["head"][0]]
+            return f"a credential in its {kind} parameter {m['name']!r}"
+    return None
+
+
+def _without_secrets(url: str) -> str:
+    """``url`` with its secrets taken out (the user-info's password, an http user-info,
+    credential parameters): the value to pass instead."""
+    url = _USERINFO.sub(lambda m: m["head"][:-1] + "@", url)
+    url = _BARE_USER.sub(lambda m: m["head"] if _http(m["scheme"]) else m[0], url)
+    keep = {"?": "?", "#": "#", "&": "", ";": ""}  # the first parameter keeps its ``?``
+    for params in (_PARAM, _PATH_PARAM):
+        url = params.sub(lambda m: keep[m["head"][0]] if _secret_param(m["name"]) else m[0], url)
+    return re.sub(r"([?#])&", r"\1", url).rstrip("?#")
 
 
 def secret_problem(key: str, value: Any) -> str | None:
-    """Why the setting ``key=value`` may not be used (None: it may): it holds a URL with a
-    password. The line says where the password goes instead."""
+    """Why the setting ``key=value`` may not be used (None: it may): a URL in it holds a
+    secret (:func:`redact` says which parts count). The line masks it and says where the
+    secret goes instead."""
     if not isinstance(value, str):
         return None
-    m = _USERINFO.search(value)
-    if m is None:
+    found = [(m[0], _url_secret(m[0])) for m in _URL.finditer(value)]
+    found = [(url, what) for url, what in found if what]
+    if not found:
         return None
-    user, shown = m["user"], redact(value)
-    scheme = m["head"].split(":")[0].lower()
+    url, what = found[0]
+    userinfo = _USERINFO.search(url)
+    user = userinfo["user"] if userinfo else ""
+    scheme = url.split(":")[0].lower()
     where = (
-        f"{key}={shown} holds a password, which saleval would write into config.yaml, "
+        f"{key}={redact(value)} holds {what}, which saleval would write into config.yaml, "
         "run.json, Hydra's files, MLflow and its printed lines"
     )
-    if scheme.split("+")[0] in ("http", "https"):
-        bare = value[: m.start()] + m["head"].split("//")[0] + "//" + value[m.end() :]
+    bare = value.replace(url, _without_secrets(url))
+    if _http(scheme):
         account = (
             f"MLFLOW_TRACKING_USERNAME={user} and " if user else "MLFLOW_TRACKING_USERNAME and "
         )
         return (
             f"{where}: pass {key}={bare} and give the account in the environment: {account}"
-            "MLFLOW_TRACKING_PASSWORD (or ~/.mlflow/credentials)"
+            "MLFLOW_TRACKING_PASSWORD (or ~/.mlflow/credentials; a bearer token: "
+            "MLFLOW_TRACKING_TOKEN)"
         )
     if scheme.split("+")[0] in _DATABASES:
-        bare = value[: m.start()] + m["head"][:-1] + "@" + value[m.end() :]
         return (
             f"{where}: pass {key}={bare} and keep the password where the database client "
             "reads it (PostgreSQL: ~/.pgpass or PGPASSWORD)"
         )
-    return f"{where}: keep the credentials out of the setting (use the service's own credential file or environment variable)"
+    return (
+        f"{where}: pass {key}={bare} and keep the credentials out of the setting (use the "
+        "service's own credential file or environment variable)"
+    )
 
 
 def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -221,13 +294,44 @@ def _tcp_check(uri: str, deadline: float) -> tuple[int | None, str]:
         return None, network_cause(str(err))
 
 
+#: MLflow's settings of its HTTP client that :func:`request_bounds` sets
+_HTTP_SETTINGS = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+                  "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "MLFLOW_HTTP_REQUEST_TIMEOUT")  # fmt: skip
+
+
+def request_bounds(wait_s: float) -> dict[str, str]:
+    """MLflow's HTTP settings under which one call to a server gives up within ``wait_s``
+    seconds (docs/tracking.md#when-the-tracking-server-fails). MLflow's defaults (7 retries,
+    pauses doubling from 2 s, a 120 s timeout per try) wait about four minutes for a server
+    that is gone. Here: 2 retries, pausing 1 s then 2 s (backoff factor 1, no jitter), each
+    try at most ``T = (wait_s - 3) // 3`` s, so ``3 T + 3 <= wait_s``; under 7 s, one try
+    of ``wait_s``.
+
+    >>> request_bounds(15)["MLFLOW_HTTP_REQUEST_MAX_RETRIES"], request_bounds(15)["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+    ('2', '4')
+    >>> request_bounds(5)["MLFLOW_HTTP_REQUEST_MAX_RETRIES"], request_bounds(5)["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+    ('0', '5')
+    """
+    retries, timeout = (2, int((wait_s - 3) // 3)) if wait_s >= 7 else (0, max(1, int(wait_s)))
+    return dict(zip(_HTTP_SETTINGS, (str(retries), "1", "0", str(timeout)), strict=True))
+
+
+def bound_requests(wait_s: float | None) -> None:
+    """Set :func:`request_bounds` for this process and the processes it starts (a launcher's
+    jobs inherit them): every wait on the store is bounded by ``tracking.wait_s``."""
+    os.environ.update(request_bounds(DEFAULT_WAIT_S if wait_s is None else float(wait_s)))
+
+
 def check_store(uri: str, wait_s: float | None = None, experiment: str | None = None) -> None:
     """Check, once per process, that the store at ``uri`` answers and accepts this client,
     waiting at most ``wait_s`` seconds for it to come up (a server starting, a short
-    network blip). A local store (SQLite, a directory) needs no check. Raises
+    network blip); MLflow's later calls to a server give up within ``wait_s`` too
+    (:func:`bound_requests`). A local store (SQLite, a directory) needs no check. Raises
     :class:`TrackingError` with the one line the console scripts print."""
     check_uri(uri)
     scheme = urlsplit(uri).scheme.split("+")[0].lower()
+    if scheme in ("http", "https"):
+        bound_requests(wait_s)
     if uri in _CHECKED or scheme not in ("http", "https", *_DATABASES):
         return
     wait = DEFAULT_WAIT_S if wait_s is None else float(wait_s)

@@ -11,6 +11,7 @@ opens on one row per method.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,23 +31,39 @@ def ui_url(uri: str, experiment_id: str, view: str | None = None) -> str:
     MLflow 3's UI opens an experiment on its GenAI pages unless the page's
     ``workflowType`` says machine learning (the sidebar switch; remembered by the
     browser once chosen), so the link sets it. A local store is served by
-    ``mlflow ui`` on its default address.
+    ``mlflow ui`` on the address it takes from ``MLFLOW_HOST`` and ``MLFLOW_PORT`` (MLflow's
+    own variables; 127.0.0.1:5000 without them), :func:`local_ui`.
 
     >>> ui_url("http://mlflow.lab:5000/", "3")
     'http://mlflow.lab:5000/#/experiments/3/runs?workflowType=machine_learning'
     >>> ui_url("sqlite:///x.db", "3", view="saleval-abc")
     'http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning&viewStateShareKey=saleval-abc'
     """
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else local_ui()
     url = f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
     return url + (f"&{VIEW_PARAM}={view}" if view else "")
 
 
+def local_ui() -> str:
+    """Where ``mlflow ui`` serves a local store: the host and port it reads from
+    ``MLFLOW_HOST`` and ``MLFLOW_PORT`` (a host of all interfaces is opened on the loopback).
+
+    >>> import os; os.environ["MLFLOW_PORT"] = "5050"; local_ui()
+    'http://127.0.0.1:5050'
+    >>> del os.environ["MLFLOW_PORT"]
+    """
+    host = os.environ.get("MLFLOW_HOST") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+    return f"http://{host}:{os.environ.get('MLFLOW_PORT') or 5000}"
+
+
 def ui_hint(uri: str, experiment_id: str | None, view: str | None = None) -> str:
-    """How to open the runs: the ``mlflow ui`` command for a local store, then the link."""
+    """How to open the runs: the ``mlflow ui`` command for a local store (on the port the
+    link names), then the link; a server's runs open on the server itself."""
     lines = []
     if is_local(uri):
-        lines.append(f"mlflow ui --backend-store-uri {uri}")
+        port = local_ui().rsplit(":", 1)[1]
+        lines.append(f"mlflow ui --backend-store-uri {uri} --port {port}")
     if experiment_id is not None:
         lines.append(ui_url(uri, experiment_id, view))
     return "\n  ".join(lines)

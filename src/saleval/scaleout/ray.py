@@ -307,7 +307,7 @@ class RayLauncher(Launcher):
                             f"job {job.idx} ({' '.join(job.overrides)}): {type(err).__name__}"
                         )
                 if lost:
-                    resume.end_dead_runs(self.config)
+                    resume.end_dead_runs(self.config, before_submit=False)
                     raise LauncherError(
                         f"{'; '.join(lost)}: Ray lost it before it finished. Rerun only the "
                         f"unfinished jobs: the same command with hydra.sweep.dir={sweep_dir}"

@@ -114,19 +114,43 @@ def split(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
     return [j for j in jobs if j not in done], done
 
 
-def end_dead_runs(config: Any) -> None:
+class StoreDownError(LauncherError, RuntimeError):
+    """The sweep's tracking store does not answer: nothing was submitted."""
+
+
+def end_dead_runs(config: Any, before_submit: bool = True) -> None:
     """What every stage does when it starts, done by a launcher before submitting and
-    after a job was lost: a job that died is KILLED in MLflow (and its run.json) before
-    it is rerun (:func:`saleval.pipeline.dead_runs.end_dead_runs`)."""
+    after a job was lost: the sweep's tracking store is checked within ``tracking.wait_s``
+    (a store that does not answer, or refuses this client, refuses the sweep in one line,
+    before anything is submitted: its jobs could only fail), and a job that died is KILLED
+    in MLflow (and its run.json) before it is rerun
+    (:func:`saleval.pipeline.dead_runs.end_dead_runs`). MLflow's calls here and in the jobs
+    give up within the same wait (:func:`saleval.pipeline.tracking_health.bound_requests`).
+    After jobs were lost (``before_submit=False``), a store that does not answer is one
+    warning: the lost jobs' line follows."""
     from mlflow.tracking import MlflowClient
 
-    from saleval.pipeline import dead_runs, tracking
+    from saleval.pipeline import dead_runs, tracking, tracking_health
 
     uri = tracking.tracking_uri(OmegaConf.select(config, "tracking.uri", default=None))
+    wait_s = OmegaConf.select(config, "tracking.wait_s", default=None)
+    try:
+        tracking_health.check_store(
+            uri, wait_s, OmegaConf.select(config, "tracking.experiment", default=None)
+        )
+    except tracking_health.TrackingError as err:
+        if before_submit:
+            from saleval.pipeline.run_outputs import remove_stub
+
+            root = OmegaConf.select(config, "paths.output_root", default=None)
+            remove_stub(Path(str(config.hydra.sweep.dir)), root, ("multirun.yaml",))
+            raise StoreDownError(f"{err}; nothing was submitted") from None
+        log.warning("could not mark the lost jobs' runs KILLED: %s", err)
+        return
     try:
         dead_runs.end_dead_runs(MlflowClient(tracking_uri=uri))
-    except Exception as err:  # an unreachable store is the jobs' concern, not the launcher's
-        log.warning("could not look for dead runs in %s: %s", uri, err)
+    except Exception as err:  # the store failed after it answered: the jobs say the rest
+        log.warning("could not look for dead runs in %s: %s", tracking_health.redact(uri), err)
 
 
 def reused_return(job: Job, task_name: str) -> Any:

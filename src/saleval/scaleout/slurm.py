@@ -342,7 +342,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             if pending:
                 time.sleep(self.poll_s)
         if ended:
-            resume.end_dead_runs(self.config)
+            resume.end_dead_runs(self.config, before_submit=False)
             named = "; ".join(
                 f"job {idx} ({' '.join(next(j.overrides for j in todo if j.idx == idx))}) "
                 f"ended {why}"

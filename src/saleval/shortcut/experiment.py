@@ -19,7 +19,6 @@ import lightning as L
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.shortcut import RankUnit
@@ -41,6 +40,7 @@ from saleval.modeling.padding import prepare_for_training
 from saleval.modeling.training import TextDataModule, fit
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import fingerprint
+from saleval.progress import bar
 from saleval.shortcut.generate import ShortcutData, build_shortcut_data
 from saleval.shortcut.rules import ShortcutRule, extend_vocabulary, prepare_source, rule_from_config
 from saleval.shortcut.verify import VerificationReport, accuracy, chance_accuracy, verify
@@ -372,7 +372,7 @@ def saliency_sweep(
 
     segs, gts = segment_units(examples, tokenizer, max_length, unit)
     summary, per_example = [], []
-    for key, entry in tqdm(list(methods.items()), desc="shortcut sweep", disable=not progress):
+    for key, entry in bar(list(methods.items()), desc="shortcut sweep", disable=not progress):
         mcfg, n = entry if isinstance(entry, tuple) else (entry, None)
         n = len(segs) if n is None else min(int(n), len(segs))
         attributor = build_method(mcfg, key)

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from saleval.analysis import plan_report, planning
 from saleval.analysis.validation import calibration_differences, validated_name
@@ -49,6 +48,7 @@ from saleval.pipeline import tables, tracking
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.run_inputs import given_input
 from saleval.pipeline.stage import Stage
+from saleval.progress import bar
 from saleval.schema import to_schema
 
 
@@ -347,7 +347,7 @@ def _predict_designs(
     """Each design's predictions and cost (plan.csv, with ``meets_target``) and its
     per-method figures (plan_methods.csv)."""
     rows, per_method = [], []
-    for i, d in enumerate(tqdm(grid, desc="designs", leave=False, disable=None)):
+    for i, d in enumerate(bar(grid, desc="designs", leave=False, disable=None)):
         row, pm = planning.predict(pool, d, settings, rng)
         secs = seconds(d) if callable(seconds) else seconds
         costing = planning.Costing(secs, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)

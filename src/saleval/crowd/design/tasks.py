@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from saleval.config.crowd import DesignError
 from saleval.crowd.design.rendering import render
 from saleval.crowd.seeding import seeded_rng
+from saleval.progress import bar
 from saleval.vocab import Target
 from saleval.words import rank_words
 
@@ -117,7 +117,7 @@ def build_tasks(
     ids = samples["sample_id"].astype(str).tolist()
     words = word_table(attributions, ids, methods, where)
     rows = []
-    for rec in tqdm(
+    for rec in bar(
         samples.itertuples(index=False), total=len(samples), desc="tasks", leave=False, disable=None
     ):
         sid = str(rec.sample_id)

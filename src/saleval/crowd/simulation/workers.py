@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from saleval.config.crowd import (
     SPAMMER_KINDS,
@@ -49,6 +48,7 @@ from saleval.config.crowd import (
 from saleval.crowd.seeding import seeded_rng
 from saleval.crowd.simulation.lexicon import reader_name
 from saleval.crowd.simulation.readers import build_reader
+from saleval.progress import bar
 from saleval.vocab import IDK
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def simulate_answers(
         start0 = start0.replace(tzinfo=UTC)
     by_bundle = {b: g.sort_values("position") for b, g in bundles.groupby("bundle_id", sort=True)}
     out: list[dict[str, Any]] = []
-    for w in tqdm(
+    for w in bar(
         workers.itertuples(index=False),
         total=len(workers),
         desc="simulated workers",
