@@ -404,8 +404,8 @@ def test_a_sweep_whose_store_is_down_is_refused_before_submitting(tmp_path: Path
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     t0 = time.monotonic()
     done = script(
-        "score", "-m", "hydra/launcher=ray", *SCORE, f"tracking.uri={url}", "tracking.wait_s=3",
-        f"paths.output_root={tmp_path / 'out'}", "seed=1,2",
+        "score", "-m", "hydra/launcher=ray", *SCORE, "tracking.wait_s=3",
+        f"paths.output_root={tmp_path / 'out'}", "seed=1,2", env={"MLFLOW_TRACKING_URI": url},
     )  # fmt: skip
     took = time.monotonic() - t0
     assert done.returncode == 2, done.stderr[-3000:]
@@ -502,6 +502,7 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
     with pytest.raises(tracking_health.TrackingError, match="did not answer within 1 s"):
         tracking_health.forget_checks()
         tracking_health.check_store(f"http://127.0.0.1:{port}", 1)
+    tracking_health.bound_requests(None)  # MLflow's calls below: the default wait again
 
     with mlflow_server(store, port) as server:  # back, on the same store
         tracking_health.forget_checks()

@@ -228,15 +228,16 @@ def refuse_secrets(cfg: DictConfig, scrub: bool = False) -> None:
 
 
 def _remove_stub(cfg: DictConfig) -> None:
-    """A job refused before its stage started leaves no dir of Hydra's files behind
-    (:func:`saleval.pipeline.run_outputs.remove_stub`)."""
+    """A run refused before its stage started leaves no dir of Hydra's files behind
+    (:func:`saleval.pipeline.run_outputs.remove_stub`); a ``-m`` job's dir stays, the
+    sweep's record of that job (its log holds the line)."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 
     from saleval.pipeline.run_outputs import remove_stub
 
-    if HydraConfig.initialized():
+    if HydraConfig.initialized() and not _multirun():
         root = OmegaConf.select(cfg, "paths.output_root", default=None)
         remove_stub(Path(HydraConfig.get().runtime.output_dir), root)
 

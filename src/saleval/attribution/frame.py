@@ -207,7 +207,8 @@ class _Job:
         scores: dict[str, list[np.ndarray]] = {}
         seconds: dict[str, float] = {}
         diagnostics: dict[str, dict[str, list[float]]] = {}
-        for name, a in self.methods:
+        # one line per method in a job's log; at a terminal a bar over the batches' bars
+        for name, a in bar(self.methods, "methods", disable=not self.progress or rank != 0):
 
             def _attribute(
                 idx: list[int], a: Attributor = a
