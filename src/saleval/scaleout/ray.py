@@ -161,8 +161,8 @@ def check_gpus(use: GpuUse, num_gpus: float) -> None:
 @contextlib.contextmanager
 def ray_env(local: bool) -> Iterator[None]:
     """The environment of the sweep's Ray driver: when its output goes to a file (not a
-    terminal), the jobs' lines as they printed them, without Ray's colour codes and
-    ``(_execute pid=...)`` prefixes; and for a Ray started here (``local``) a token of its
+    terminal), the jobs' lines as they printed them, without Ray's colour codes,
+    ``(_execute pid=...)`` prefixes and merged repeats; and for a Ray started here (``local``) a token of its
     own unless the shell chose an authentication mode (module docstring)."""
     added = {}
     if local and "RAY_AUTH_MODE" not in os.environ:
@@ -183,19 +183,25 @@ def ray_env(local: bool) -> Iterator[None]:
 
 
 def _worker_log_prefix(shown: bool) -> Callable[[], None]:
-    """Have ``ray.init`` print the jobs' lines with or without Ray's ``(<task> pid=...)``
-    prefix; returns what undoes it. Ray reads ``RAY_DISABLE_WORKER_LOG_PREFIX`` once, when
-    imported, so the constant it read is set (and the variable left alone when the shell
-    set it)."""
-    from ray._private import ray_constants
+    """Have ``ray.init`` print the jobs' lines with Ray's ``(<task> pid=...)`` prefix and
+    its merging of repeated lines (``[repeated 2x across cluster]``, in colour), or, not
+    ``shown``, as the jobs printed them; returns what undoes it. Ray reads
+    ``RAY_DISABLE_WORKER_LOG_PREFIX`` and ``RAY_DEDUP_LOGS`` once, when imported, so the
+    constants it read are set (each left alone when the shell set its variable)."""
+    from ray._private import ray_constants, ray_logging
 
-    if "RAY_DISABLE_WORKER_LOG_PREFIX" in os.environ:
-        return lambda: None
-    before = ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX
-    ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX = not shown
+    wanted = [
+        (ray_constants, "RAY_DISABLE_WORKER_LOG_PREFIX", not shown),
+        (ray_logging, "RAY_DEDUP_LOGS", shown),
+    ]
+    before = [(m, name, getattr(m, name)) for m, name, _ in wanted]
+    for module, name, value in wanted:
+        if name not in os.environ:
+            setattr(module, name, value)
 
     def restore() -> None:
-        ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX = before
+        for module, name, value in before:
+            setattr(module, name, value)
 
     return restore
 
