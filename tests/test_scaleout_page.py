@@ -99,18 +99,21 @@ exec env $safe "$@"
 #: too); this ends, by pid, the processes naming the walk's RAY_TMPDIR, and waits for them
 RAY_STOP_HERE = r"""ray() {
   if [ "$1" != stop ]; then command ray "$@"; return; fi
-  local p i
-  for i in $(seq 40); do
-    local left=
+  local p i sig=TERM left
+  for i in $(seq 60); do
+    left=
     for p in /proc/[0-9]*; do
+      [ "${p#/proc/}" = "$$" ] && continue
       if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF -- "$RAY_TMPDIR"; then
-        left=1; kill "${p#/proc/}" 2>/dev/null
+        left="$left ${p#/proc/}"; kill -s $sig "${p#/proc/}" 2>/dev/null
       fi
     done
     [ -z "$left" ] && return 0
+    [ "$i" -ge 20 ] && sig=KILL  # SIGTERM for 10 s, then SIGKILL
     sleep 0.5
   done
-  echo "walk: Ray processes under $RAY_TMPDIR outlived ray stop" >&2; return 1
+  echo "walk: Ray processes under $RAY_TMPDIR outlived ray stop:$left" >&2
+  ps -o pid,stat,args -p "${left# }" >&2; return 1
 }"""
 
 
