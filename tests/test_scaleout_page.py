@@ -1,24 +1,30 @@
 """docs/scale-out.md, walked as a new user walks it: every shell block runs as printed.
 
-Each test below is one section of the page. It runs the page's setup block, then the
-section's blocks in page order, in one bash session (:mod:`tests.page_walk`), at the small
-size the page defines, and checks what each block did: exit statuses, the lines the page
-says it prints, the run dirs, the MLflow runs and the jobs' logs. A command changed in the
-code but not on the page (or the reverse) fails here.
+:func:`test_the_page_in_one_shell` runs the page's setup block, then every section's
+blocks in page order, in one bash session (:mod:`tests.page_walk`), as one terminal would
+from top to bottom, at the small size the page defines, and checks what each block did:
+exit statuses, the lines the page says it prints, the run dirs, the MLflow runs, the jobs'
+logs, the sockets the servers listen on, and that no password is left where git or SLURM
+would pick it up. A section that leaves something exported for the next one to trip on
+(section 4's tracking server, stopped, and section 5's jobs waiting on it) fails here, by a
+step's time limit if it hangs. A command changed in the code but not on the page (or the
+reverse) fails here too.
 
 The session runs in a stand-in for the clone's root, a directory under /tmp holding links
 to this checkout's ``Makefile``, ``src``, ``conf`` and ``.venv`` (``SALEVAL_ROOT`` points
-there, so ``outputs/`` and ``.slurm-local/`` are the walk's own): the page's ``$PWD`` paths
-and ``make`` targets work unchanged, and nothing of the checkout is written. The page's
-ports and places (``RAY_PORT``, ``PG_PORT``, ``MLFLOW_PORT``, ``PG_DIR``) come from the
-environment, as the page allows, so the walk takes free ones; ``HOME`` is an empty
-directory of the walk's, as a new user's. As root without ``sudo``
-(CI), ``sudo`` is a small script that runs the command as sudo would (a clean PATH;
-``-u USER`` through ``runuser``).
+there, so ``outputs/`` and ``.slurm-local/`` are the walk's own), with the checkout's
+``.gitignore`` in a git repository of its own, so ``git status`` tells what a user could
+stage: the page's ``$PWD`` paths and ``make`` targets work unchanged, and nothing of the
+checkout is written. The page's ports and places (``RAY_PORT``, ``PG_PORT``,
+``MLFLOW_PORT``, ``PG_DIR``) come from the environment, as the page allows, so the walk
+takes free ones; ``HOME`` is an empty directory of the walk's outside it, as a new user's.
+As root without ``sudo`` (CI), ``sudo`` is a small script that runs the command as sudo
+would (a clean PATH; ``-u USER`` through ``runuser``). ``ray stop`` stops every Ray of the
+machine; in the walk it is a shell function that ends the walk's own Ray alone.
 
-The SLURM section needs root and the Debian packages ``slurm-wlm`` and ``munge``; the
+The SLURM sections need root and the Debian packages ``slurm-wlm`` and ``munge``; the
 tracking section PostgreSQL (``postgresql``); the Ray section the ``ray`` extra. ``.ci/run``
-installs all of them; off CI a missing one skips its test, naming the install, and on CI
+installs all of them; off CI a missing one skips the walk, naming the install, and on CI
 (``CI`` set) it fails.
 """
 
@@ -59,14 +65,15 @@ from tests.scaleout_support import BIN, launch, require, runs_of, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "scale-out.md"
-#: the steps each test walks after the page's ``setup``, in page order
+#: the steps of each section of the page, walked after its ``setup``, in page order
 SECTIONS = {
     "one-machine": ["one-machine"],
     "slurm": ["slurm-start", "slurm-refused", "slurm-gpu", "slurm-sweep", "slurm-pipeline",
-              "slurm-srun", "slurm-cancel", "slurm-rerun", "slurm-stop"],
-    "ray": ["ray-local", "ray-head", "ray-cluster"],
+              "slurm-srun"],
+    "ray": ["ray-local", "ray-head", "ray-cluster", "ray-stop"],
     "tracking": ["pg-start", "pg-databases", "pg-auth", "pg-server", "pg-user", "pg-sweep",
                  "pg-stop"],
+    "a job dies": ["slurm-cancel", "slurm-rerun", "slurm-stop"],
 }  # fmt: skip
 #: what a job's log held before issue #48, none of it for the user to act on: Lightning's
 #: SLURM requeue notice, weight-loading progress bars, MLflow's deprecated import and its
@@ -88,6 +95,26 @@ safe="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin SUDO_USE
 if [ "$1" = "-u" ]; then user=$2; shift 2; exec env $safe runuser -u "$user" -- "$@"; fi
 exec env $safe "$@"
 """
+#: ``ray stop`` in the walk: Ray's own ends every Ray of the machine (another test run's
+#: too); this ends, by pid, the processes naming the walk's RAY_TMPDIR, and waits for them
+RAY_STOP_HERE = r"""ray() {
+  if [ "$1" != stop ]; then command ray "$@"; return; fi
+  local p i sig=TERM left
+  for i in $(seq 60); do
+    left=
+    for p in /proc/[0-9]*; do
+      [ "${p#/proc/}" = "$$" ] && continue
+      if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF -- "$RAY_TMPDIR"; then
+        left="$left ${p#/proc/}"; kill -s $sig "${p#/proc/}" 2>/dev/null
+      fi
+    done
+    [ -z "$left" ] && return 0
+    [ "$i" -ge 20 ] && sig=KILL  # SIGTERM for 10 s, then SIGKILL
+    sleep 0.5
+  done
+  echo "walk: Ray processes under $RAY_TMPDIR outlived ray stop:$left" >&2
+  ps -o pid,stat,args -p "${left# }" >&2; return 1
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +129,7 @@ def test_every_shell_block_of_the_page_is_walked(page: Page) -> None:
     steps = page.steps()
     assert steps[0] == "setup"
     walked = [s for section in SECTIONS.values() for s in section]
-    assert sorted(steps[1:]) == sorted(walked), "a step the tests do not walk, or the reverse"
-    for section in SECTIONS.values():
-        assert section == [s for s in steps if s in section], "a section's steps out of order"
+    assert steps[1:] == walked, "a step the walk does not take, or out of page order"
     assert {b.name for b in page.blocks if b.kind == "output"} <= set(steps)
     skipped = [b for b in page.blocks if b.kind == "no"]
     assert [b.text for b in skipped] == ["sudo apt-get install -y slurm-wlm munge"]
@@ -165,34 +190,44 @@ class Walk:
         return ran
 
     def var(self, name: str) -> str:
-        """A shell variable of the walk (a password the page made)."""
-        return self.shell.run("echo", f'echo "${name}"', 30).output.strip()
+        """A shell variable of the walk (a password the page made), through a file of mode
+        600 outside the stand-in root, so it shows in no output and no log."""
+        where = self.log.with_name(".walk-var")
+        self.shell.run("var", f'(umask 077; printf %s "${name}" > {where})', 30)
+        try:
+            return where.read_text()
+        finally:
+            where.unlink()
 
 
 @pytest.fixture
 def walk(page: Page, tmp_path: Path) -> Iterator[Walk]:
     """The page's setup block run in a fresh stand-in root (module docstring)."""
     root = Path(tempfile.mkdtemp(prefix="saleval-walk-", dir="/tmp"))
-    root.chmod(0o755)  # the user postgres reaches PG_DIR inside it
+    root.chmod(0o755)
     for name in ("Makefile", "src", "conf", "pyproject.toml", "requirements.lock"):
         (root / name).symlink_to(REPO / name)
     (root / ".venv").symlink_to(Path(sys.prefix))
+    shutil.copy(REPO / ".gitignore", root / ".gitignore")  # git reads no linked .gitignore
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
+    home = Path(tempfile.mkdtemp(prefix="home-", dir="/tmp"))
+    pg_dir = Path(tempfile.mkdtemp(prefix="pg-", dir="/tmp")) / "pg"  # as /var/tmp/...: outside
+    pg_dir.parent.chmod(0o755)  # the user postgres reaches it
     env = {
         k: v
         for k, v in subprocess_env().items()
         if not k.startswith(("MLFLOW_", "SLURM_", "RAY_", "VIRTUAL_ENV", "SALEVAL_ROOT"))
     }
-    (root / ".home").mkdir()
     env.update(
-        HOME=str(root / ".home"),  # a new user's: empty (and what Ray writes there is seen)
+        HOME=str(home),  # a new user's: empty (and what Ray writes there is seen)
         SALEVAL_ROOT=str(root),
         SALEVAL_DATA_ROOT=str(paths.default_data_root()),
         RAY_TMPDIR=str(ray_tmp),
         RAY_PORT=str(_free_port()),
         PG_PORT=str(_free_port()),
         MLFLOW_PORT=str(_free_port()),
-        PG_DIR=str(root / "pg"),
+        PG_DIR=str(pg_dir),
     )
     if os.geteuid() == 0 and shutil.which("sudo") is None:
         shim = root / ".walk-bin"
@@ -204,20 +239,21 @@ def walk(page: Page, tmp_path: Path) -> Iterator[Walk]:
     shell = Shell(root, env, log)
     try:
         w = Walk(page, root, shell, env, log)
+        shell.run("ray-stop-here", RAY_STOP_HERE, 30)
         w.step("setup", timeout=60)
         yield w
     finally:
         shell.close()
-        _end_left_behind((str(root), str(ray_tmp)))
+        _end_left_behind((str(root), str(ray_tmp), str(pg_dir)))
         shutil.rmtree(ray_tmp, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
         if not os.environ.get("SALEVAL_WALK_KEEP"):  # set: the stand-in root stays, to look at
             shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(pg_dir.parent, ignore_errors=True)
 
 
-def _end_left_behind(places: tuple[str, ...]) -> None:
-    """End, by pid, the processes of this walk that left the shell's process group and
-    outlived it (a tracking server in a group of its own, after a step failed): those
-    whose command line names the walk's own directories."""
+def _naming(places: tuple[str, ...]) -> list[int]:
+    """The processes (but this one) whose command line names one of ``places``."""
     mine = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -226,6 +262,38 @@ def _end_left_behind(places: tuple[str, ...]) -> None:
             continue
         if int(proc.name) != os.getpid() and any(p in cmdline for p in places):
             mine.append(int(proc.name))
+    return mine
+
+
+def _listening(pids: list[int] | None) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket the processes ``pids`` (None: any process)
+    listen on, from /proc."""
+    inodes = set()
+    for pid in pids or []:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or (pids is not None and fields[9] not in inodes):  # LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)  # 32-bit words, each little-endian
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add((socket.inet_ntop(family, raw), int(port, 16)))
+    return found
+
+
+def _end_left_behind(places: tuple[str, ...]) -> None:
+    """End, by pid, the processes of this walk that left the shell's process group and
+    outlived it (a tracking server in a group of its own, after a step failed): those
+    whose command line names the walk's own directories."""
+    mine = _naming(places)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in mine:
             with contextlib.suppress(ProcessLookupError):
@@ -243,6 +311,12 @@ def _sweeps(root: Path, stage: str) -> list[Path]:
     found = (root / "outputs" / stage / "multirun").glob("*")
     ran = [p for p in found if (p / "0").is_dir()]
     return sorted(ran, key=lambda p: p.stat().st_mtime)
+
+
+def _new_sweep(root: Path, stage: str, before: list[Path]) -> Path:
+    """The one sweep dir of ``stage`` that ran jobs and is not in ``before``."""
+    (sweep,) = [s for s in _sweeps(root, stage) if s not in before]
+    return sweep
 
 
 def _finished_jobs(sweep: Path, n: int = 2) -> dict[str, dict]:
@@ -273,11 +347,9 @@ def _check_train_sweep(client: MlflowClient, sweep: Path) -> dict[str, object]:
     return by_job
 
 
-@pytest.mark.slow
-def test_one_machine(walk: Walk) -> None:
+def _one_machine(walk: Walk, client: MlflowClient) -> None:
     walk.step("one-machine")
     (sweep,) = _sweeps(walk.root, "train")
-    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
     runs = _check_train_sweep(client, sweep)  # both jobs created the fresh store's tables
     for run in runs.values():
         names = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -394,6 +466,8 @@ def _check_rerun(client: MlflowClient, sweep: Path, run0: str) -> None:
     rerun = json.loads((sweep / "1" / "run.json").read_text())
     assert rerun["status"] == "FINISHED" and rerun["run_id"] == second["1"][1].info.run_id
     assert "test_accuracy" in second["1"][1].data.metrics
+    # one job left: submitted as a plain job, not an array, and tagged so (the page's intro)
+    assert re.fullmatch(r"\d+", second["1"][1].data.tags["slurm_job_id"])
 
 
 def _check_killed_outright(env: dict[str, str], where: Path) -> None:
@@ -440,50 +514,52 @@ def _check_killed_outright(env: dict[str, str], where: Path) -> None:
     assert json.loads((where / "dead" / "run.json").read_text())["status"] == "KILLED"
 
 
-@pytest.mark.slow
-def test_slurm(walk: Walk) -> None:
-    require(slurm_missing())
-    cluster = LocalCluster(walk.root / ".slurm-local")
-    env = {**walk.env, **cluster.env()}
-    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
-    try:
-        walk.step("slurm-start")
-        for refused in ("slurm-refused", "slurm-gpu"):  # one line each, nothing submitted
-            ran = walk.step(refused)
-            (line,) = [x for x in ran.output.splitlines() if x.startswith("saleval-")]
-            assert "cannot run these jobs" in line and "Traceback" not in ran.output
-            assert not list((walk.root / "outputs").rglob(".submitit")) and not _queue(env)
-        walk.step("slurm-sweep")
-        (sweep,) = _sweeps(walk.root, "train")
-        by_job = _check_train_sweep(client, sweep)
-        tasks = sorted(
-            p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)
-        )
-        assert sorted(r.data.tags["slurm_job_id"] for r in by_job.values()) == tasks
-        _assert_quiet(_err_files(sweep))
+def _slurm(walk: Walk, env: dict[str, str], client: MlflowClient) -> None:
+    walk.step("slurm-start")
+    conf = (walk.root / ".slurm-local" / "slurm.conf").read_text()
+    ports = {int(p) for p in re.findall(r"^Slurm(?:ctld|d)Port=(\d+)$", conf, re.M)}
+    listening = _listening(_naming((str(walk.root / ".slurm-local"),)))
+    assert {p for _, p in listening} >= ports and len(ports) == 2, listening
+    assert {a for a, _ in listening} == {"127.0.0.1"}, listening  # loopback, as the page says
+    for refused in ("slurm-refused", "slurm-gpu"):  # one line each, nothing submitted
+        ran = walk.step(refused)
+        (line,) = [x for x in ran.output.splitlines() if x.startswith("saleval-")]
+        assert "cannot run these jobs" in line and "Traceback" not in ran.output
+        assert not list((walk.root / "outputs").rglob(".submitit")) and not _queue(env)
+    before = _sweeps(walk.root, "train")
+    walk.step("slurm-sweep")
+    sweep = _new_sweep(walk.root, "train", before)
+    by_job = _check_train_sweep(client, sweep)
+    tasks = sorted(
+        p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)
+    )
+    assert sorted(r.data.tags["slurm_job_id"] for r in by_job.values()) == tasks
+    _assert_quiet(_err_files(sweep))
 
-        walk.step("slurm-pipeline")
-        (pipelines,) = _sweeps(walk.root, "run")
-        _check_pipeline_sweep(client, pipelines)
-        _assert_quiet(_err_files(pipelines))
+    walk.step("slurm-pipeline")
+    (pipelines,) = _sweeps(walk.root, "run")
+    _check_pipeline_sweep(client, pipelines)
+    _assert_quiet(_err_files(pipelines))
 
-        ran = walk.step("slurm-srun")
-        _check_srun_step(walk, client, ran)
+    ran = walk.step("slurm-srun")
+    _check_srun_step(walk, client, ran)
 
-        ran = walk.step("slurm-cancel")
-        cancelled = walk.root / "outputs" / "try-cancel"
-        run0 = _check_cancelled(client, cancelled, ran)
-        walk.step("slurm-rerun")
-        _check_rerun(client, cancelled, run0)
-        _assert_quiet(_err_files(cancelled), empty=False)
 
-        outright = walk.root / "outright"
-        outright.mkdir()
-        _check_killed_outright(env, outright)
-        walk.step("slurm-stop")
-        assert cluster.node_state() == ""  # nothing answers any more
-    finally:
-        cluster.stop()
+def _a_job_dies(
+    walk: Walk, env: dict[str, str], client: MlflowClient, secrets: dict[str, str]
+) -> None:
+    """Section 5, after section 4 in the same shell: its jobs log to the local store."""
+    ran = walk.step("slurm-cancel")
+    cancelled = walk.root / "outputs" / "try-cancel"
+    run0 = _check_cancelled(client, cancelled, ran)
+    walk.step("slurm-rerun")
+    _check_rerun(client, cancelled, run0)
+    _assert_quiet(_err_files(cancelled), empty=False)
+    _no_secret_left(walk, secrets)
+
+    outright = walk.root / "outright"
+    outright.mkdir()
+    _check_killed_outright(env, outright)
 
 
 # --- 3. Ray -------------------------------------------------------------------------------
@@ -497,30 +573,36 @@ def _ray_missing() -> str | None:
     return None
 
 
-@pytest.mark.slow
-def test_ray(walk: Walk) -> None:
-    require(_ray_missing())
+def _ray(walk: Walk, client: MlflowClient, secrets: dict[str, str]) -> None:
     token_file = Path(walk.env["HOME"]) / ".ray" / "auth_token"
-    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
-
+    before = _sweeps(walk.root, "train")
     ran = walk.step("ray-local")
-    (local,) = _sweeps(walk.root, "train")
+    local = _new_sweep(walk.root, "train", before)
     _check_train_sweep(client, local)
     assert f"Ray sweep output dir : {local} (local)" in ran.output
-    # no token notice for a Ray of its own, no colour codes around the jobs' lines, no
-    # weight-loading bars (Lightning's training bar is trainer.progress_bar's to switch)
+    # no token notice for a Ray of its own, no weight-loading bars (Lightning's training bar
+    # is trainer.progress_bar's to switch), and, the output being no terminal, the jobs'
+    # lines without Ray's colour codes and (_execute pid=...) prefixes
     noisy = [x for x in ran.output.splitlines() if RAY_NOISE.search(x)]
-    assert not noisy and "(_execute pid=" in ran.output, noisy[:3]
+    assert not noisy, noisy[:3]
+    colour = re.compile(r"\x1b\[[\d;]*m")  # SGR codes (a bar's cursor moves are tqdm's)
+    assert not colour.search(ran.output) and "pid=" not in ran.output, ran.output[-3000:]
     # the Ray started for the sweep had a token of its own: none written for later joins
     assert not token_file.exists()
 
     walk.step("ray-head")
+    secrets["RAY_AUTH_TOKEN"] = walk.var("RAY_AUTH_TOKEN")
+    # where the page says Ray listens: its GCS on every interface
+    listening = _listening(_naming((walk.env["RAY_TMPDIR"],)))
+    print(f"walk: Ray's head listens on {sorted(listening)}")
+    port = int(walk.env["RAY_PORT"])
+    assert {a for a, p in listening if p == port} & {"0.0.0.0", "::"}, listening
+    before = _sweeps(walk.root, "train")
     ran = walk.step("ray-cluster")
-    joined = [s for s in _sweeps(walk.root, "train") if s != local]
-    assert len(joined) == 1
-    _check_train_sweep(client, joined[0])
+    joined = _new_sweep(walk.root, "train", before)
+    _check_train_sweep(client, joined)
     assert "object_store_memory must not be provided" not in ran.output
-    assert f"Ray sweep output dir : {joined[0]} (" in ran.output
+    assert f"Ray sweep output dir : {joined} (" in ran.output
 
     # the same command in a shell without the cluster's token: one line, at once
     command = walk.page.step("ray-cluster").text
@@ -528,6 +610,9 @@ def test_ray(walk: Walk) -> None:
     assert {s for s, _ in refused.failed} == {2}, refused.output
     assert not missing_lines(walk.page.example("ray-no-token"), refused.output), refused.output
     assert "InvalidAuthToken" not in refused.output and refused.seconds < 60
+
+    walk.step("ray-stop")
+    assert not _naming((walk.env["RAY_TMPDIR"],)) and not walk.var("RAY_AUTH_TOKEN")
 
 
 # --- 4. One tracking server ---------------------------------------------------------------
@@ -569,10 +654,9 @@ def _status(url: str, auth: tuple[str, str] | None = None, host: str | None = No
         return 0
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("keep_mlflow_store")
-def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
-    require(_pg_missing())
+def _tracking(
+    walk: Walk, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, secrets: dict[str, str]
+) -> None:
     import psycopg
 
     port, pg_dir = walk.env["MLFLOW_PORT"], Path(walk.env["PG_DIR"])
@@ -584,11 +668,23 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
         ran = walk.step("pg-server", timeout=600)
         assert ran.output.strip().endswith("OK")  # /health answered
         print(f"walk: the server answered /health after {ran.seconds:.1f} s")
+        # where the page says: PostgreSQL on localhost only, the server on every interface
+        postgres = _listening(_naming((str(pg_dir),)))
+        assert postgres and {a for a, _ in postgres} <= {"127.0.0.1", "::1"}, postgres
+        # (its uvicorn holds the socket, under a command line that names none of the walk's
+        # places: found by its port)
+        assert {a for a, p in _listening(None) if p == int(port)} == {"0.0.0.0"}
         walk.step("pg-user")
+        before = _sweeps(walk.root, "train")
         swept = walk.step("pg-sweep")
+        credentials = Path(walk.env["HOME"]) / ".mlflow" / "credentials"
+        assert credentials.stat().st_mode & 0o077 == 0  # the jobs' account: mode 600
 
         admin = ("admin", walk.var("ADMIN_PASSWORD"))
         member = ("lab-jobs", walk.var("JOBS_PASSWORD"))
+        for name in ("ADMIN_PASSWORD", "JOBS_PASSWORD", "DB_PASSWORD", "SERVER_KEY"):
+            secrets[name] = walk.var(name)
+        assert all(len(v) >= 16 for v in secrets.values()), "a secret the page no longer makes"
         api = f"{local}/api/2.0/mlflow"
         # nothing without credentials, or with wrong ones
         assert _status(f"{api}/experiments/search?max_results=1") == 401
@@ -606,7 +702,7 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
             MlflowClient(tracking_uri=server).search_experiments()
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", member[0])
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", member[1])
-        (sweep,) = _sweeps(walk.root, "train")
+        sweep = _new_sweep(walk.root, "train", before)
         runs = _check_train_sweep(MlflowClient(tracking_uri=server), sweep)
         for job, run in runs.items():
             info = json.loads((sweep / job / "run.json").read_text())
@@ -617,7 +713,7 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
                 f"{run.info.run_id}/artifacts/metrics.json"
             )
             assert stored.read_bytes() == (sweep / job / "metrics.json").read_bytes()
-        assert not (walk.root / "outputs" / "mlflow.db").exists()
+        assert not runs_of(client, f"tags.sweep = '{sweep}'")  # none in the local store
         # the runs are rows of PostgreSQL
         db = walk.var("DB_PASSWORD")
         with psycopg.connect(host="127.0.0.1", port=int(walk.env["PG_PORT"]), user="mlflow",
@@ -637,6 +733,7 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
         while _status(f"{local}/health") != 0:  # the workers went with the server
             assert time.monotonic() < deadline, "the server's workers still answer"
             time.sleep(0.5)
+        assert not credentials.exists() and not walk.var("MLFLOW_TRACKING_URI")
     finally:
         pg_ctl = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
         if pg_ctl and (pg_dir / "data" / "postmaster.pid").exists():
@@ -645,8 +742,53 @@ def test_tracking_server(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
                             "immediate", "-w", "stop"], capture_output=True)  # fmt: skip
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("keep_mlflow_store")
+def test_the_page_in_one_shell(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every section in page order in one shell session (module docstring)."""
+    for missing in (slurm_missing(), _ray_missing(), _pg_missing()):
+        require(missing)
+    cluster = LocalCluster(walk.root / ".slurm-local")
+    env = {**walk.env, **cluster.env()}
+    client = MlflowClient(tracking_uri=f"sqlite:///{walk.root / 'outputs' / 'mlflow.db'}")
+    secrets: dict[str, str] = {}
+    try:
+        _one_machine(walk, client)
+        _slurm(walk, env, client)
+        _ray(walk, client, secrets)
+        _tracking(walk, client, monkeypatch, secrets)
+        _a_job_dies(walk, env, client, secrets)
+        walk.step("slurm-stop")
+        assert cluster.node_state() == ""  # nothing answers any more
+        assert not walk.var("SLURM_CONF")
+        log = walk.log.read_text()
+        assert not [k for k, v in secrets.items() if v in log], "a secret in the walk's log"
+    finally:
+        cluster.stop()
+
+
+def _no_secret_left(walk: Walk, secrets: dict[str, str]) -> None:
+    """No password, key or token the page made in SLURM's state (its copies of the jobs'
+    environments among it, section 5's jobs', submitted after section 4), the run dirs, or
+    any file of the stand-in clone that git would stage (untracked, not ignored)."""
+    state = walk.root / ".slurm-local" / "state"
+    saved = list(state.rglob("environment"))
+    assert any(b"SALEVAL_ROOT=" in p.read_bytes() for p in saved), "no job environment saved"
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "-z", "--untracked-files=all"],
+        cwd=walk.root, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    untracked = [walk.root / e[3:] for e in status.split("\0") if e.startswith("?? ")]
+    assert (walk.root / "basic_auth.ini").is_file() and (walk.root / "mlartifacts").is_dir()
+    places = [*state.rglob("*"), *(walk.root / "outputs").rglob("*"), *untracked]
+    files = [p for p in places if p.is_file() and not p.is_symlink()]
+    for name, secret in secrets.items():
+        leaked = [str(p) for p in files if secret.encode() in p.read_bytes()]
+        assert not leaked, f"{name} in {leaked}"
+
+
 def _no_password_in_artefacts(walk: Walk, secret: str, swept: Ran, runs: list) -> None:
-    """The password the jobs got from the environment is in nothing saleval wrote or
+    """The password the jobs read from ~/.mlflow/credentials is in nothing saleval wrote or
     printed: run dirs, Hydra's files, the server's copies, the runs' params and tags."""
     assert secret not in swept.output
     for root in (walk.root / "outputs", walk.root / "mlartifacts"):

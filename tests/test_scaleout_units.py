@@ -348,10 +348,21 @@ def test_a_ray_started_for_a_sweep_has_a_token_of_its_own(monkeypatch: pytest.Mo
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    from ray._private import ray_constants, ray_logging
+
+    monkeypatch.delenv("RAY_DISABLE_WORKER_LOG_PREFIX", raising=False)
+    monkeypatch.delenv("RAY_DEDUP_LOGS", raising=False)
+    monkeypatch.setattr(ray_constants, "RAY_DISABLE_WORKER_LOG_PREFIX", False)
+    monkeypatch.setattr(ray_logging, "RAY_DEDUP_LOGS", True)
     with ray_env(local=True):
         assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
-        assert os.environ["RAY_COLOR_PREFIX"] == "0"  # pytest's stdout is no terminal
+        # pytest's stdout is no terminal: the jobs' lines without colour and pid prefix
+        assert os.environ["RAY_COLOR_PREFIX"] == "0"
+        assert ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX is True
+        assert ray_logging.RAY_DEDUP_LOGS is False  # no merged repeats, in colour
     assert "RAY_AUTH_MODE" not in os.environ and "RAY_COLOR_PREFIX" not in os.environ
+    assert ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX is False
+    assert ray_logging.RAY_DEDUP_LOGS is True
     with ray_env(local=False):  # joining: the shell's token, or none
         assert "RAY_AUTH_MODE" not in os.environ
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's choice stands

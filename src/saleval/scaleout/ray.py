@@ -38,7 +38,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,22 +160,50 @@ def check_gpus(use: GpuUse, num_gpus: float) -> None:
 
 @contextlib.contextmanager
 def ray_env(local: bool) -> Iterator[None]:
-    """The environment of the sweep's Ray driver: the jobs' output without colour codes
-    when it goes to a file, and for a Ray started here (``local``) a token of its own
-    unless the shell chose an authentication mode (module docstring)."""
+    """The environment of the sweep's Ray driver: when its output goes to a file (not a
+    terminal), the jobs' lines as they printed them, without Ray's colour codes,
+    ``(_execute pid=...)`` prefixes and merged repeats; and for a Ray started here (``local``) a token of its
+    own unless the shell chose an authentication mode (module docstring)."""
     added = {}
     if local and "RAY_AUTH_MODE" not in os.environ:
         added = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    if not sys.stdout.isatty() and "RAY_COLOR_PREFIX" not in os.environ:
+    plain = not sys.stdout.isatty()
+    if plain and "RAY_COLOR_PREFIX" not in os.environ:
         added["RAY_COLOR_PREFIX"] = "0"
     os.environ.update(added)
     _reread_auth_mode(added)
+    restore = _worker_log_prefix(shown=not plain)
     try:
         yield
     finally:
+        restore()
         for key in added:
             os.environ.pop(key, None)
         _reread_auth_mode(added)
+
+
+def _worker_log_prefix(shown: bool) -> Callable[[], None]:
+    """Have ``ray.init`` print the jobs' lines with Ray's ``(<task> pid=...)`` prefix and
+    its merging of repeated lines (``[repeated 2x across cluster]``, in colour), or, not
+    ``shown``, as the jobs printed them; returns what undoes it. Ray reads
+    ``RAY_DISABLE_WORKER_LOG_PREFIX`` and ``RAY_DEDUP_LOGS`` once, when imported, so the
+    constants it read are set (each left alone when the shell set its variable)."""
+    from ray._private import ray_constants, ray_logging
+
+    wanted = [
+        (ray_constants, "RAY_DISABLE_WORKER_LOG_PREFIX", not shown),
+        (ray_logging, "RAY_DEDUP_LOGS", shown),
+    ]
+    before = [(m, name, getattr(m, name)) for m, name, _ in wanted]
+    for module, name, value in wanted:
+        if name not in os.environ:
+            setattr(module, name, value)
+
+    def restore() -> None:
+        for module, name, value in before:
+            setattr(module, name, value)
+
+    return restore
 
 
 def _reread_auth_mode(changed: dict[str, str]) -> None:

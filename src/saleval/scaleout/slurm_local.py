@@ -118,6 +118,8 @@ class LocalCluster:
                     "# written by saleval.scaleout.slurm_local: one node on this machine",
                     "ClusterName=saleval-local",
                     "SlurmctldHost=localhost(127.0.0.1)",
+                    # bind to those addresses, not to every interface (SLURM's default)
+                    "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
                     f"SlurmctldPort={_free_port()}",
                     f"SlurmdPort={_free_port()}",
                     "SlurmUser=root",
