@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fcntl
 import importlib.util
 import os
 import pty
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections import Counter
 from pathlib import Path
@@ -311,6 +314,8 @@ def test_sigterm_stops_explain_while_it_explains(tmp_path: Path, tiny_train_run:
             "data.n_samples=40", "progress=true", *scratch(tmp_path)]  # fmt: skip
     # stderr on a terminal (a pty), as a user's: LIME's bar shows there (saleval.progress)
     reader, terminal = pty.openpty()
+    # a terminal's size (a new pty has none, and tqdm draws nothing 0 columns wide)
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
     proc = subprocess.Popen(
         [sys.executable, "-c", code, *args],
         stderr=terminal,

@@ -636,6 +636,17 @@ def _pg_missing() -> str | None:
     return None
 
 
+def _command_lines() -> list[bytes]:
+    """Every process's command line (what ``ps`` shows every user)."""
+    lines = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(path.read_bytes())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return lines
+
+
 def _status(url: str, auth: tuple[str, str] | None = None, host: str | None = None,
             method: str = "GET", body: dict | None = None) -> int:  # fmt: skip
     headers = {"Content-Type": "application/json"}
@@ -674,6 +685,12 @@ def _tracking(
         # (its uvicorn holds the socket, under a command line that names none of the walk's
         # places: found by its port)
         assert {a for a, p in _listening(None) if p == int(port)} == {"0.0.0.0"}
+        # no password on a command line, which ps shows to every user
+        shown = _command_lines()
+        db_password = walk.var("DB_PASSWORD").encode()
+        assert not [c for c in shown if db_password in c], "a password on a command line"
+        pgpass = Path(walk.env["HOME"]) / ".pgpass"
+        assert pgpass.stat().st_mode & 0o077 == 0  # the database's password: mode 600
         walk.step("pg-user")
         before = _sweeps(walk.root, "train")
         swept = walk.step("pg-sweep")

@@ -38,7 +38,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,24 @@ log = logging.getLogger(__name__)
 #: environment variables a job takes from the launching shell (a joined cluster's
 #: workers do not inherit it)
 _PASS_ENV = ("MLFLOW_", "SALEVAL_", "HF_", "TOKENIZERS_", "OMP_NUM_THREADS", "PYTHONPATH")
+#: ...except a credential: Ray keeps a job's runtime environment (its GCS, its logs), so a
+#: password or token reaches the jobs through a file of mode 600 instead
+#: (``~/.mlflow/credentials``, docs/scale-out.md#4-one-tracking-server)
+_SECRET_ENV = ("PASSWORD", "TOKEN", "SECRET", "_KEY")
+
+
+def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a Ray job takes from the launching shell: :data:`_PASS_ENV`, no credential.
+
+    >>> job_environment({"MLFLOW_TRACKING_URI": "http://h:5000", "HF_TOKEN": "t",
+    ...                  "MLFLOW_TRACKING_PASSWORD": "p", "HOME": "/root"})
+    {'MLFLOW_TRACKING_URI': 'http://h:5000'}
+    """
+    return {
+        k: v
+        for k, v in environ.items()
+        if k.startswith(_PASS_ENV) and not any(s in k.upper() for s in _SECRET_ENV)
+    }
 
 
 def _execute(
@@ -296,7 +314,7 @@ class RayLauncher(Launcher):
         for job in done:
             log.info("\t#%d : finished already in %s: not run again", job.idx, job.dir)
         if todo:
-            env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
+            env = job_environment(os.environ)
             started = not ray.is_initialized()
             stack = contextlib.ExitStack()
             if started:
