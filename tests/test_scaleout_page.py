@@ -526,6 +526,23 @@ def _slurm(walk: Walk, env: dict[str, str], client: MlflowClient) -> None:
         (line,) = [x for x in ran.output.splitlines() if x.startswith("saleval-")]
         assert "cannot run these jobs" in line and "Traceback" not in ran.output
         assert not list((walk.root / "outputs").rglob(".submitit")) and not _queue(env)
+    # a sweep whose tracking store is down: one line within the wait, nothing submitted
+    down = f"http://127.0.0.1:{_free_port()}"
+    ran = walk.shell.run(
+        "slurm-store-down",
+        f"(MLFLOW_TRACKING_URI={down} saleval-train -m hydra/launcher=slurm $SMALL_NODE "
+        "tracking.wait_s=3 seed=1,2 $SMALL_TRAIN)",
+        120,
+    )
+    lines = [x for x in ran.output.splitlines() if x.strip()]
+    assert {s for s, _ in ran.failed} == {2} and len(lines) == 1, ran.output
+    assert lines[0].startswith(
+        f"saleval-train: the tracking store {down} did not answer within 3 s"
+    )
+    assert lines[0].endswith("nothing was submitted"), lines[0]
+    print(f"walk: the sweep with its store down was refused after {ran.seconds:.1f} s")
+    assert ran.seconds < 3 + 10 + 15  # the wait, its 10 s, and the command's start under load
+    assert not list((walk.root / "outputs").rglob(".submitit")) and not _queue(env)
     before = _sweeps(walk.root, "train")
     walk.step("slurm-sweep")
     sweep = _new_sweep(walk.root, "train", before)

@@ -137,8 +137,8 @@ def quiet_libraries() -> None:
     In a SLURM job, every Trainer says "SLURM auto-requeueing enabled" (Lightning's
     requeue-on-SIGUSR1, a signal Submitit never sends: it warns with SIGUSR2 and requeues
     itself, docs/scale-out.md). Where stderr is a file (a SLURM job's ``.err``, a Ray
-    worker, a redirected run), transformers' and huggingface_hub's progress bars (loading
-    and writing weights) are off: a file keeps every redraw of them as one long line.
+    worker, a redirected run), transformers', huggingface_hub's and MLflow's progress bars
+    (loading and writing weights, moving artifacts) are off: a file keeps every redraw of them as one long line.
     ``HF_HUB_DISABLE_PROGRESS_BARS=0`` turns them back on.
     """
     for name in (
@@ -151,6 +151,8 @@ def quiet_libraries() -> None:
     if not _isatty(sys.stderr):
         # read by huggingface_hub (and through it transformers) when imported
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # MLflow's artifact upload and download bars (a catch-up, a logged model), likewise
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and "transformers" in sys.modules:
             from transformers.utils import logging as hf_logging
 

@@ -46,6 +46,7 @@ from saleval.errors import UserError
 from saleval.pipeline import tracking, tracking_health, tracking_journal, views
 from saleval.pipeline.merge import PIPELINE_JSON, is_sweep_dir, sweep_jobs
 from saleval.pipeline.run_record import FINISHED, RUN_JSON, RunRecord, write_atomically
+from saleval.progress import interactive
 
 log = logging.getLogger(__name__)
 
@@ -435,6 +436,8 @@ def catch_up(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script ``saleval-catch-up``."""
+    if not interactive():  # MLflow's artifact bars would keep every redraw in a file
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     parser = argparse.ArgumentParser(
         prog="saleval-catch-up",
         description=(
