@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
 from saleval.modeling.data import clean_ag_news, clean_imdb, load_dataset
@@ -47,8 +51,34 @@ GROUP_ROOT = {
 }
 
 
+def _own_values(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Every value a config file sets itself, by dotted key (unresolved; its ``defaults``
+    list and ``???``, a value the user must give, left out)."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if not prefix and key == "defaults":
+            continue
+        if isinstance(value, dict):
+            out.update(_own_values(value, f"{prefix}{key}."))
+        elif value != "???":
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _composed(root: str, override: str, group: str) -> tuple[DictConfig, str]:
+    """``root`` composed with ``override`` (as the console scripts compose it) and the
+    option of ``group`` that Hydra records it chose."""
+    cfg = compose_config(root, [override])
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):
+        hydra_cfg = compose(root, overrides=[override], return_hydra_config=True)
+    return cfg, str(hydra_cfg.hydra.runtime.choices[group])
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_every_group_composes(group: str) -> None:
+    """Each option composes, is the option chosen, and its own values are in the config
+    (the root composes every group it holds with a default, so a node alone proves none)."""
     options = _options(group)
     assert options, f"conf/{group} is empty"
     if group == "experiment":  # recipes of other stages: tests/test_recipes.py, each with its own
@@ -56,11 +86,17 @@ def test_every_option_of_every_group_composes(group: str) -> None:
     root = GROUP_ROOT.get(group, "train")
     in_root = group in compose_config(root)
     for opt in options:
-        cfg = compose_config(root, [f"{'' if in_root else '+'}{group}={opt}"])
-        if group == "experiment":  # @package _global_: overrides only, no node of its own
-            assert cfg.dataset.name and cfg.model.name
-        else:
-            assert cfg[group] is not None, f"{group}={opt}"
+        cfg, chosen = _composed(root, f"{'' if in_root else '+'}{group}={opt}", group)
+        assert chosen == opt, f"{group}={opt} composed {group}={chosen}"
+        # @package _global_ (experiment): its values sit at the root, not in a node of its own
+        node = cfg if group == "experiment" else cfg[group]
+        flat = _own_values(OmegaConf.to_container(node, resolve=False))
+        own_file = OmegaConf.load(paths.conf_dir() / group / f"{opt}.yaml")
+        own = _own_values(OmegaConf.to_container(own_file))
+        differ = {
+            k: (v, flat.get(k, "<absent>")) for k, v in own.items() if flat.get(k, "<absent>") != v
+        }
+        assert not differ, f"{group}={opt}: the file's value vs the composed one: {differ}"
 
 
 def test_data_root_defaults_to_shared_and_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
