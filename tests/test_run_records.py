@@ -376,23 +376,33 @@ def mlflow_server(where: Path, port: int) -> Iterator[Server]:
         Server(url, proc).die()
 
 
-def test_a_server_that_does_not_answer_at_the_start_is_one_line_within_the_wait(
-    tmp_path: Path,
-) -> None:
+def _refused_with_the_store_down(
+    tmp_path: Path, wait_s: int, *args: str
+) -> tuple[str, float, subprocess.CompletedProcess[str]]:
+    """``saleval-score`` (with ``args``) against a server that does not listen: its one line,
+    its wall time and the finished process."""
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     t0 = time.monotonic()
     done = script(
-        "score", *SCORE, "tracking.wait_s=2", f"paths.output_root={tmp_path / 'out'}",
-        env={"MLFLOW_TRACKING_URI": url},
+        "score", *args, *SCORE, f"tracking.wait_s={wait_s}",
+        f"paths.output_root={tmp_path / 'out'}", env={"MLFLOW_TRACKING_URI": url},
     )  # fmt: skip
     took = time.monotonic() - t0
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr[-3000:]
     assert lines[0].startswith(
-        f"saleval-score: the tracking store {url} did not answer within 2 s (connection refused)"
+        f"saleval-score: the tracking store {url} did not answer within {wait_s} s "
+        "(connection refused)"
     )
-    assert "tracking.wait_s=<seconds>" in lines[0] and "saleval-catch-up" in lines[0]
+    return lines[0], took, done
+
+
+def test_a_server_that_does_not_answer_at_the_start_is_one_line_within_the_wait(
+    tmp_path: Path,
+) -> None:
+    line, took, _ = _refused_with_the_store_down(tmp_path, 2)
+    assert "tracking.wait_s=<seconds>" in line and "saleval-catch-up" in line
     assert took < 60  # not MLflow's minutes of retries (measured under load: about 10 s)
     assert not list((tmp_path / "out").rglob("*")), "a refused run leaves no stub dir"
 
@@ -401,20 +411,10 @@ def test_a_sweep_whose_store_is_down_is_refused_before_submitting(tmp_path: Path
     """The Ray launcher (on this machine) asks the store before it starts Ray or submits a
     job: one line within tracking.wait_s + 10 s, and no sweep dir left (docs/tracking.md)."""
     pytest.importorskip("ray")
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    t0 = time.monotonic()
-    done = script(
-        "score", "-m", "hydra/launcher=ray", *SCORE, "tracking.wait_s=3",
-        f"paths.output_root={tmp_path / 'out'}", "seed=1,2", env={"MLFLOW_TRACKING_URI": url},
-    )  # fmt: skip
-    took = time.monotonic() - t0
-    assert done.returncode == 2, done.stderr[-3000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr[-3000:]
-    assert lines[0].startswith(
-        f"saleval-score: the tracking store {url} did not answer within 3 s (connection refused)"
+    line, took, done = _refused_with_the_store_down(
+        tmp_path, 3, "-m", "hydra/launcher=ray", "seed=1,2"
     )
-    assert lines[0].endswith("; nothing was submitted")
+    assert line.endswith("; nothing was submitted")
     assert "Ray" not in done.stdout, done.stdout[-2000:]  # Ray was never started
     assert took < 3 + 10 + 15, took  # the wait, plus the command's own start (imports)
     assert not list((tmp_path / "out").rglob("*")), "no sweep dir is left behind"

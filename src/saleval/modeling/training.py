@@ -317,14 +317,17 @@ class MlflowEpochLogger(Callback):
     def _log(self, trainer: L.Trainer) -> None:
         if trainer.global_rank != 0 or mlflow.active_run() is None:
             return
-        vals = {
-            self.KEYS[k]: float(v) for k, v in trainer.callback_metrics.items() if k in self.KEYS
-        }
+        vals = self.values(trainer)
         vals["elapsed_seconds"] = time.perf_counter() - self.t0
         if self.log_values is not None:  # the stage's: journaled, an outage costs no epoch
             self.log_values(vals, trainer.current_epoch)
         else:
             mlflow.log_metrics(vals, step=trainer.current_epoch)
+
+    @classmethod
+    def values(cls, trainer: L.Trainer) -> dict[str, float]:
+        """The epoch's logged values under the project's keys."""
+        return {cls.KEYS[k]: float(v) for k, v in trainer.callback_metrics.items() if k in cls.KEYS}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning runs the epoch's validation before this hook: both are available.
@@ -339,20 +342,13 @@ class EpochLines(Callback):
         self.t0 = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_rank != 0:
-            return
-        keys = MlflowEpochLogger.KEYS
-        vals = [
-            f"{keys[k]} {float(v):.4f}" for k, v in trainer.callback_metrics.items() if k in keys
-        ]
-        progress.log.info(
-            progress.line(
-                f"epoch ({', '.join(sorted(vals))})" if vals else "epoch",
-                trainer.current_epoch + 1,
-                trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
-                time.perf_counter() - self.t0,
+        if trainer.global_rank == 0:
+            vals = ", ".join(
+                f"{k} {v:.4f}" for k, v in sorted(MlflowEpochLogger.values(trainer).items())
             )
-        )
+            total = trainer.max_epochs if (trainer.max_epochs or 0) > 0 else None
+            desc, seconds = f"epoch ({vals})" if vals else "epoch", time.perf_counter() - self.t0
+            progress.log.info(progress.line(desc, trainer.current_epoch + 1, total, seconds))
 
 
 def trainer_config(cfg: TrainerConfig | Mapping[str, Any] | Any) -> TrainerConfig:
