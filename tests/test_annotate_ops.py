@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval.annotate.app import create_app
 from saleval.annotate.store_answers import AnnotationStore
-from saleval.annotate.store_db import StoreError
+from saleval.annotate.store_db import SCHEMA_VERSION, StoreError
 from saleval.annotate.study import load_study
 from saleval.pipeline import tables
 from saleval.stages import annotate as annotate_stage
@@ -194,4 +194,4 @@ def test_an_empty_database_file_gets_the_current_schema(tmp_path: Path) -> None:
     sqlite3.connect(db).close()
     AnnotationStore(db).close()
     version = sqlite3.connect(db).execute("SELECT value FROM meta").fetchone()[0]
-    assert version == "2"
+    assert version == str(SCHEMA_VERSION) == "3"

@@ -446,15 +446,18 @@ class Costing:
         if self.fee < 0:
             raise PlanError(f"plan.cost.fee: {self.fee}; must be >= 0 (a fraction of the pay)")
 
+    def pay(self, answers: int) -> float:
+        """What ``answers`` answers pay the workers, before the fee (the app's reward per
+        bundle is this rule too: docs/annotate.md#payments)."""
+        return answers * self.seconds_per_task / 60 / 60 * self.hourly_rate  # minutes, hours
+
     def of(self, design: Design) -> dict[str, float]:
-        minutes = design.answers * self.seconds_per_task / 60
-        pay = minutes / 60 * self.hourly_rate
         return {
             "tasks": design.tasks,
             "answers": design.answers,
             "bundles": design.bundles,
-            "worker_minutes": minutes,
-            "cost": pay * (1 + self.fee),
+            "worker_minutes": design.answers * self.seconds_per_task / 60,
+            "cost": self.pay(design.answers) * (1 + self.fee),
         }
 
 

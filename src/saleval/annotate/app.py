@@ -27,7 +27,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,8 @@ from markupsafe import Markup
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
 
-from saleval.annotate import routes_admin, routes_worker
+from saleval.annotate import routes_admin, routes_dashboard, routes_participant, routes_worker
+from saleval.annotate.comprehension import Question, default_questions, read_questions
 from saleval.annotate.security import FAILURE_WINDOW_S, Throttle, security_headers
 from saleval.annotate.state import AppState, state_of
 from saleval.annotate.store_answers import AnnotationStore
@@ -59,12 +60,16 @@ def create_app(
     study: Study | str | Path,
     settings: AnnotateConfig,
     crowd: AnnotateCrowdConfig | None = None,
+    excluded: Iterable[str] = (),
+    seconds_hint: float | None = None,
 ) -> FastAPI:
     """Build the app for one task set from ``saleval-annotate``'s typed ``annotate`` and
     ``crowd`` nodes (``settings`` resolved: ``annotate.db`` a path and
     ``annotate.admin_token`` the token itself, as
     :func:`saleval.schema.to_schema` gives them); the store is opened and the bundles
-    registered now."""
+    registered now. ``excluded``: worker IDs refused at the start (a pilot's
+    participants); ``seconds_hint``: the time per task pay is reckoned at (the pilot's
+    median) when ``pay.seconds_per_task`` is not set."""
     if not isinstance(study, Study):
         study = load_study(study)
     if "${" in f"{settings.db} {settings.admin_token}":  # a schema default, never resolved
@@ -75,8 +80,13 @@ def create_app(
     if not settings.admin_token or len(settings.admin_token) < 8:
         raise ValueError("annotate.admin_token must be at least 8 characters")
     store = AnnotationStore(Path(settings.db), settings, crowd)
-    store.register_run(study.run_key, study.dataset, str(study.tasks_dir), study.bundles)
+    store.register_run(study.run_key, study.store_dataset, str(study.tasks_dir), study.bundles)
     state = _state(study, store, settings)
+    case = store.crowd.worker_id_case
+    state.excluded = frozenset(case.key(str(w)) for w in excluded)
+    state.seconds_hint = (
+        settings.pay.seconds_per_task if settings.pay.seconds_per_task is not None else seconds_hint
+    )
 
     app = FastAPI(title="saleval annotate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.annotate = state
@@ -94,7 +104,9 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _bad_form)
     app.add_exception_handler(Exception, _server_error)
     app.include_router(routes_worker.router)
+    app.include_router(routes_participant.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_dashboard.router)
     return app
 
 
@@ -125,7 +137,23 @@ def _state(study: Study, store: AnnotationStore, settings: AnnotateConfig) -> Ap
         admin_throttle=Throttle(settings.admin_max_failures, FAILURE_WINDOW_S),
         resume_throttle=Throttle(settings.resume_max_failures, FAILURE_WINDOW_S),
         allowed_origins=frozenset(o.rstrip("/").lower() for o in settings.allowed_origins),
+        participant_cookie=f"saleval_p_{suffix}",
+        questions=_questions(study, settings),
+        excluded=frozenset(),
+        seconds_hint=None,
     )
+
+
+def _questions(study: Study, settings: AnnotateConfig) -> list[Question]:
+    """The comprehension check's questions: the study's file, else the default three."""
+    check = settings.comprehension
+    if not check.enabled:
+        return []
+    if check.attempts < 1:
+        raise ValueError(f"annotate.comprehension.attempts={check.attempts}: must be at least 1")
+    if check.questions_file:
+        return read_questions(check.questions_file)
+    return default_questions(study.target, study.run_key)
 
 
 def _foreign_post(request: Request) -> Response:

@@ -8,6 +8,7 @@ exactly what the import stage accepts — and every ``task_id`` is one of the se
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
@@ -26,12 +27,18 @@ class ExportError(UserError, RuntimeError):
 
 
 def answers_frame(
-    store: AnnotationStore, study: Study, complete_only: bool = False
+    store: AnnotationStore,
+    study: Study,
+    complete_only: bool = False,
+    exclude: Collection[str] = (),
 ) -> pd.DataFrame:
-    """Committed answers of ``study`` as a validated ``tables.ANSWERS`` frame."""
+    """Committed answers of ``study`` as a validated ``tables.ANSWERS`` frame, without
+    those of the workers in ``exclude`` (participants flagged for rejection)."""
     raw = store.answers(study.run_key)  # released assignments' answers too (acknowledged)
     if complete_only:
         raw = raw[raw["bundle_complete"].astype(bool)]
+    if exclude:
+        raw = raw[~raw["worker_id"].isin(list(exclude))]
     df = raw.drop(columns=["bundle_complete"]).reset_index(drop=True)
     started = pd.to_datetime(df["started_at"], utc=True, format="ISO8601")
     submitted = pd.to_datetime(df["submitted_at"], utc=True, format="ISO8601")

@@ -11,15 +11,16 @@ throttle, apart from the admin's.
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from saleval.annotate import routes_participant
 from saleval.annotate.security import WORKER_ID_RULE, client_key, valid_worker_id
-from saleval.annotate.state import redirect, state_of
+from saleval.annotate.state import completion_link, redirect, state_of
 from saleval.annotate.store_answers import AnswerRejected
 from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
+from saleval.annotate.store_participants import ENDED_ATTENTION
 
 PLATFORM_PARAMS = {"PROLIFIC_PID": "worker_id", "STUDY_ID": "study_id", "SESSION_ID": "session_id"}
 """Prolific's URL parameters and the start form's fields they fill (docs/annotate.md)."""
@@ -28,15 +29,6 @@ POSITION_RE = re.compile(r"[0-9]{1,9}")
 """A task position: a small non-negative integer (never a 64-bit overflow)."""
 
 router = APIRouter()
-
-
-def completion_link(template: str, code: str) -> str:
-    """The platform's completion URL with the code put in (URL-quoted) for ``{code}``.
-
-    >>> completion_link("https://app.prolific.com/submissions/complete?cc={code}", "AB CD")
-    'https://app.prolific.com/submissions/complete?cc=AB%20CD'
-    """
-    return template.replace("{code}", quote(code, safe=""))
 
 
 @router.get("/healthz")
@@ -104,6 +96,15 @@ def start(
         return st.too_many(
             request, wait, login=False, text="Too many wrong resume codes; try again later."
         )
+    if st.store.crowd.worker_id_case.key(clean) in st.excluded:  # annotate.exclude_pilot
+        return routes_participant.returned_page(request, None, 403)
+    p = st.store.participant(
+        st.study.run_key, clean, study_id=study_id[:200], platform_session=session_id[:200]
+    )
+    if p.screened_out or p.ended or (st.questions and not p.passed_at):
+        ahead: Response = redirect("/returned" if p.screened_out or p.ended else "/comprehension")
+        st.set_cookie(ahead, st.participant_cookie, p.token)
+        return ahead
     try:
         a = st.store.assign(
             st.study.run_key,
@@ -120,14 +121,8 @@ def start(
     except BundleRefused as refused:
         return st.error(request, refused.reason, refused.status, heading="No bundle for you")
     response: Response = redirect("/task" if a.instructions_at else "/instructions")
-    response.set_cookie(
-        st.session_cookie,
-        a.session_token,
-        httponly=True,
-        samesite="lax",
-        secure=st.settings.secure_cookies,
-        max_age=14 * 24 * 3600,
-    )
+    st.set_cookie(response, st.session_cookie, a.session_token)
+    st.set_cookie(response, st.participant_cookie, p.token)
     return response
 
 
@@ -137,6 +132,8 @@ def active(request: Request) -> Assignment | Response:
     a = st.current(request)
     if a is None:
         return redirect("/")
+    if a.released_reason == ENDED_ATTENTION:
+        return redirect("/returned")
     if a.released:
         try:
             return st.store.reclaim(a.assignment_id)
@@ -209,7 +206,10 @@ def answer(request: Request, position: str = Form(""), answer: str = Form("")) -
         result = st.store.record_answer(a.assignment_id, int(position), answer)
     except AnswerRejected as rejected:
         return st.error(request, rejected.reason, rejected.status)
-    return redirect("/done" if result.completed else "/task")
+    ended = (
+        routes_participant.after_gold_answer(request, a, int(position)) if result.stored else None
+    )
+    return ended or redirect("/done" if result.completed else "/task")
 
 
 @router.get("/done", response_class=HTMLResponse)
@@ -220,6 +220,9 @@ def done(request: Request) -> Response:
         return redirect("/")
     if not a.done:
         return redirect("/task")
+    p = st.participant(request)
+    if p is not None and p.ended:  # flagged at the last task: no completion code
+        return redirect("/returned")
     if st.settings.completion_url:
         return redirect(completion_link(st.settings.completion_url, a.completion_code or ""))
     return st.page(request, "done.html", assignment=a)

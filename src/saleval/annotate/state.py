@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
+from saleval.annotate.comprehension import Question
 from saleval.annotate.security import SECURITY_HEADERS, Throttle
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.store_leases import Assignment
+from saleval.annotate.store_participants import Participant
 from saleval.annotate.study import Study
 from saleval.config.annotate import AnnotateConfig
 
@@ -48,6 +51,26 @@ class AppState:
     admin_throttle: Throttle
     resume_throttle: Throttle
     allowed_origins: frozenset[str]
+    participant_cookie: str  # the participant before (and beside) their bundle's session
+    questions: list[Question]  # the comprehension check (empty when it is off)
+    excluded: frozenset[str]  # the pilot's participants (worker-ID rule keys)
+    seconds_hint: float | None  # pay.seconds_per_task, else the pilot's median
+
+    def participant(self, request: Request) -> Participant | None:
+        """The participant of the request's cookie, if of this task set."""
+        p = self.store.by_participant_token(request.cookies.get(self.participant_cookie))
+        return p if p is not None and p.run_key == self.study.run_key else None
+
+    def set_cookie(self, response: Response, name: str, value: str) -> None:
+        """A worker's cookie: HTTP only, same-site lax, two weeks."""
+        response.set_cookie(
+            name,
+            value,
+            httponly=True,
+            samesite="lax",
+            secure=self.settings.secure_cookies,
+            max_age=14 * 24 * 3600,
+        )
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         """A template rendered with the app's title, with the security headers set here
@@ -94,6 +117,15 @@ class AppState:
         """The assignment of the request's session cookie, if it is of this task set."""
         a = self.store.by_session(request.cookies.get(self.session_cookie))
         return a if a is not None and a.run_key == self.study.run_key else None
+
+
+def completion_link(template: str, code: str) -> str:
+    """The platform's completion URL with the code put in (URL-quoted) for ``{code}``.
+
+    >>> completion_link("https://app.prolific.com/submissions/complete?cc={code}", "AB CD")
+    'https://app.prolific.com/submissions/complete?cc=AB%20CD'
+    """
+    return template.replace("{code}", quote(code, safe=""))
 
 
 def redirect(path: str) -> RedirectResponse:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from saleval.annotate.store_db import _new_code
-from saleval.annotate.store_leases import Assignment, BundleStore, _assignment, _released_message
+from saleval.annotate.store_leases import Assignment, _assignment, _released_message
+from saleval.annotate.store_participants import ParticipantStore
 
 
 class AnswerRejected(Exception):
@@ -42,7 +43,7 @@ class NextTask:
     started_at: str
 
 
-class AnnotationStore(BundleStore):
+class AnnotationStore(ParticipantStore):
     """Thread-safe access to the annotation database; one connection per thread.
 
     ``readonly=True`` opens an existing database without writing to it (an archived copy,

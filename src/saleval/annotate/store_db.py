@@ -50,7 +50,7 @@ from saleval.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -114,6 +114,33 @@ CREATE TABLE IF NOT EXISTS answers (
     submitted_at TEXT NOT NULL,
     PRIMARY KEY (assignment_id, position),
     UNIQUE (assignment_id, task_id)
+);
+CREATE TABLE IF NOT EXISTS participants (
+    run_key TEXT NOT NULL REFERENCES runs (run_key),
+    worker_id TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    first_seen_at TEXT NOT NULL,
+    study_id TEXT,
+    platform_session TEXT,
+    client TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    passed_at TEXT,
+    screened_out_at TEXT,
+    ended_at TEXT,
+    ended_reason TEXT,
+    PRIMARY KEY (run_key, worker_id),
+    CHECK (passed_at IS NULL OR screened_out_at IS NULL)
+);
+CREATE TABLE IF NOT EXISTS comprehension_attempts (
+    run_key TEXT NOT NULL,
+    worker_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    submitted_at TEXT NOT NULL,
+    answers TEXT NOT NULL,
+    wrong TEXT NOT NULL,
+    passed INTEGER NOT NULL,
+    PRIMARY KEY (run_key, worker_id, attempt),
+    FOREIGN KEY (run_key, worker_id) REFERENCES participants (run_key, worker_id)
 );
 """
 
@@ -201,6 +228,10 @@ class StoreDatabase:
                 c.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
                     (str(SCHEMA_VERSION),),
+                )
+            elif int(row[0]) == 2:  # version 3 only adds the participants' tables
+                c.execute(
+                    "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
                 )
             elif int(row[0]) != SCHEMA_VERSION:
                 raise StoreError(

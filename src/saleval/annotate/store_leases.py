@@ -231,7 +231,9 @@ class BundleStore(LeaseStore):
         case = self.crowd.worker_id_case
         key = case.key(worker_id)
         known = c.execute(
-            "SELECT worker_id FROM assignments GROUP BY worker_id ORDER BY MIN(assignment_id)"
+            "SELECT worker_id FROM (SELECT worker_id, assigned_at AS t FROM assignments "
+            "UNION ALL SELECT worker_id, first_seen_at FROM participants) "
+            "GROUP BY worker_id ORDER BY MIN(t)"
         )
         return next((str(w) for (w,) in known if case.key(str(w)) == key), worker_id.strip())
 
@@ -261,6 +263,17 @@ class BundleStore(LeaseStore):
                 raise StoreError(f"{self.path}: task set {run_key} is not registered")
             dataset = run[0]
             worker_id = self.worker(c, worker_id)
+            ended = c.execute(
+                "SELECT 1 FROM participants WHERE run_key=? AND worker_id=? "
+                "AND (ended_at IS NOT NULL OR screened_out_at IS NOT NULL)",
+                (run_key, worker_id),
+            ).fetchone()
+            if ended is not None:  # the paid-study policy ended this session for good
+                raise BundleRefused(
+                    f"The session of worker {worker_id} in this study has ended; please "
+                    "return the study on your platform.",
+                    status=403,
+                )
             self._expire(c, run_key)
             held = c.execute(
                 "SELECT * FROM assignments WHERE worker_id=? AND dataset=? AND released_at IS NULL",
@@ -426,6 +439,7 @@ def _released_message(c: sqlite3.Connection, a: Assignment) -> str:
         "expired": "your time for this bundle ran out and it went to another worker",
         "admin": "the study's organiser released your bundle",
         "reassigned": "the study's organiser gave your bundle to another worker",
+        "attention": "your session ended after the attention checks",
     }.get(str(a.released_reason), "your bundle was released")
     return (
         f"Sorry: {why}. This answer was NOT saved. Your {n} earlier "

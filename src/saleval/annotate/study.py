@@ -7,6 +7,7 @@ worker halfway through a bundle.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from saleval.config.annotate import StudyPhase
 from saleval.errors import UserError
 from saleval.pipeline import tables
 from saleval.pipeline.run_record import RunRecord
@@ -38,10 +40,12 @@ class Study:
     run_key: str
     dataset: str
     label_names: tuple[str, ...]
+    phase: StudyPhase  # a pilot's task set is stored apart (pilot_study)
     tasks: pd.DataFrame  # indexed by task_id
     bundles: pd.DataFrame  # bundle_id, position, task_id, is_gold in file order
     instructions_md: str
     label_descriptions: dict[str, str] = field(default_factory=dict)
+    target: str = "gold"  # study.target: what the workers are asked (the comprehension check)
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -52,6 +56,12 @@ class Study:
     def bundle_ids(self) -> list[str]:
         """Bundle ids in file order, the order in which the app hands them out."""
         return list(dict.fromkeys(self.bundles["bundle_id"].tolist()))
+
+    @property
+    def store_dataset(self) -> str:
+        """The dataset the store's one-bundle-per-worker rule counts in: a pilot's own, so
+        whether pilot participants may join the main study is ``annotate.exclude_pilot``'s."""
+        return self.dataset + (PILOT_SUFFIX if self.phase == StudyPhase.pilot else "")
 
     def display_text(self, task_id: str) -> str:
         return str(self.tasks.at[task_id, "display_text"])
@@ -114,10 +124,32 @@ def load_study(tasks_dir: str | Path) -> Study:
         run_key=_run_key(tasks_dir),
         dataset=str(dataset),
         label_names=label_names,
+        phase=StudyPhase.main,
         tasks=tasks.set_index("task_id", drop=False),
         bundles=bundles.reset_index(drop=True),
         instructions_md=instructions.read_text(encoding="utf-8"),
         label_descriptions=descriptions,
+        target=str(OmegaConf.select(cfg, "study.target", default="gold")),
+    )
+
+
+PILOT_SUFFIX = "/pilot"
+
+
+def pilot_study(study: Study, n_bundles: int) -> Study:
+    """The pilot of ``study``: its first ``n_bundles`` bundles as a task set of their own.
+
+    Stored under ``<run key>/pilot``, so a pilot's answers and participants never mix
+    with the main study's in a shared database, and the main study serves every bundle.
+    """
+    if n_bundles < 1:
+        raise StudyError(f"annotate.pilot.bundles={n_bundles}: a pilot serves at least 1 bundle")
+    keep = study.bundle_ids[:n_bundles]
+    return dataclasses.replace(
+        study,
+        run_key=study.run_key + PILOT_SUFFIX,
+        bundles=study.bundles[study.bundles["bundle_id"].isin(keep)].reset_index(drop=True),
+        phase=StudyPhase.pilot,
     )
 
 

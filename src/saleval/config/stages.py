@@ -169,9 +169,19 @@ class SimulateStageConfig(StageConfig):
 
 
 @dataclass
+class AnnotateInputs:
+    tasks: str = MISSING  # a saleval-tasks run dir or runs:/<id>
+    # the pilot's export run (annotate.phase=pilot action=export): its participants are
+    # refused (annotate.exclude_pilot) and its median time per task sets the pay
+    pilot: str | None = None
+    # a pilot's export: a saleval-plan run whose designs it re-costs at the measured times
+    plan: str | None = None
+
+
+@dataclass
 class AnnotateStageConfig(StageConfig):
     action: AnnotateAction = AnnotateAction.serve
-    inputs: TaskRunInputs = field(default_factory=TaskRunInputs)
+    inputs: AnnotateInputs = field(default_factory=AnnotateInputs)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
     dataset: DatasetConfig | None = None  # null: the task run's (saleval.pipeline.provenance)
     # crowd.worker_id_case: the import's worker-ID rule, which the app follows too

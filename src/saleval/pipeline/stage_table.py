@@ -99,7 +99,8 @@ TABLE: tuple[StageSpec, ...] = (
         "annotate",
         "saleval.stages.annotate",
         "AnnotateStageConfig",
-        inputs={"tasks": "tasks"},
+        # a main study's pilot is an annotate run; a pilot re-costs a plan run's designs
+        inputs={"tasks": "tasks", "pilot": "annotate", "plan": "plan"},
         next=("saleval-import inputs.tasks={tasks} inputs.answers={run}",),
     ),
     StageSpec(

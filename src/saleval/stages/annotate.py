@@ -23,27 +23,36 @@ Example::
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import secrets
 import sqlite3
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import uvicorn
 from fastapi import FastAPI
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths
+from saleval.annotate import dashboard, paid_export, policy
 from saleval.annotate.app import create_app
 from saleval.annotate.export import answers_frame, write_completions, write_released
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.store_db import StoreError
-from saleval.annotate.study import Study, load_study
-from saleval.config.annotate import AnnotateAction, AnnotateConfig, AnnotateCrowdConfig
+from saleval.annotate.study import Study, load_study, pilot_study
+from saleval.config.annotate import (
+    AnnotateAction,
+    AnnotateConfig,
+    AnnotateCrowdConfig,
+    StudyPhase,
+)
 from saleval.errors import Stopped, sigterm_raises
 from saleval.pipeline import tables
+from saleval.pipeline.provenance import FIELDS
 from saleval.pipeline.run_inputs import resolve_input
 from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
@@ -58,7 +67,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     db = Path(str(cfg.annotate.db))
     if action == AnnotateAction.backup:
         return {"backup": str(backup(db, cfg.annotate.backup_to))}
-    study = load_study(resolve_input("tasks", cfg.inputs.tasks, paths.output_root(cfg)))
+    main_study = load_study(resolve_input("tasks", cfg.inputs.tasks, paths.output_root(cfg)))
+    phase = StudyPhase(cfg.annotate.phase)
+    study = (
+        pilot_study(main_study, int(cfg.annotate.pilot.bundles))
+        if phase == StudyPhase.pilot
+        else main_study
+    )
     token = admin_token(cfg.annotate) if action == AnnotateAction.serve else None
     if any("annotate.admin_token=" in arg for arg in sys.argv[1:]):
         log.warning(
@@ -70,8 +85,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with open_dict(cfg):  # the token stays out of the record
         cfg.annotate.admin_token = None if cfg.annotate.admin_token is None else "<redacted>"
     # the dataset (and study) are the task set's: adopted by the provenance rule
-    with Stage(cfg, "annotate", inputs={"tasks": cfg.inputs.tasks}, requires=["dataset"]) as st:
-        st.tracking.set_tags({"annotate.action": str(action), "annotate.db": str(db)})
+    inputs = {k: OmegaConf.select(cfg, f"inputs.{k}") for k in ("tasks", "pilot", "plan")}
+    if inputs["pilot"] is not None and phase == StudyPhase.pilot:
+        raise ValueError(
+            "inputs.pilot names a pilot for a main study; drop it with annotate.phase=pilot"
+        )
+    # every field from the task set; the pilot and the plan are read, never inherited from
+    inherits = {f: ["tasks"] for f in FIELDS}
+    with Stage(cfg, "annotate", inputs=inputs, inherits=inherits, requires=["dataset"]) as st:
+        st.tracking.set_tags(
+            {"annotate.action": str(action), "annotate.db": str(db), "annotate.phase": str(phase)}
+        )
+        pilot = read_pilot(st.inputs.get("pilot"))
         if action == AnnotateAction.export:
             if not db.is_file():
                 raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
@@ -82,11 +107,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                         f"annotate.db={db} holds no bundles of task set {study.run_key} "
                         f"({study.tasks_dir}); was it served with another annotate.db?"
                     )
-                df = answers_frame(store, study, bool(cfg.annotate.export.complete_only))
+                conf = to_schema(AnnotateConfig, cfg.annotate)
+                paid = export_paid(st, store, study, main_study, conf, pilot)
+                rejected = paid.table.loc[paid.table["decision"] == policy.Decision.reject]
+                exclude = set(rejected["worker_id"]) if conf.export.exclude_rejected else set()
+                df = answers_frame(store, study, conf.export.complete_only, exclude)
                 path = st.write(tables.ANSWERS, df)
                 st.log_file(write_completions(store, study, st.run_dir))
                 st.log_file(write_released(store, study, st.run_dir))
-                counts = _counts(store, study.run_key)
+                counts: dict[str, float] = {**_counts(store, study.run_key), **paid.metrics}
             except sqlite3.Error as err:
                 raise StoreError(f"annotate.db={db}: {err}") from err
             finally:
@@ -102,7 +131,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 **counts,
             }
 
-        app = build_app(study, cfg, token)
+        app = build_app(study, cfg, token, pilot)
         settings: AnnotateConfig = app.state.settings
         host, port = settings.host, settings.port
         if host not in _LOOPBACK:
@@ -115,21 +144,93 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print(f"  admin view: {url}/admin", file=sys.stderr)
         if not token:
             print(f"  admin token (generated, not stored): {settings.admin_token}", file=sys.stderr)
-        _serve(app, settings)
-        counts = _counts(app.state.store, study.run_key)
+        if study.phase == StudyPhase.pilot:
+            print(f"  pilot: the first {len(study.bundle_ids)} bundles", file=sys.stderr)
+        print(f"  dashboard: {url}/admin/dashboard", file=sys.stderr)
+        hint = app.state.annotate.seconds_hint
+        with dashboard.MetricsLogger(
+            lambda: dashboard.figures(app.state.store, study, settings, hint),
+            st.tracking.run_id,
+            settings.dashboard.log_every_s,
+        ):
+            _serve(app, settings)
+        served = _counts(app.state.store, study.run_key)
         app.state.store.close()
-        st.log_metrics(counts)
-        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **counts}
+        st.log_metrics(served)
+        return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **served}
 
 
-def build_app(study: Study, cfg: DictConfig, token: str | None) -> FastAPI:
+def build_app(
+    study: Study, cfg: DictConfig, token: str | None, pilot: Pilot | None = None
+) -> FastAPI:
     """The app of a ``saleval-annotate`` config: its typed ``annotate`` and ``crowd`` nodes as
     they are, with ``token`` put back as the admin token (the record holds it redacted), or
-    a random one when none was given."""
+    a random one when none was given; with a ``pilot``, its participants refused
+    (``annotate.exclude_pilot``) and its median time per task the pay's."""
     settings = replace(
         to_schema(AnnotateConfig, cfg.annotate), admin_token=token or secrets.token_urlsafe(18)
     )
-    return create_app(study, settings, to_schema(AnnotateCrowdConfig, cfg.crowd))
+    excluded = pilot.workers if pilot is not None and settings.exclude_pilot else ()
+    return create_app(
+        study,
+        settings,
+        to_schema(AnnotateCrowdConfig, cfg.crowd),
+        excluded=excluded,
+        seconds_hint=pilot.seconds_per_task if pilot is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """What a main study takes from its pilot's export run."""
+
+    run_dir: Path
+    workers: tuple[str, ...]
+    seconds_per_task: float | None
+
+
+def read_pilot(run_dir: Path | None) -> Pilot | None:
+    """The pilot's participants and median time per task, from its export run."""
+    if run_dir is None:
+        return None
+    people, report = run_dir / paid_export.PARTICIPANTS, run_dir / paid_export.PILOT
+    if not people.is_file() or not report.is_file():
+        raise ValueError(
+            f"inputs.pilot={run_dir}: holds no {people.name} and {report.name}; pass the "
+            "pilot's export run (saleval-annotate annotate.phase=pilot action=export)"
+        )
+    workers = pd.read_csv(people, dtype={"worker_id": str})["worker_id"].dropna()
+    seconds = json.loads(report.read_text(encoding="utf-8")).get("median_task_s")
+    return Pilot(run_dir, tuple(workers), None if seconds is None else float(seconds))
+
+
+def export_paid(
+    st: Stage,
+    store: AnnotationStore,
+    study: Study,
+    main_study: Study,
+    settings: AnnotateConfig,
+    pilot: Pilot | None,
+) -> paid_export.PaidExport:
+    """The paid study's files (decisions, bulk files, totals; a pilot's report), logged."""
+    records = policy.StudyRecords.read(store, study.run_key)
+    hint = settings.pay.seconds_per_task
+    if hint is None and pilot is not None:
+        hint = pilot.seconds_per_task
+    paid = paid_export.write_payments(st.run_dir, records, study, settings, hint)
+    metrics = dict(paid.metrics)
+    files = list(paid.files)
+    if study.phase == StudyPhase.pilot:
+        plan_dir = st.inputs.get("plan")
+        plan_cfg = st.inputs.parent_configs.get("plan")
+        report = paid_export.pilot_report(
+            st.run_dir, records, study, main_study, settings, paid.table, plan_dir, plan_cfg
+        )
+        metrics |= report.metrics
+        files += report.files
+    for f in files:
+        st.log_file(f)
+    return paid_export.PaidExport(files, metrics, paid.table)
 
 
 def _serve(app: FastAPI, settings: AnnotateConfig) -> None:

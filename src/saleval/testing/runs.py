@@ -18,6 +18,7 @@ store beside the run dir, never to the project's ``outputs/``.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,12 +86,14 @@ def explain_frames(
     methods: Sequence[str] | None = None,
     seed: int = 0,
     tricky_text: bool = True,
+    n_gold: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Predictions and attributions of synthetic texts, shaped as ``saleval-explain`` writes.
 
     ``n_study`` correctly classified samples ``s000, s001, ...`` (what a study with
     ``population: correct`` draws), then one misclassified sample per label
-    (``x000, ...``) from which the instructions take their example texts. Words and
+    (``x000, ...``) from which the instructions take their example texts, then ``n_gold``
+    more correctly classified samples (``g000, ...``) for gold questions. Words and
     character spans come from :func:`saleval.words.word_spans`, so they are the words
     the explain stage would keep. Scores are uniform random per (sample, method, word).
     With ``tricky_text``, ``s000`` opens with :data:`TRICKY`, whose two words get the
@@ -113,6 +116,9 @@ def explain_frames(
         samples.append((f"s{i:03d}", label, label))
     for i in range(n_labels):
         samples.append((f"x{i:03d}", i, (i + 1) % n_labels))
+    for i in range(n_gold):
+        label = i % n_labels
+        samples.append((f"g{i:03d}", label, label))
     pred_rows: list[dict[str, Any]] = []
     attr_rows: list[dict[str, Any]] = []
     for sid, label, pred in samples:
@@ -238,8 +244,10 @@ def make_task_run(
     dataset: str = "ag_news",
     seed: int = 0,
     tricky_text: bool = True,
+    gold_rate: float = 0.0,
 ) -> Path:
-    """A ``saleval-tasks`` run dir with ``n_bundles`` bundles of ``bundle_size`` tasks.
+    """A ``saleval-tasks`` run dir with ``n_bundles`` bundles of ``bundle_size`` tasks
+    (and ``gold_rate`` × ``bundle_size`` gold questions on top of each: ``study.gold_rate``).
 
     Runs :func:`saleval.stages.tasks.run` on a synthetic explain run written to
     ``<run_dir>.explain`` (:func:`explain_frames`, :func:`make_explain_run`). The study
@@ -264,12 +272,17 @@ def make_task_run(
             f"study.bundle_size={bundle_size}",
             f"study.repeats={repeats}",
             f"study.seed={seed}",
+            f"study.gold_rate={gold_rate}",
+            f"study.gold_pool={max(2, math.ceil(gold_rate * bundle_size))}",
             f"kgrid.ks=[{','.join(str(k) for k in KS[:n_ks])}]",
         ],
     )
     _scratch_tracking(cfg, run_dir)
     labels = [str(n) for n in cfg.dataset.label_names]
-    predictions, attributions = explain_frames(bundle_size, labels, methods, seed, tricky_text)
+    n_gold = max(2, math.ceil(gold_rate * bundle_size)) if gold_rate else 0
+    predictions, attributions = explain_frames(
+        bundle_size, labels, methods, seed, tricky_text, n_gold
+    )
     make_explain_run(explain_dir, predictions, attributions, dataset)
     tasks_stage.run(cfg)
     return run_dir
