@@ -361,3 +361,29 @@ def test_idk_on_a_gold_question_fails_only_when_the_study_says(tasks_dir: Path) 
     answers = pd.DataFrame({"worker_id": ["w"], "task_id": [task], "answer": [IDK]})
     assert not policy.gold_answers(answers, study, idk_fails=False)["failed"].any()
     assert policy.gold_answers(answers, study, idk_fails=True)["failed"].all()
+
+
+def test_the_serving_run_logs_the_dashboard_figures_to_mlflow_as_it_goes(
+    tmp_path: Path, tasks_dir: Path
+) -> None:
+    """The logger's thread logs every interval, and the last figures at the end."""
+    import time
+
+    import mlflow
+
+    from saleval.annotate.dashboard import MetricsLogger
+
+    app = serve(tmp_path, tasks_dir, comprehension={"enabled": False})
+    st = app.state.annotate
+    ann = Person(app, "ann", app.state.clock)
+    ann.start()
+    ann.c.post("/instructions")
+    with mlflow.start_run() as run:
+        compute = lambda: figures(st.store, st.study, st.settings, st.seconds_hint)  # noqa: E731
+        with MetricsLogger(compute, run.info.run_id, every_s=0.2):
+            time.sleep(0.7)
+            ann.answer()
+    history = MlflowClient().get_metric_history(run.info.run_id, "dashboard_bundles_done")
+    assert len(history) >= 3  # the interval's, then the final one
+    assert history[0].value == 0 and history[-1].value == 1
+    app.state.store.close()

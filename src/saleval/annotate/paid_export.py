@@ -109,7 +109,13 @@ def write_payments(
 
 
 def _round(x: float) -> float | None:
+    """Money and rates to cents; None where nothing was measured."""
     return round(float(x), 2) if np.isfinite(x) else None
+
+
+def _seconds(x: float) -> float | None:
+    """Times as measured (the main study reckons its pay at the pilot's median)."""
+    return float(x) if np.isfinite(x) else None
 
 
 def pilot_report(
@@ -147,9 +153,9 @@ def pilot_report(
         "participants": len(table),
         "bundles_completed": len(done),
         "answers": len(answers),
-        "median_task_s": _round(task_s),
-        "median_bundle_s": _round(bundle_s),
-        "median_submission_s": _round(submission_s),
+        "median_task_s": _seconds(task_s),
+        "median_bundle_s": _seconds(bundle_s),
+        "median_submission_s": _seconds(submission_s),
         "reward": _round(reward) if pay.reward is not None else None,
         "hourly_pay_at_reward": (
             _round(pay.reward / submission_s * 3600)

@@ -169,15 +169,15 @@ def participant_table(
 
 
 def _comprehension(p: pd.Series | None, settings: AnnotateConfig) -> str:
-    if not settings.comprehension.enabled:
-        return "not asked"
-    if p is None:
-        return "not taken"
-    if isinstance(p["passed_at"], str):
+    """Where the participant stands with the check, from what the store holds (an
+    export given other ``comprehension.*`` settings than the server still reads it)."""
+    if p is not None and isinstance(p["passed_at"], str):
         return "passed"
-    if isinstance(p["screened_out_at"], str):
+    if p is not None and isinstance(p["screened_out_at"], str):
         return "screened out"
-    return "failed once" if int(p["attempts"]) else "not taken"
+    if p is not None and int(p["attempts"]):
+        return "failed, may retry"
+    return "not taken" if settings.comprehension.enabled else "not asked"
 
 
 def flagged(failed: int, attention: AttentionConfig) -> bool:
@@ -207,7 +207,7 @@ def decide(row: Mapping[str, Any], settings: AnnotateConfig) -> tuple[str, str]:
         return Decision.approve, f"completed bundle {row['bundle_id']} ({row['n_tasks']} tasks)"
     if row["active"]:
         return Decision.pending, f"working: {row['n_answered']} of {row['n_tasks']} answered"
-    if row["bundle_id"] is None and row["comprehension"] in ("failed once", "not taken"):
+    if row["bundle_id"] is None and row["comprehension"] in ("failed, may retry", "not taken"):
         return Decision.pending, "taking the comprehension check"
     if row["bundle_id"] is None:
         return Decision.return_, "no bundle was free for them"
