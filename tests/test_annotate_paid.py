@@ -16,6 +16,7 @@ from html import unescape
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
@@ -24,7 +25,7 @@ from omegaconf import DictConfig
 
 from saleval.annotate import paid_export, policy
 from saleval.annotate.app import create_app
-from saleval.annotate.comprehension import ComprehensionError, read_questions
+from saleval.annotate.comprehension import ComprehensionError, default_questions, read_questions
 from saleval.annotate.dashboard import figures, metrics_of
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import IDK, Study, load_study, pilot_study
@@ -32,7 +33,8 @@ from saleval.pipeline import tables
 from saleval.pipeline.run_record import RunRecord
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
-from tests.annotate_support import Clock, gold_truth, paid_settings, wrong_label
+from saleval.testing.load_servers import free_port, start_cli_server, stop, wait_healthy
+from tests.annotate_support import TOKEN, Clock, gold_truth, paid_settings, wrong_label
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow
 
@@ -49,13 +51,28 @@ def tasks_dir(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> Path
 
 
 class Person:
-    """One scripted participant in their own browser session (cookies)."""
+    """One scripted participant in their own browser session (cookies), in-process
+    (``app``) or over HTTP to a served ``url`` (then ``study``, ``questions`` and a
+    ``store`` to read their bundle from are given)."""
 
-    def __init__(self, app: Any, worker: str, clock: Clock) -> None:
-        self.app, self.worker, self.clock = app, worker, clock
-        self.c = TestClient(app, follow_redirects=False)
-        self.st = app.state.annotate
-        self.truth = gold_truth(self.st.study)
+    def __init__(
+        self,
+        app: Any,
+        worker: str,
+        clock: Clock | None,
+        url: str | None = None,
+        view: tuple[Study, list[Any], AnnotationStore] | None = None,
+    ) -> None:
+        self.worker, self.clock = worker, clock or Clock()
+        if url is None:
+            st = app.state.annotate
+            self.c: Any = TestClient(app, follow_redirects=False)
+            self.study, self.questions, self.store = st.study, st.questions, st.store
+        else:
+            assert view is not None
+            self.c = httpx.Client(base_url=url, follow_redirects=False)
+            self.study, self.questions, self.store = view
+        self.truth = gold_truth(self.study)
 
     def start(self) -> str:
         r = self.c.post("/start", data={"worker_id": self.worker})
@@ -64,16 +81,17 @@ class Person:
 
     def check(self, right: bool) -> Any:
         """One comprehension attempt: every answer right, or the first one wrong."""
-        qs = self.st.questions
+        qs = self.questions
         data = {f"q{i}": q.answer for i, q in enumerate(qs)}
         if not right:
             data["q0"] = next(o for o in qs[0].options if o != qs[0].answer)
         self.clock.advance(60)
         return self.c.post("/comprehension", data=data)
 
-    def bundle(self) -> tuple[str, int]:
-        a = self.st.store.by_session(self.c.cookies.get(self.st.session_cookie))
-        return a.bundle_id, a.n_tasks
+    def bundle(self) -> str:
+        held = self.store.assignments(self.study.run_key)
+        mine = held[(held.worker_id == self.worker) & held.released_at.isna()]
+        return str(mine.bundle_id.iloc[-1])
 
     def answer(self, n: int | None = None, gold_wrong: int = 0) -> list[str]:
         """Answer ``n`` tasks (None: to the end); the first ``gold_wrong`` gold questions
@@ -86,11 +104,11 @@ class Person:
                 led.append(page.headers.get("location", str(page.status_code)))
                 break
             pos = int(POSITION.search(page.text).group(1))  # type: ignore[union-attr]
-            right = self.truth[(self.bundle()[0], pos)]
+            right = self.truth[(self.bundle(), pos)]
             if right is None:
-                given = self.st.study.label_names[0]
+                given = self.study.label_names[0]
             elif gold_wrong > 0:
-                given, gold_wrong = wrong_label(self.st.study, right), gold_wrong - 1
+                given, gold_wrong = wrong_label(self.study, right), gold_wrong - 1
             else:
                 given = right
             self.clock.advance(STEP_S)
@@ -173,7 +191,7 @@ def test_two_failed_attention_checks_end_the_session_and_free_the_bundle(
     cat = Person(app, "cat", app.state.clock)
     cat.start()
     cat.c.post("/instructions")
-    bundle, _ = cat.bundle()
+    bundle = cat.bundle()
     led = cat.answer(gold_wrong=2)
     assert led[-1] == "/returned"
     assert "attention-check" in cat.c.get("/returned").text
@@ -186,7 +204,7 @@ def test_two_failed_attention_checks_end_the_session_and_free_the_bundle(
     dan = Person(app, "dan", app.state.clock)  # the freed bundle is served again
     dan.start()
     dan.c.post("/instructions")
-    assert dan.bundle()[0] == bundle
+    assert dan.bundle() == bundle
     app.state.store.close()
 
 
@@ -387,3 +405,60 @@ def test_the_serving_run_logs_the_dashboard_figures_to_mlflow_as_it_goes(
     assert len(history) >= 3  # the interval's, then the final one
     assert history[0].value == 0 and history[-1].value == 1
     app.state.store.close()
+
+
+def test_the_documented_commands_run_a_pilot_then_a_main_study(
+    tmp_path: Path, tasks_dir: Path, make_cfg: Callable[..., DictConfig]
+) -> None:
+    """saleval-annotate (the console script) serves the pilot, its export reports it, and
+    the main study served with inputs.pilot refuses the pilot's participants."""
+    db = tmp_path / "db.sqlite"
+    paid = ["annotate.comprehension.enabled=true", "annotate.pay.reward=0.80"]
+    full = load_study(tasks_dir)
+    pilot = pilot_study(full, 2)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "pilot").mkdir()
+    pilot_args = ["annotate.phase=pilot", "annotate.pilot.bundles=2", *paid]
+    proc = start_cli_server(tasks_dir, db, port, TOKEN, tmp_path / "pilot", overrides=pilot_args)
+    try:
+        wait_healthy(url, proc)
+        reader = AnnotationStore(db, readonly=True)
+        view = (pilot, default_questions(pilot.target, pilot.run_key), reader)
+        p1 = Person(None, "p1", None, url, view)
+        assert p1.start() == "/comprehension"
+        assert p1.check(True).headers["location"] == "/task"
+        assert p1.answer()[-1] == "/done"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        live = httpx.get(f"{url}/admin/dashboard.json", headers=auth).json()
+        assert (live["bundles"], live["bundles_done"], live["answers"]) == (2, 1, 7)
+        reader.close()
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+    out = annotate_stage.run(
+        make_cfg(
+            "annotate",
+            [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={db}", *pilot_args],
+        )
+    )
+    report = json.loads((Path(out["run_dir"]) / paid_export.PILOT).read_text())
+    assert report["bundles_completed"] == 1 and report["reward"] == 0.80
+
+    (tmp_path / "main").mkdir()
+    main_args = [f"inputs.pilot={out['run_dir']}", *paid]
+    proc = start_cli_server(tasks_dir, db, port, TOKEN, tmp_path / "main", overrides=main_args)
+    try:
+        wait_healthy(url, proc)
+        again = httpx.post(f"{url}/start", data={"worker_id": "p1"})
+        assert again.status_code == 403 and "pilot" in again.text
+        assert httpx.post(f"{url}/start", data={"worker_id": "m1"}).status_code == 303
+    finally:
+        stop(proc)
+    client = MlflowClient()
+    serve_run = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        "tags.stage = 'annotate' and tags.`annotate.phase` = 'pilot' "
+        "and tags.`annotate.action` = 'serve'",
+    )[0]
+    assert serve_run.data.metrics["dashboard_bundles_done"] == 1  # logged at the end at least
