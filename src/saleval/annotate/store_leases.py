@@ -263,17 +263,7 @@ class BundleStore(LeaseStore):
                 raise StoreError(f"{self.path}: task set {run_key} is not registered")
             dataset = run[0]
             worker_id = self.worker(c, worker_id)
-            ended = c.execute(
-                "SELECT 1 FROM participants WHERE run_key=? AND worker_id=? "
-                "AND (ended_at IS NOT NULL OR screened_out_at IS NOT NULL)",
-                (run_key, worker_id),
-            ).fetchone()
-            if ended is not None:  # the paid-study policy ended this session for good
-                raise BundleRefused(
-                    f"The session of worker {worker_id} in this study has ended; please "
-                    "return the study on your platform.",
-                    status=403,
-                )
+            _refuse_ended(c, run_key, worker_id)
             self._expire(c, run_key)
             held = c.execute(
                 "SELECT * FROM assignments WHERE worker_id=? AND dataset=? AND released_at IS NULL",
@@ -403,6 +393,22 @@ class BundleStore(LeaseStore):
                 (self._now(), assignment_id),
             )
             self._renew(c, assignment_id)
+
+
+def _refuse_ended(c: _Connection, run_key: str, worker_id: str) -> None:
+    """A participant screened out or whose session the policy ended never gets a bundle
+    of the task set again, however they come back (docs/annotate.md#running-a-paid-study)."""
+    ended = c.execute(
+        "SELECT 1 FROM participants WHERE run_key=? AND worker_id=? "
+        "AND (ended_at IS NOT NULL OR screened_out_at IS NOT NULL)",
+        (run_key, worker_id),
+    ).fetchone()
+    if ended is not None:
+        raise BundleRefused(
+            f"The session of worker {worker_id} in this study has ended; please return the "
+            "study on your platform.",
+            status=403,
+        )
 
 
 def _proves(

@@ -98,39 +98,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
         pilot = read_pilot(st.inputs.get("pilot"))
         if action == AnnotateAction.export:
-            if not db.is_file():
-                raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
-            store = AnnotationStore(db, readonly=True)  # an archived copy exports too
-            try:
-                if store.progress(study.run_key).empty:
-                    raise ValueError(
-                        f"annotate.db={db} holds no bundles of task set {study.run_key} "
-                        f"({study.tasks_dir}); was it served with another annotate.db?"
-                    )
-                conf = to_schema(AnnotateConfig, cfg.annotate)
-                paid = export_paid(st, store, study, main_study, conf, pilot)
-                rejected = paid.table.loc[paid.table["decision"] == policy.Decision.reject]
-                exclude = set(rejected["worker_id"]) if conf.export.exclude_rejected else set()
-                df = answers_frame(store, study, conf.export.complete_only, exclude)
-                path = st.write(tables.ANSWERS, df)
-                st.log_file(write_completions(store, study, st.run_dir))
-                st.log_file(write_released(store, study, st.run_dir))
-                counts: dict[str, float] = {**_counts(store, study.run_key), **paid.metrics}
-            except sqlite3.Error as err:
-                raise StoreError(f"annotate.db={db}: {err}") from err
-            finally:
-                store.close()
-            st.log_metrics({**counts, "n_exported": len(df)})
-            log.info(
-                "wrote %s: %d answers from %d workers", path, len(df), df["worker_id"].nunique()
-            )
-            return {
-                "run_dir": str(st.run_dir),
-                "run_id": st.tracking.run_id,
-                "answers": str(path),
-                **counts,
-            }
-
+            return _export(st, db, study, main_study, pilot)
         app = build_app(study, cfg, token, pilot)
         settings: AnnotateConfig = app.state.settings
         host, port = settings.host, settings.port
@@ -158,6 +126,43 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         app.state.store.close()
         st.log_metrics(served)
         return {"run_dir": str(st.run_dir), "run_id": st.tracking.run_id, **served}
+
+
+def _export(
+    st: Stage, db: Path, study: Study, main_study: Study, pilot: Pilot | None
+) -> dict[str, Any]:
+    """answers.csv (the rejected left out, ``export.exclude_rejected``), completions,
+    releases and the paid study's files, from a read-only store."""
+    if not db.is_file():
+        raise FileNotFoundError(f"annotate.db={db}: no such database; serve first")
+    store = AnnotationStore(db, readonly=True)  # an archived copy exports too
+    try:
+        if store.progress(study.run_key).empty:
+            raise ValueError(
+                f"annotate.db={db} holds no bundles of task set {study.run_key} "
+                f"({study.tasks_dir}); was it served with another annotate.db?"
+            )
+        conf = to_schema(AnnotateConfig, st.cfg.annotate)
+        paid = export_paid(st, store, study, main_study, conf, pilot)
+        rejected = paid.table.loc[paid.table["decision"] == policy.Decision.reject]
+        exclude = set(rejected["worker_id"]) if conf.export.exclude_rejected else set()
+        df = answers_frame(store, study, conf.export.complete_only, exclude)
+        path = st.write(tables.ANSWERS, df)
+        st.log_file(write_completions(store, study, st.run_dir))
+        st.log_file(write_released(store, study, st.run_dir))
+        counts: dict[str, float] = {**_counts(store, study.run_key), **paid.metrics}
+    except sqlite3.Error as err:
+        raise StoreError(f"annotate.db={db}: {err}") from err
+    finally:
+        store.close()
+    st.log_metrics({**counts, "n_exported": len(df)})
+    log.info("wrote %s: %d answers from %d workers", path, len(df), df["worker_id"].nunique())
+    return {
+        "run_dir": str(st.run_dir),
+        "run_id": st.tracking.run_id,
+        "answers": str(path),
+        **counts,
+    }
 
 
 def build_app(
