@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from saleval.analysis import planning, scoring
+from saleval.analysis import costing, planning, scoring
 from saleval.crowd.answers import AnswerParser
 from saleval.crowd.importing.aggregation import StrictMajority, aggregate, unique_winner
 from saleval.pipeline import tables
@@ -142,7 +142,7 @@ def test_half_samples_behave_like_studies_of_the_whole_pool() -> None:
 def test_cost_by_hand() -> None:
     d = planning.Design(10, ("a", "b"), (5, 10, 20), 5, 4)
     assert (d.tasks, d.answers, d.bundles) == (60, 300, 75)  # ceil(60 / 4) × 5
-    cost = planning.Costing(12.0, 9.0, fee=0.5).of(d)
+    cost = costing.Costing(12.0, 9.0, fee=0.5).of(d)
     assert cost["worker_minutes"] == 60.0  # 300 answers × 12 s
     assert cost["cost"] == pytest.approx(9.0 * 1.5)
 
@@ -156,8 +156,8 @@ def test_cheapest_meets_both_targets() -> None:
             "spearman_mean": [0.80, 0.91, 0.95],
         }
     )
-    assert int(planning.cheapest(table, 0.9, 0.9)["n"]) == 40
-    assert planning.cheapest(table, 0.999, 0.9) is None
+    assert int(costing.cheapest(table, 0.9, 0.9)["n"]) == 40
+    assert costing.cheapest(table, 0.999, 0.9) is None
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_bad_designs_get_one_located_line(field, design_kw, expected) -> None:
 
 def test_rate_must_be_positive() -> None:
     with pytest.raises(planning.PlanError, match=r"plan\.cost\.hourly_rate: 0\.0; must be > 0"):
-        planning.Costing(10.0, 0.0)
+        costing.Costing(10.0, 0.0)
 
 
 def test_plan_stage_on_the_published_crowd(make_cfg) -> None:

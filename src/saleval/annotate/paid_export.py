@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.analysis import planning
+from saleval.analysis import costing
 from saleval.annotate import policy
 from saleval.annotate.dashboard import answer_seconds, seconds_per_task
 from saleval.annotate.study import Study
@@ -79,7 +79,7 @@ def write_payments(
     n_answers = len(study.bundles)
     sizes = study.bundles.groupby("bundle_id").size()
     planned = (
-        planning.Costing(secs, pay.hourly_rate, pay.fee).pay(n_answers) * (1 + pay.fee)
+        costing.Costing(secs, pay.hourly_rate, pay.fee).pay(n_answers) * (1 + pay.fee)
         if secs
         else float("nan")
     )
@@ -148,7 +148,7 @@ def pilot_report(
     )
     took = table[table["comprehension"].isin(["passed", "screened out"])]
     gold = policy.gold_answers(answers, pilot, settings.attention.idk_fails)
-    costing = planning.Costing(task_s, pay.hourly_rate, pay.fee) if task_s > 0 else None
+    rule = costing.Costing(task_s, pay.hourly_rate, pay.fee) if task_s > 0 else None
     report: dict[str, Any] = {
         "participants": len(table),
         "bundles_completed": len(done),
@@ -172,7 +172,7 @@ def pilot_report(
         "main_bundles": len(main.bundle_ids),
         "main_answers": len(main.bundles),
         "main_cost_at_pilot_times": (
-            _round(costing.pay(len(main.bundles)) * (1 + pay.fee)) if costing else None
+            _round(rule.pay(len(main.bundles)) * (1 + pay.fee)) if rule else None
         ),
     }
     files = [run_dir / PILOT, run_dir / PILOT_MD]
@@ -211,14 +211,14 @@ def recost_plan(
     target = OmegaConf.select(plan_cfg, "plan.target", default=None) if plan_cfg else None
     p_best = float(OmegaConf.select(target, "p_best", default=0.9)) if target else 0.9
     rho = float(OmegaConf.select(target, "spearman", default=0.9)) if target else 0.9
-    costing = planning.Costing(task_s, rate, fee)
+    rule = costing.Costing(task_s, rate, fee)
     out = plan.assign(
         cost_planned=plan["cost"],
         worker_minutes=plan["answers"] * task_s / 60,
-        cost=[costing.pay(int(a)) * (1 + fee) for a in plan["answers"]],
+        cost=[rule.pay(int(a)) * (1 + fee) for a in plan["answers"]],
     )
-    before = planning.cheapest(plan, p_best, rho)
-    after = planning.cheapest(out, p_best, rho)
+    before = costing.cheapest(plan, p_best, rho)
+    after = costing.cheapest(out, p_best, rho)
     summary = {
         "seconds_per_task": task_s,
         "recommended_before": None if before is None else int(before["design"]),

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from saleval.analysis.planning import Costing
+from saleval.analysis.costing import Costing
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import Study
 from saleval.config.annotate import AnnotateConfig, AttentionConfig, PayConfig

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.analysis import plan_report, planning
+from saleval.analysis import costing, plan_report, planning
 from saleval.analysis.validation import calibration_differences, validated_name
 from saleval.config.crowd import SimulationConfig, StudyConfig
 from saleval.config.plan import PlanConfig, PlanSource
@@ -54,7 +54,7 @@ from saleval.schema import to_schema
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     pc = to_schema(PlanConfig, cfg.plan)
-    planning.Costing(1.0, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)  # fail early
+    costing.Costing(1.0, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)  # fail early
     crowd_node = OmegaConf.select(cfg, "crowd")
     source = None if crowd_node is None else crowd_source(crowd_node)
     explain = given_input(cfg, "explain")
@@ -310,7 +310,7 @@ def _plan(st: Stage, cfg: DictConfig, pc: PlanConfig, pool: planning.Pool) -> di
     table, methods = _predict_designs(pool, pc, grid, seconds, settings, rng)
     st.write(tables.PLAN, table)
     st.write(tables.PLAN_METHODS, methods)
-    recommended = planning.cheapest(table, pc.target.p_best, pc.target.spearman)
+    recommended = costing.cheapest(table, pc.target.p_best, pc.target.spearman)
     check = None
     if pool.source == "empirical" and pc.half_sample_check:
         check = planning.half_sample_check(pool, grid[0], settings, rng)
@@ -350,7 +350,7 @@ def _predict_designs(
     for i, d in enumerate(bar(grid, desc="designs", leave=False, disable=None)):
         row, pm = planning.predict(pool, d, settings, rng)
         secs = seconds(d) if callable(seconds) else seconds
-        costing = planning.Costing(secs, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)
+        rule = costing.Costing(secs, pc.cost.hourly_rate, pc.cost.fee, pc.cost.currency)
         rows.append(
             {
                 "design": i + 1,
@@ -361,7 +361,7 @@ def _predict_designs(
                 "n_ks": len(d.ks),
                 "methods": ",".join(d.methods),
                 "ks": ",".join(map(str, d.ks)),
-                **costing.of(d),
+                **rule.of(d),
                 **row,
             }
         )
