@@ -67,6 +67,9 @@ RENAMES: Mapping[str, str] = {
         }.items()
         for name in names
     },
+    # the pay rule beside the planner, shared with the annotation app (issue #54)
+    "saleval.analysis.planning.Costing": "saleval.analysis.costing.Costing",
+    "saleval.analysis.planning.cheapest": "saleval.analysis.costing.cheapest",
 }
 
 #: the config keys whose values are dotted paths of code
