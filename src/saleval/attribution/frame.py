@@ -371,19 +371,7 @@ def explain_frame(
         segment(t, tokenizer, max_length)
         for t in bar(texts, desc="segment", disable=not progress, leave=False)
     ]
-    attributors: list[tuple[str, Attributor]] = []
-    seen: dict[str, str] = {}
-    for key, cfg in methods.items():
-        if cfg is None:
-            continue
-        name = method_name(key, cfg)
-        if name in seen:
-            raise AttributionError(
-                f"methods {seen[name]!r} and {key!r} share the name {name!r}; give one a "
-                "distinct `name:`"
-            )
-        seen[name] = key
-        attributors.append((name, build_method(cfg, key)))
+    attributors = _attributors(methods)
     model.eval()
     # before any work: a padded batch must give each text its own logits, and every method's
     # settings must suit this model (a removal token it lacks, a query it has no row for);
@@ -425,6 +413,27 @@ def explain_frame(
         pd.concat(frames, ignore_index=True) if frames else _long_table("", [], [], [], [])
     )
     return attributions, predictions
+
+
+def _attributors(
+    methods: Mapping[str, Attributor | str | Mapping[str, Any] | None],
+) -> list[tuple[str, Attributor]]:
+    """The methods built, by their names; two entries may not share a name (their rows
+    would mix in every table)."""
+    attributors: list[tuple[str, Attributor]] = []
+    seen: dict[str, str] = {}
+    for key, cfg in methods.items():
+        if cfg is None:
+            continue
+        name = method_name(key, cfg)
+        if name in seen:
+            raise AttributionError(
+                f"methods {seen[name]!r} and {key!r} share the name {name!r}; give one a "
+                "distinct `name:`"
+            )
+        seen[name] = key
+        attributors.append((name, build_method(cfg, key)))
+    return attributors
 
 
 def _long_table(

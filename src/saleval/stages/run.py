@@ -45,6 +45,7 @@ from saleval.pipeline import (
     stage_table,
     tracking,
     tracking_health,
+    tracking_journal,
     views,
 )
 from saleval.pipeline.compose import compose_root, register_configs, stage_overrides
@@ -154,17 +155,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "simulated": "true" if simulated else "false",
         **dead_runs.process_tags(),
     }
-    try:
-        experiment_id = tracking.setup(uri, experiment, cfg.tracking.artifact_root)
-        mark_orphans_killed(out_root)
-        dead_runs.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
-        name = run_naming.SEP.join(what + (["SIMULATED"] if simulated else []))
-        journal = tracking.start_run(out_root, uri, experiment, name, tags)
-    except Exception as err:
-        line = tracking_health.start_message(err, uri, experiment)
-        if line is None:
-            raise
-        raise tracking_health.TrackingError(line) from err
+    name = run_naming.SEP.join(what + (["SIMULATED"] if simulated else []))
+    experiment_id, journal = _start_parent(cfg, uri, experiment, name, tags, out_root)
     status = "FAILED"
     try:
         tracking.log_params(
@@ -174,32 +166,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "profile": OmegaConf.to_container(profile, resolve=True),
             }
         )
-        for stage, module, config_name, needs in PIPELINE:
-            if stage not in selected:
-                continue
-            given = dict(cfg.inputs)
-            if given.get(stage):  # this stage's run is given: use it instead of running it
-                dirs[stage] = resolve_input(stage, given[stage], paths.output_root(cfg))
-                timings[stage] = {"seconds": 0.0, "reused": True, "run_dir": str(dirs[stage])}
-                tracking.set_tags({f"given.{stage}": RunRecord.read(dirs[stage]).run_id or ""})
-                print(f"[saleval-run] {stage:<9} given  {dirs[stage]}", flush=True)
-                continue
-            t0 = time.perf_counter()
-            dirs[stage], reused = _run_or_reuse(
-                cfg, stage, module, config_name, needs, dirs, out_root
-            )
-            seconds = time.perf_counter() - t0
-            timings[stage] = {
-                "seconds": round(seconds, 1),
-                "reused": reused is not None,
-                "run_dir": str(dirs[stage]),
-            }
-            tracking.log_metrics({f"seconds_{stage}": seconds})
-            print(
-                f"[saleval-run] {stage:<9} {'reused' if reused else 'ran':<6} "
-                f"{seconds:8.1f} s  {dirs[stage]}",
-                flush=True,
-            )
+        _run_stages(cfg, selected, dirs, timings, out_root)
         summary: dict[str, Any] = {
             "parent_run_id": journal.target.run_id,
             "stages": timings,
@@ -236,6 +203,58 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if not journal.record()["logged"]:
         print(run_outputs.not_logged_line("run", out_root, journal.record()), flush=True)
     return summary
+
+
+def _start_parent(
+    cfg: DictConfig, uri: str, experiment: str, name: str, tags: dict[str, str], out_root: Path
+) -> tuple[str, tracking_journal.Journal]:
+    """The pipeline's parent run, after what every stage does when it starts (runs left
+    by dead processes ended, orphans marked); a store that refuses is one line."""
+    try:
+        experiment_id = tracking.setup(uri, experiment, cfg.tracking.artifact_root)
+        mark_orphans_killed(out_root)
+        dead_runs.end_dead_runs()  # what every stage does when it starts (saleval.pipeline.stage)
+        return experiment_id, tracking.start_run(out_root, uri, experiment, name, tags)
+    except Exception as err:
+        line = tracking_health.start_message(err, uri, experiment)
+        if line is None:
+            raise
+        raise tracking_health.TrackingError(line) from err
+
+
+def _run_stages(
+    cfg: DictConfig,
+    selected: list[str],
+    dirs: dict[str, Path],
+    timings: dict[str, dict[str, Any]],
+    out_root: Path,
+) -> None:
+    """Each selected stage in pipeline order: a given run (``inputs.<stage>``) is used
+    as it is, else the stage runs or a finished run of it is reused."""
+    for stage, module, config_name, needs in PIPELINE:
+        if stage not in selected:
+            continue
+        given = dict(cfg.inputs)
+        if given.get(stage):  # this stage's run is given: use it instead of running it
+            dirs[stage] = resolve_input(stage, given[stage], paths.output_root(cfg))
+            timings[stage] = {"seconds": 0.0, "reused": True, "run_dir": str(dirs[stage])}
+            tracking.set_tags({f"given.{stage}": RunRecord.read(dirs[stage]).run_id or ""})
+            print(f"[saleval-run] {stage:<9} given  {dirs[stage]}", flush=True)
+            continue
+        t0 = time.perf_counter()
+        dirs[stage], reused = _run_or_reuse(cfg, stage, module, config_name, needs, dirs, out_root)
+        seconds = time.perf_counter() - t0
+        timings[stage] = {
+            "seconds": round(seconds, 1),
+            "reused": reused is not None,
+            "run_dir": str(dirs[stage]),
+        }
+        tracking.log_metrics({f"seconds_{stage}": seconds})
+        print(
+            f"[saleval-run] {stage:<9} {'reused' if reused else 'ran':<6} "
+            f"{seconds:8.1f} s  {dirs[stage]}",
+            flush=True,
+        )
 
 
 def _input_overrides(

@@ -265,14 +265,7 @@ def evaluate(
     and new forward passes recorded as one row of ``timings``.
     """
     model.eval()
-    chosen = registered("faithfulness")
-    if metrics is not None:
-        unknown = sorted(set(metrics) - {m.info.name for m in chosen})
-        if unknown:
-            raise ValueError(
-                f"metric(s) {unknown} not registered; registered: {[m.info.name for m in chosen]}"
-            )
-        chosen = [m for m in chosen if m.info.name in set(metrics)]
+    chosen = _chosen(metrics)
     if config.removal != Removal.delete:  # a removal the model cannot take: before any work
         from saleval.modeling.interface import check_replacement
 
@@ -281,36 +274,10 @@ def evaluate(
         check_replacement(model, tokenizer, token, f"metrics.removal: {config.removal}")
     cache = ProbabilityCache(model, tokenizer, config, progress=progress)
     rows = _Rows()
-    timings: list[dict[str, Any]] = []
-
-    def timed(name: str, fn: Any) -> None:
-        t0, c0, f0 = time.perf_counter(), time.process_time(), cache.n_forward
-        n_seq = fn()
-        timings.append(
-            {
-                "metric": name,
-                "seconds": time.perf_counter() - t0,
-                # CPU time of this process (all threads): steadier than wall on a shared machine
-                "cpu_seconds": time.process_time() - c0,
-                "n_sequences": n_seq,
-                "n_forward": cache.n_forward - f0,
-            }
-        )
-        t = timings[-1]
-        log.info(
-            "%s: %.1fs, %d inputs, %d new forward passes",
-            name,
-            t["seconds"],
-            n_seq,
-            t["n_forward"],
-        )
+    timed = _Timings(cache)
 
     # -- the full texts: ŷ and p(ŷ|x) once per sample ---------------------------------
-    segs: dict[str, Segmentation] = {}
-    for e in explanations:
-        if e.sample_id in segs and segs[e.sample_id].input_ids != e.seg.input_ids:
-            raise ValueError(f"sample {e.sample_id}: explanations disagree on its token ids")
-        segs.setdefault(e.sample_id, e.seg)
+    segs = _segmentations(explanations)
     sample_ids = list(segs)
     full_probs: dict[str, np.ndarray] = {}
 
@@ -349,9 +316,59 @@ def evaluate(
     return FaithfulnessResult(
         per_example=rows.frame(),
         full=full,
-        timings=pd.DataFrame(timings),
+        timings=pd.DataFrame(timed.rows),
         extra={"n_forward": cache.n_forward},
     )
+
+
+def _chosen(metrics: Sequence[str] | None) -> list[Any]:
+    """The registered faithfulness metrics, in registration order, or those named."""
+    chosen = registered("faithfulness")
+    if metrics is None:
+        return chosen
+    unknown = sorted(set(metrics) - {m.info.name for m in chosen})
+    if unknown:
+        raise ValueError(
+            f"metric(s) {unknown} not registered; registered: {[m.info.name for m in chosen]}"
+        )
+    return [m for m in chosen if m.info.name in set(metrics)]
+
+
+def _segmentations(explanations: Sequence[Explanation]) -> dict[str, Segmentation]:
+    """Each sample's segmentation once; explanations of one sample must agree on it."""
+    segs: dict[str, Segmentation] = {}
+    for e in explanations:
+        if e.sample_id in segs and segs[e.sample_id].input_ids != e.seg.input_ids:
+            raise ValueError(f"sample {e.sample_id}: explanations disagree on its token ids")
+        segs.setdefault(e.sample_id, e.seg)
+    return segs
+
+
+class _Timings:
+    """One row per step of :func:`evaluate`: wall and CPU time, inputs asked for and the
+    new forward passes the cache made for it."""
+
+    def __init__(self, cache: ProbabilityCache) -> None:
+        self.cache = cache
+        self.rows: list[dict[str, Any]] = []
+
+    def __call__(self, name: str, fn: Any) -> None:
+        t0, c0, f0 = time.perf_counter(), time.process_time(), self.cache.n_forward
+        n_seq = fn()
+        self.rows.append(
+            {
+                "metric": name,
+                "seconds": time.perf_counter() - t0,
+                # CPU time of this process (all threads): steadier than wall on a shared machine
+                "cpu_seconds": time.process_time() - c0,
+                "n_sequences": n_seq,
+                "n_forward": self.cache.n_forward - f0,
+            }
+        )
+        t = self.rows[-1]
+        log.info(
+            "%s: %.1fs, %d inputs, %d new forward passes", name, t["seconds"], n_seq, t["n_forward"]
+        )
 
 
 class AlignmentError(UserError, ValueError):
