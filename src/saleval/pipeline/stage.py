@@ -18,7 +18,8 @@ methods and per-method child runs). ``Stage`` itself owns the run's lifecycle an
 means: its provenance (``st.provenance``, the one place a run is ``simulated``, whose tags
 follow it), the resolved config and the record, ``run.json``
 (:class:`saleval.pipeline.run_record.RunRecord`: run id, fingerprint, parents, provenance),
-written into the run dir; it starts an MLflow run (nested under
+written into the run dir as the run goes and at its end by ``st.record``
+(:class:`saleval.pipeline.stage_record.StageRecord`); it starts an MLflow run (nested under
 an active pipeline run), tags it (with the host, pid and pid start time that let a later
 stage tell it died), and always ends it, marking it FAILED on an exception (KILLED when stopped from outside:
 Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
@@ -36,13 +37,11 @@ work and ``saleval-catch-up`` sends the rest later.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,6 +55,7 @@ from saleval.pipeline import run_outputs, run_record, tracking, tracking_health
 from saleval.pipeline.provenance import Provenance
 from saleval.pipeline.run_inputs import RunInputs
 from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.stage_record import StageRecord
 from saleval.pipeline.stage_tracking import IDENTITY_TAGS, StageTracking
 from saleval.pipeline.tables import TableSpec
 
@@ -118,6 +118,19 @@ def stage_fingerprint(
     return fingerprint({"stage": stage, **stable}, prints)
 
 
+def end_status(exc_type: type[BaseException] | None) -> str:
+    """How a run ended: stopped from outside (Ctrl-C, scancel's SIGTERM:
+    :class:`saleval.errors.Stopped`) is not a failure of the stage but KILLED, as a run
+    whose process died is marked later.
+
+    >>> end_status(None), end_status(ValueError), end_status(KeyboardInterrupt)
+    ('FINISHED', 'FAILED', 'KILLED')
+    """
+    if exc_type is None:
+        return "FINISHED"
+    return "FAILED" if issubclass(exc_type, Exception) else "KILLED"
+
+
 class Stage:
     """One stage run's lifecycle: run dir, ``config.yaml`` and its record
     (:class:`~saleval.pipeline.run_record.RunRecord`), the provenance its outputs carry,
@@ -164,9 +177,15 @@ class Stage:
         #: the MLflow run (its tags follow :attr:`provenance`)
         self.tracking = StageTracking(stage, cfg, self.resolved, lambda: self.provenance)
         self._t0 = 0.0
-        #: the declared tables written (their checksums go into run.json)
-        self._tables: list[str] = []
-        self._recorded: dict[str, Any] | None = None  # run.json's tracking record, last written
+        #: run.json, kept in step with the run dir and the store
+        self.record = StageRecord(
+            stage,
+            self.run_dir,
+            self.fingerprint,
+            self.inputs,
+            self.tracking,
+            lambda: self.provenance,
+        )
 
     def provide(self, **fields: Any) -> None:
         """Record provenance this stage computes itself (e.g. the explain stage's
@@ -175,7 +194,7 @@ class Stage:
         self.provenance = dataclasses.replace(self.provenance, **fields)
         if self.is_main and self.tracking.run_id is not None:
             self.tracking.log_identity()
-            self._write_run_json(status="RUNNING")
+            self.record.write(status="RUNNING")
 
     def __enter__(self) -> Stage:
         if not self.is_main:  # a DDP rank > 0: rank 0 owns the run dir and the MLflow run
@@ -197,7 +216,7 @@ class Stage:
             self.run_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True)
         )
         self.tracking.start(uri, self.run_dir, self.fingerprint, self.inputs, self.extra_tags)
-        self._write_run_json(status="RUNNING")
+        self.record.write(status="RUNNING")
         self._t0 = time.perf_counter()
         return self
 
@@ -205,10 +224,7 @@ class Stage:
         if not self.is_main:
             return
         seconds = time.perf_counter() - self._t0
-        # stopped from outside (Ctrl-C, scancel's SIGTERM: saleval.errors.Stopped) is not
-        # a failure of the stage: KILLED, as a run whose process died is marked later
-        killed = exc_type is not None and not issubclass(exc_type, Exception)
-        status = "KILLED" if killed else "FAILED" if exc_type else "FINISHED"
+        status = end_status(exc_type)
         journal = self.tracking.journal
         if exc is not None and journal is not None and journal.lost is None:
             cause = tracking_health.store_failure(exc)
@@ -217,54 +233,17 @@ class Stage:
         if exc_type is None:
             self.tracking.recover()  # the store back after an outage: send what it missed
             self.tracking.keep_direct_metrics()  # e.g. Lightning's curves, into the run dir
-        failure = exc
         try:
-            if not exc_type:
-                tracking.log_metrics({"stage_seconds": seconds})
-                tracking.log_files([self.run_dir / "config.yaml"])
-                self._write_run_json(status=status, seconds=seconds)
-                tracking.log_files([RunRecord.path_in(self.run_dir)])
-            else:
-                self._write_run_json(status=status, seconds=seconds, error=repr(exc))
-        except Exception as err:
-            if exc_type is not None:
-                # a second failure (the disk is full, say) must not hide the first one
-                log.warning("%s: could not record the run's end: %s", self.run_dir, err)
-            else:  # the work is done but its record could not be written: not FINISHED
-                status, failure = "FAILED", err
-                with contextlib.suppress(Exception):
-                    self._write_run_json(status=status, seconds=seconds, error=repr(err))
-                raise
+            self.record.finish(status, seconds, exc if exc_type else None)
         finally:
             if self.tracking.run_id is not None:
-                self._end(status, seconds, failure)
+                self.record.end(seconds)
         if not exc_type and not self.tracking.nested:  # saleval-run prints its own summary
             run_outputs.link_latest(paths.output_root(self.cfg), self.stage, self.run_dir)
             print(self.summary(), flush=True)
             missed = self.tracking.record() or {}
             if not missed.get("logged", True):
                 print(run_outputs.not_logged_line(self.stage, self.run_dir, missed), flush=True)
-
-    def _end(self, status: str, seconds: float, exc: Any) -> None:
-        """End the MLflow run; when its store missed part of the run, ``run.json`` then says
-        what (its ``tracking`` record), the work being complete on disk."""
-        try:
-            self.tracking.end(status)
-        except Exception as err:
-            if exc is None:
-                raise
-            log.warning("%s: could not end its MLflow run: %s", self.run_dir, err)
-        record = self.tracking.record()
-        if record is not None and record != self._recorded:
-            try:
-                extra = (
-                    {"seconds": seconds}
-                    if exc is None
-                    else {"seconds": seconds, "error": repr(exc)}
-                )
-                self._write_run_json(status=status, **extra)
-            except OSError as err:
-                log.warning("%s: could not record what was not logged: %s", self.run_dir, err)
 
     def summary(self) -> str:
         """Where the run went and the command(s) that take it further (run_outputs.summary)."""
@@ -274,34 +253,6 @@ class Stage:
         t = self.tracking
         return run_outputs.summary(self.stage, self.run_dir, t.run_id, known,
                                    t.experiment_id, t.view, t.tags.get("sweep"))  # fmt: skip
-
-    def _write_run_json(
-        self, status: str, seconds: float | None = None, error: str | None = None
-    ) -> None:
-        """The run's record (:class:`RunRecord`) with the checksum of every table written so
-        far and what its tracking store has taken, written into the run dir."""
-        import mlflow
-
-        recorded = self.tracking.record()
-        RunRecord(
-            stage=self.stage,
-            run_id=self.tracking.run_id,
-            tracking_uri=mlflow.get_tracking_uri(),
-            fingerprint=self.fingerprint,
-            parents={k: r.run_id for k, r in self.inputs.records.items()},
-            parent_dirs={k: str(p) for k, p in self.inputs.runs.items()},
-            simulated=self.provenance.simulated,
-            provenance=self.provenance,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            mlflow_view=self.tracking.view,
-            checksums=run_record.table_checksums(self.run_dir, self._tables),
-            tracking=recorded,
-            status=status,
-            seconds=seconds,
-            error=error,
-        ).write(self.run_dir)
-        self._recorded = recorded
 
     # -- outputs ------------------------------------------------------------------
     def path(self, name: str) -> Path:
@@ -313,9 +264,9 @@ class Stage:
         if not self.is_main:  # a DDP rank > 0: rank 0 writes the same table
             return spec.path(self.run_dir)
         path = spec.write(df, self.run_dir)
-        self._tables.append(spec.filename)
+        self.record.tables.append(spec.filename)
         if self.tracking.run_id is not None:  # the record follows what is on disk, table by table
-            self._write_run_json(status="RUNNING")
+            self.record.write(status="RUNNING")
         tracking.log_files([path])
         return path
 

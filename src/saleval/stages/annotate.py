@@ -10,14 +10,25 @@ copies the live database with SQLite's online backup API. Serve and export share
 database ``annotate.db``; the admin token (from ``SALEVAL_ANNOTATE_TOKEN`` or
 ``annotate.admin_token_file``) never reaches the run dir or MLflow. See docs/annotate.md.
 
-Main options: ``inputs.tasks``, ``action`` (serve, export, backup), ``annotate.host``,
-``annotate.port``, ``annotate.db``, ``annotate.lease_minutes``,
-``annotate.completion_url``, ``annotate.backup_to``.
+A paid study (docs/annotate.md#running-a-paid-study): ``annotate.phase=pilot`` serves the
+first ``annotate.pilot.bundles`` as a pilot, whose export also writes ``pilot.json`` (and
+with ``inputs.plan``, the plan's designs re-costed at its times); the main study takes
+``inputs.pilot`` (the pilot's export run: its participants refused, its median time per
+task the pay's). Every export writes ``participants.csv``, ``approvals.csv``,
+``rejections.csv``, ``bonuses.csv`` and ``payments.json``; ``/admin/dashboard`` shows
+the study live.
+
+Main options: ``inputs.tasks``, ``inputs.pilot``, ``inputs.plan``, ``action`` (serve,
+export, backup), ``annotate.host``, ``annotate.port``, ``annotate.db``,
+``annotate.lease_minutes``, ``annotate.completion_url``, ``annotate.backup_to``,
+``annotate.phase``, ``annotate.comprehension.*``, ``annotate.attention.*``,
+``annotate.pay.*``.
 
 Example::
 
     saleval-annotate inputs.tasks=latest annotate.port=8000
     saleval-annotate inputs.tasks=latest action=export
+    saleval-annotate inputs.tasks=latest annotate.phase=pilot annotate.comprehension.enabled=true
 """
 
 from __future__ import annotations
