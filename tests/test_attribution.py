@@ -752,20 +752,46 @@ def test_lime_samples_until_its_top_k_is_stable(model, tok, segs) -> None:
     assert all(u % 20 == 0 for u in used)
 
 
-def test_compute_device_follows_the_trainer_accelerator(monkeypatch) -> None:
-    """One rule for where work outside a Trainer runs: the GPU when the accelerator allows
-    it and one is present, else the CPU (an absent trainer node means `auto`)."""
-    from saleval.modeling.inference import compute_device
+def test_one_device_rule_for_every_accelerator_setting(monkeypatch) -> None:
+    """One rule from an accelerator setting to a device (saleval.modeling.devices): `auto`
+    (or nothing) the GPU when there is one, `gpu`/`cuda` the GPU or one line naming the
+    setting and its fix, never the CPU unasked; an unknown name is refused the same way."""
+    from saleval.modeling.devices import DeviceError, device_for
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for accel in ("cpu", "gpu", "cuda", "auto", None):
-        assert compute_device({"accelerator": accel}).type == "cpu"
-    assert compute_device(None).type == "cpu"
+    assert [device_for(a).type for a in ("cpu", "auto", "AUTO", None, "")] == ["cpu"] * 5
+    for accel in ("gpu", "cuda", "GPU"):
+        with pytest.raises(DeviceError) as err:
+            device_for(accel)
+        message = str(err.value)
+        assert message.startswith(f"trainer.accelerator={accel}, but torch sees no GPU")
+        assert "set trainer.accelerator=cpu or trainer.accelerator=auto" in message
+        assert "\n" not in message
+    with pytest.raises(
+        DeviceError, match=r"^metrics.inference.accelerator=gpu, but .* set metrics"
+    ):
+        device_for("gpu", "metrics.inference.accelerator")
+    with pytest.raises(DeviceError, match=r"trainer.accelerator=tpu: saleval places models on"):
+        device_for("tpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert [compute_device({"accelerator": a}).type for a in ("gpu", "cuda", "auto", "cpu")] == [
-        "cuda",
-        "cuda",
-        "cuda",
-        "cpu",
-    ]
-    assert compute_device({}).type == "cuda" and compute_device(None).type == "cuda"
+    assert [device_for(a).type for a in ("gpu", "cuda", "auto", None, "cpu")] == [
+        "cuda", "cuda", "cuda", "cuda", "cpu",
+    ]  # fmt: skip
+
+
+def test_training_and_attribution_refuse_a_missing_gpu_by_the_same_rule(monkeypatch) -> None:
+    """Training (before Lightning builds its Trainer) and the attribution Trainer ask
+    device_for, so `gpu` without one is the same one line there as in the metrics stage
+    (test_faithfulness), not Lightning's traceback and not a CUDA device that is not there."""
+    from saleval.attribution.frame import make_trainer
+    from saleval.modeling import training
+    from saleval.modeling.devices import DeviceError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    expected = r"^trainer.accelerator=gpu, but torch sees no GPU"
+    with pytest.raises(DeviceError, match=expected):
+        make_trainer({"accelerator": "gpu", "devices": 1})
+    with pytest.raises(DeviceError, match=expected):  # fails before it reads model or data
+        training.fit(None, None, {"accelerator": "gpu"}, Path("unused"))  # type: ignore[arg-type]
+    cpu = torch.device("cpu")
+    assert training.resolve_precision("auto", cpu) in ("bf16-mixed", "32-true")

@@ -174,3 +174,50 @@ def test_the_method_list_is_not_written_out_again() -> None:
     assert not listed, sorted(listed)
     nine = '("random", "all_attention", "last_attention", "vanilla_gradient", "lime", "deeplift")'
     assert _method_lists(ast.parse(nine), names) == [1]
+
+
+# --- issue #54: each smaller rule in one place ------------------------------------------
+
+
+#: every source file but this one, which spells what the checks below look for
+OTHERS = [p for p in CODE if p.resolve() != Path(__file__).resolve()]
+
+
+def _where(needle: str, files: list[Path]) -> set[str]:
+    """The files (relative to the repo) whose source contains ``needle``."""
+    return {str(p.relative_to(ROOT)) for p in files if needle in p.read_text()}
+
+
+def _gpu_literals(tree: ast.AST) -> list[int]:
+    """Lines of set, tuple or list literals naming both ``"gpu"`` and ``"cuda"``: the
+    accelerator names written out again."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple | ast.Set)
+        and {"gpu", "cuda"} <= {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    ]
+
+
+def test_the_device_rule_is_written_once() -> None:
+    """Where a setting puts a model is saleval.modeling.devices' alone: the only module
+    that asks torch for a GPU, the only one that lists the accelerator names, and the one
+    helper for the device a model's parameters are on (docs/data-and-models.md#devices)."""
+    from saleval.metrics import config as metrics_config
+    from saleval.modeling import devices
+    from saleval.scaleout import needs
+
+    own = "src/saleval/modeling/devices.py"
+    src = list(SRC.rglob("*.py"))
+    assert _where("cuda.is_available", src) == {own}
+    assert _where("parameters()).device", OTHERS) == {own}
+    listed = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in src
+        for line in _gpu_literals(ast.parse(p.read_text()))
+        if str(p.relative_to(ROOT)) != own
+    }
+    assert not listed, sorted(listed)
+    assert needs.GPU_ACCELERATORS is devices.GPU_ACCELERATORS
+    assert metrics_config.ACCELERATORS is devices.ACCELERATORS
+    assert _gpu_literals(ast.parse('x = ("auto", "gpu", "cuda")\ny = {"cuda"}')) == [1]

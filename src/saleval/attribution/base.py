@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.errors import UserError
+from saleval.modeling.devices import model_device
 from saleval.modeling.inference import (
     attention_implementation,
     cls_only_last_layer,
@@ -154,10 +155,6 @@ class Batch:
             texts=[self.texts[i] for i in keep],
             interface=self.interface,
         )
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 @dataclass(frozen=True)

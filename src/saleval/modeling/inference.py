@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
+from saleval.modeling.devices import model_device
 from saleval.progress import bar
 
 
@@ -271,34 +272,6 @@ def parse_bf16(value: object, where: str = "bf16") -> BF16:
     raise ValueError(f"{where} must be true, false or auto, got {value!r}")
 
 
-def compute_device(trainer_cfg: Any = None) -> torch.device:
-    """The one device a single-process stage computes on, from a ``conf/trainer`` node.
-
-    The GPU when ``trainer.accelerator`` allows one (``gpu``, ``cuda``, ``auto``) and one
-    is present, else the CPU. Lightning picks the device for ``fit`` itself; what runs
-    outside a Trainer (verification, the shortcut sweep) and what a cache is keyed by
-    ask here, so both agree with the Trainer.
-
-    >>> compute_device({"accelerator": "cpu"}).type
-    'cpu'
-    """
-    accel = str((trainer_cfg or {}).get("accelerator") or "auto").lower()
-    gpu = accel in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-    return torch.device("cuda" if gpu else "cpu")
-
-
-def single_device(trainer_cfg: Any = None) -> bool:
-    """Whether a ``conf/trainer`` node runs on one device of one node (``devices`` 1 or
-    ``auto``, as attribution reads it): then a stage may place the model itself.
-
-    >>> single_device({"devices": "auto"}), single_device({"devices": 2})
-    (True, False)
-    """
-    cfg = trainer_cfg or {}
-    devices = str(cfg.get("devices", "auto"))
-    return devices in ("1", "auto") and int(cfg.get("num_nodes") or 1) == 1
-
-
 def bf16_native(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 matmuls in hardware.
 
@@ -374,7 +347,7 @@ def _forward_logits(
 ) -> np.ndarray:
     from saleval.modeling.interface import interface
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     lengths = [len(s) for s in sequences]
     n_labels = n_labels_of(model)
     out = np.empty((len(sequences), n_labels), dtype=np.float32)

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import UserError
+from saleval.modeling.devices import model_device
 
 #: the positions a classifier's logits read: the first token, the last non-pad token, all
 Reads = Literal["first", "last", "mean"]
@@ -146,11 +147,7 @@ def probe_ids(model: PreTrainedModel, n: int) -> torch.Tensor:
     table = model.get_input_embeddings()
     vocab = int(cast(torch.Tensor, table.weight).shape[0])
     ids = [i for i in range(vocab // 2, vocab) if i not in special][:n]
-    return torch.as_tensor(ids, dtype=torch.long, device=_device(model)).unsqueeze(0)
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    return torch.as_tensor(ids, dtype=torch.long, device=model_device(model)).unsqueeze(0)
 
 
 def classifier_reads(
@@ -290,7 +287,7 @@ def check_padding(
     pick = [list(sequences[by_len[0]]), list(sequences[by_len[-1]])]
     if len(pick[0]) == len(pick[1]):  # make one row padded
         pick[0] = pick[0][: max(1, len(pick[0]) - 2)]
-    device = _device(model)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     try:

@@ -136,7 +136,8 @@ class MethodReuse:
         """None where reuse is off, or unsafe: several processes (each must run the same
         methods) or a parent without a fingerprint."""
         from saleval.attribution.reuse import MethodStore, code_digest, method_identity
-        from saleval.modeling.inference import bf16_native, compute_device
+        from saleval.modeling.devices import device_for
+        from saleval.modeling.inference import bf16_native
 
         devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
         if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0":
@@ -148,7 +149,7 @@ class MethodReuse:
         parent = st.inputs.parents["model"].fingerprint or ""
         if not parent:
             return None
-        dev = compute_device(cfg.get("trainer"))
+        dev = device_for(cfg.trainer.accelerator)
         device = {"type": dev.type, "bf16_native": bf16_native(dev)}
         code = code_digest()
         methods = st.resolved.get("method") or {}
@@ -228,7 +229,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.analysis import views
     from saleval.attribution import explain_frame, method_name
     from saleval.modeling import prompted, prompts
-    from saleval.modeling.inference import compute_device, single_device
+    from saleval.modeling.devices import device_for, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import MODEL_DIR, align_labels, checkpoint_name, load_trained
 
@@ -270,7 +271,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.provide(max_length=max_length)
         st.tracking.set_tags(model_tags(model, tokenizer))
         if single_device(cfg.trainer):  # the population's predictions on the job's device
-            torch.nn.Module.to(model, compute_device(cfg.trainer))
+            torch.nn.Module.to(model, device_for(cfg.trainer.accelerator))
         pool = filter_population(
             model, tokenizer, data[cfg.data.split], cfg.data.population, max_length
         )
