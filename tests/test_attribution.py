@@ -645,16 +645,17 @@ def test_bf16_auto_follows_the_hardware(model, tok, segs, monkeypatch) -> None:
     assert inference.use_bf16(cpu, False) is False
 
 
-# --- work not done: the last layer at [CLS] only; texts batched by padding ----------
+# --- work not done: the last block at the first token only; texts batched by padding ------
 
 
-def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monkeypatch) -> None:
-    """The classifier reads the last layer at [CLS] alone, so computing only that row
+def test_the_last_block_at_the_first_token_changes_no_logit_or_gradient(model, tok, segs) -> None:
+    """The classifier reads the last block at [CLS] alone, so computing only that row
     gives the same logits and the same input gradients (every gradient method, IG and
     the perturbation methods) as the whole model, to float noise."""
-    from saleval.modeling import inference
+    from saleval.modeling import first_token, inference
 
-    assert inference._cls_only_candidate(model) is not None  # else nothing is tested
+    with first_token.last_block_at_first_token(model) as on:
+        assert on  # else nothing is tested
     layers = model.bert.encoder.layer
     last = layers[-1]
     seqs = [s.input_ids for s in segs]
@@ -663,9 +664,9 @@ def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monk
     fast = (inference.forward_logits(model, seqs),
             [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
     assert layers[-1] is last  # restored after every pass
-    monkeypatch.setattr(inference, "_cls_only_candidate", lambda m: None)
-    full = (inference.forward_logits(model, seqs),
-            [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
+    with first_token.whole_model():
+        full = (inference.forward_logits(model, seqs),
+                [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
     np.testing.assert_allclose(fast[0], full[0], rtol=1e-5, atol=1e-6)
     for kind, a, b in zip(kinds, fast[1], full[1]):
         for x, y in zip(a, b):
@@ -673,19 +674,35 @@ def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monk
             assert np.abs(x - y).max(initial=0) <= 1e-4 * scale, kind
 
 
-def test_cls_only_last_layer_is_a_no_op_where_it_would_not_be_exact(model) -> None:
-    from saleval.modeling import inference
+def test_the_first_token_block_is_a_no_op_where_it_would_not_be_exact(model) -> None:
+    """Training mode (dropout), the switch off, an active wrapper (nested: wrapped once),
+    and a block laid out as BERT's that computes something else (caught by the probe on
+    the model itself, not by its class) all run the whole block."""
+    from saleval.modeling import first_token
 
     model.train()
     try:
-        assert inference._cls_only_candidate(model) is None  # dropout: training mode
+        with first_token.last_block_at_first_token(model) as on:
+            assert not on  # dropout: training mode
     finally:
         model.eval()
-    with inference.cls_only_last_layer(model):
+    with first_token.whole_model(), first_token.last_block_at_first_token(model) as on:
+        assert not on
+    with first_token.last_block_at_first_token(model) as on:
         inner = model.bert.encoder.layer[-1]
-        with inference.cls_only_last_layer(model):  # nested: the layer is wrapped once
-            assert model.bert.encoder.layer[-1] is inner
+        assert on and isinstance(inner, first_token.FirstRowBlock)
+        with first_token.last_block_at_first_token(model) as again:
+            assert not again and model.bert.encoder.layer[-1] is inner
     assert type(model.bert.encoder.layer[-1]).__name__ == "BertLayer"
+    # a block with BERT's attribute names whose forward does more (here: scales its input),
+    # which the one-row path, computing from the block's parts, would skip
+    other = build_model(MODEL_CFG, LABELS).eval()
+    last = other.bert.encoder.layer[-1]
+    plain = type(last).forward  # the class is shared: this instance only is patched
+    last.forward = lambda h, *a, **k: plain(last, 2 * h, *a, **k)  # type: ignore[method-assign]
+    assert first_token.bert_layout(last)
+    with first_token.last_block_at_first_token(other) as on:
+        assert not on
 
 
 @pytest.mark.parametrize("kind", ["vanilla_gradient", "integrated_gradients", "deeplift"])

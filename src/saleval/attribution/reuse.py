@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 #: the source files whose code decides a method's scores (relative to the package)
-CODE = ("attribution", "words.py", "modeling/inference.py", "vocab.py")
+CODE = ("attribution", "words.py", "modeling/inference.py", "modeling/first_token.py", "vocab.py")
 #: explain settings that change how the work is batched, shown or logged, not its scores
 NOT_SCORES = ("method", "view", "batch_size", "progress", "run_dir", "paths", "tracking",
               "hydra", "inputs", "reuse_methods")  # fmt: skip

@@ -20,7 +20,7 @@ import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal
 
 import numpy as np
 import torch
@@ -180,83 +180,6 @@ def attention_implementation(model: PreTrainedModel, impl: str = "sdpa") -> Iter
         model.set_attn_implementation(current)
 
 
-class _ClsOnlyLastLayer(torch.nn.Module):
-    """The last encoder layer of a BERT classifier, computed for the ``[CLS]`` row only.
-
-    Why: a ``BertForSequenceClassification`` reads the last layer at position 0 alone (its
-    pooler takes ``hidden_states[:, 0]``), so the last layer's query projection, attention
-    output and feed-forward block at every other position are work whose result nobody
-    reads — a sixth of the FLOPs of a 6-layer MiniLM, forward and backward. Keys and values
-    still come from every position, so the logits, and every gradient with respect to the
-    inputs, are those of the whole model up to float noise (tests/test_attribution.py).
-    The layer's own modules and attention function compute it; only the rows differ.
-    """
-
-    def __init__(self, layer: torch.nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        *args: object, **kwargs: object,
-    ) -> torch.Tensor:  # fmt: skip
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.bert.modeling_bert import eager_attention_forward
-
-        layer: Any = self.layer  # a BertLayer (checked by _cls_only_candidate)
-        attn = layer.attention.self
-        b, t, _ = hidden_states.shape
-        heads, size = attn.num_attention_heads, attn.attention_head_size
-        first = hidden_states[:, :1]
-        q = attn.query(first).view(b, 1, heads, size).transpose(1, 2)
-        k = attn.key(hidden_states).view(b, t, heads, size).transpose(1, 2)
-        v = attn.value(hidden_states).view(b, t, heads, size).transpose(1, 2)
-        if attention_mask is not None and attention_mask.dim() == 4:
-            attention_mask = attention_mask[:, :, :1, :]
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attn.config._attn_implementation, eager_attention_forward
-        )
-        out, _ = interface(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling)
-        out = layer.attention.output(out.reshape(b, 1, -1), first)
-        return cast(torch.Tensor, layer.feed_forward_chunk(out))
-
-
-def _cls_only_candidate(model: PreTrainedModel) -> tuple[torch.nn.ModuleList, int] | None:
-    """The encoder's layer list and the last index, where the [CLS]-only layer is exact:
-    a BERT sequence classifier in eval mode, no decoder, no chunked feed-forward."""
-    from transformers import BertForSequenceClassification
-    from transformers.models.bert.modeling_bert import BertLayer
-
-    if type(model) is not BertForSequenceClassification or model.training:
-        return None
-    layers = model.bert.encoder.layer
-    last = layers[-1]
-    if type(last) is not BertLayer or last.is_decoder or last.add_cross_attention:
-        return None
-    if last.chunk_size_feed_forward or getattr(model.bert, "pooler", None) is None:
-        return None
-    return layers, len(layers) - 1
-
-
-@contextlib.contextmanager
-def cls_only_last_layer(model: PreTrainedModel) -> Iterator[None]:
-    """Compute ``model``'s last layer for ``[CLS]`` only while inside (:class:`_ClsOnlyLastLayer`);
-    a no-op for any other architecture, in training mode, or when already active. Only for
-    passes that read the logits: attention weights and hidden states of the last layer are
-    not computed at the other positions."""
-    found = _cls_only_candidate(model)
-    if found is None:
-        yield
-        return
-    layers, i = found
-    original = layers[i]
-    layers[i] = _ClsOnlyLastLayer(original)
-    try:
-        yield
-    finally:
-        layers[i] = original
-
-
 BF16 = bool | Literal["auto"]
 _warned_emulated = False
 
@@ -345,6 +268,7 @@ def _forward_logits(
     progress: bool,
     desc: str,
 ) -> np.ndarray:
+    from saleval.modeling.first_token import last_block_at_first_token
     from saleval.modeling.interface import interface
 
     device = model_device(model)
@@ -356,7 +280,7 @@ def _forward_logits(
     feed = interface(model, tokenizer)
     batches = list(length_batches(lengths, max_tokens, max_batch))
     bf16 = use_bf16(device, bf16)  # resolve `auto` once, not per batch
-    with attention_implementation(model, "sdpa"), cls_only_last_layer(model):
+    with attention_implementation(model, "sdpa"), last_block_at_first_token(model):
         for idx in bar(batches, desc=desc, disable=not progress, leave=False):
             count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
             ids, mask = feed.pad([sequences[i] for i in idx], device)

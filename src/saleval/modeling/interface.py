@@ -166,7 +166,7 @@ def classifier_reads(
     if model in _READS:
         return _READS[model]
     iface = interface(model, tokenizer)
-    blocks = _blocks(model)
+    blocks = blocks_of(model)
     if blocks is None or not len(blocks):
         raise InterfaceError(
             f"{type(model).__name__}: no list of {getattr(model.config, 'num_hidden_layers', '?')} "
@@ -390,7 +390,7 @@ _POINTS: weakref.WeakKeyDictionary[nn.Module, dict[str, EmbeddingPoint]] = (
 )
 
 
-def _blocks(model: nn.Module) -> nn.ModuleList | None:
+def blocks_of(model: nn.Module) -> nn.ModuleList | None:
     """The model's list of transformer blocks: the first ModuleList of
     ``num_hidden_layers`` modules."""
     n = getattr(model.config, "num_hidden_layers", None)
@@ -432,7 +432,7 @@ def _first_block_input(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None
 ) -> EmbeddingPoint:
     cls = type(model).__name__
-    blocks = _blocks(model)
+    blocks = blocks_of(model)
     inside = set() if blocks is None else {id(m) for m in blocks.modules()}
     names = {id(m): n for n, m in model.named_modules()}
     finished: list[tuple[nn.Module, Any]] = []
