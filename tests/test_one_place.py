@@ -221,3 +221,15 @@ def test_the_device_rule_is_written_once() -> None:
     assert needs.GPU_ACCELERATORS is devices.GPU_ACCELERATORS
     assert metrics_config.ACCELERATORS is devices.ACCELERATORS
     assert _gpu_literals(ast.parse('x = ("auto", "gpu", "cuda")\ny = {"cuda"}')) == [1]
+
+
+def test_the_model_input_and_its_max_length_are_resolved_in_one_place() -> None:
+    """The explain and metrics stages both need ``inputs.model`` and fall back to the
+    length the train run recorded: saleval.pipeline.run_inputs.model_input and
+    RunInputs.max_length say each once."""
+    stages = [SRC / "stages" / "explain.py", SRC / "stages" / "metrics.py"]
+    assert not _where("inputs.model is required", stages)
+    assert not _where('parent_provenance["model"]', stages)
+    for path in stages:
+        text = path.read_text()
+        assert "model_input(" in text and "st.inputs.max_length(" in text, path.name

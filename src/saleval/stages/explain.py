@@ -38,8 +38,7 @@ from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables, tracking
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.run_inputs import model_input
 from saleval.pipeline.stage import Stage, fingerprint
 from saleval.vocab import Population, Target
 
@@ -233,16 +232,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import MODEL_DIR, align_labels, checkpoint_name, load_trained
 
-    spec = given_input(cfg, "model")
     prompting = cfg.get("model") is not None and is_prompted(cfg.model)
-    if spec is None and prompting and cfg.model.get("pretrained"):
-        spec = str(cfg.model.pretrained)  # model=prompted model.pretrained=<causal LM dir>
-    if spec is None:
-        raise InputError(
-            "inputs.model is required: a saleval train run, a save_pretrained checkpoint "
-            "directory, or a hub id (model=prompted: model.pretrained=<causal LM dir>)"
-        )
-    run, checkpoint = run_or_checkpoint(spec)
+    pretrained = cfg.model.get("pretrained") if prompting else None  # the causal LM prompted
+    spec, run, checkpoint = model_input(
+        cfg, str(pretrained) if pretrained else None, " (model=prompted: model.pretrained=<dir>)"
+    )
     # from a train run: the dataset and the model's name come from it unless given (checked
     # then); a checkpoint of the user's own brings no provenance, so dataset= is required
     inputs = {"model": run} if run else {}
@@ -266,8 +260,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             st.tracking.set_tags(prompts.describe(tokenizer.spec))
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
-        trained = st.inputs.parent_provenance["model"].max_length if run else None
-        max_length = effective_max_length(cfg.max_length or trained, model, tokenizer)
+        max_length = effective_max_length(st.inputs.max_length(cfg.max_length), model, tokenizer)
         st.provide(max_length=max_length)
         st.tracking.set_tags(model_tags(model, tokenizer))
         if single_device(cfg.trainer):  # the population's predictions on the job's device

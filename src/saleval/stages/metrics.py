@@ -31,8 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from saleval.metrics.config import MetricsConfig
 from saleval.modeling.devices import device_for
 from saleval.pipeline import run_naming, tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.run_inputs import model_input
 from saleval.pipeline.run_record import RunRecord
 from saleval.pipeline.stage import Stage
 
@@ -207,10 +206,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # imported first, so they register themselves and their settings
     mcfg = MetricsConfig.from_config(cfg.metrics)
     device = device_for(mcfg.inference.accelerator, "metrics.inference.accelerator")
-    spec = given_input(cfg, "model")
-    if spec is None:
-        raise InputError("inputs.model is required: a train run, a checkpoint dir or a hub id")
-    run, checkpoint = run_or_checkpoint(spec)  # a user's own checkpoint: no parent run
+    spec, run, checkpoint = model_input(cfg)  # a user's own checkpoint: no parent run
     inputs = {"explain": cfg.inputs.explain, **({"model": run} if run else {})}
     tags = {"checkpoint": checkpoint} if checkpoint else {}
     with Stage(cfg, "metrics", inputs, tags=tags, inherits=INHERITS, requires=["dataset"]) as st:
@@ -231,8 +227,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )  # fmt: skip
         # the explain run's segmentation length (runs written before it was recorded: the
         # train run's model.max_length, which the explain stage then used)
-        trained = st.inputs.parent_provenance["model"].max_length if run else None
-        max_length = st.provenance.max_length or trained
+        max_length = st.inputs.max_length(st.provenance.max_length)
         if not max_length:
             raise ValueError(
                 f"neither {explain_dir} nor {model_dir} records a max_length: cannot "
