@@ -223,6 +223,34 @@ def test_the_device_rule_is_written_once() -> None:
     assert _gpu_literals(ast.parse('x = ("auto", "gpu", "cuda")\ny = {"cuda"}')) == [1]
 
 
+def _functions_with(tree: ast.AST, source: str) -> set[str]:
+    """Names of the functions whose body holds the expression ``source`` (e.g. ``top_k is None``)."""
+    wanted = ast.dump(ast.parse(source, mode="eval").body)
+    return {
+        f.name
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef)
+        for node in ast.walk(f)
+        if ast.dump(node) == wanted
+    }
+
+
+def test_a_rationale_is_cut_at_k_by_one_rule() -> None:
+    """How many words a method's discrete rationale takes (``top_k``, else the human
+    rationale's size, clamped to the text) is plausibility.rationale_k, for saleval's
+    convention and ERASER's alike: neither module decides it again."""
+    import numpy as np
+
+    from saleval.metrics import eraser, plausibility
+
+    for module in (plausibility, eraser):
+        tree = ast.parse(Path(module.__file__).read_text())
+        assert _functions_with(tree, "top_k is None") <= {"rationale_k"}, module.__name__
+    doc = eraser.Document.build("d", [(0, 2)], np.array([0.1, 0.9, 0.5]), top_k=10)
+    assert doc.predicted == ((0, 3),)  # clamped to the three tokens, as saleval's side does
+    assert plausibility.rationale_k(10, np.zeros(3, dtype=bool)) == 3
+
+
 def test_the_model_input_and_its_max_length_are_resolved_in_one_place() -> None:
     """The explain and metrics stages both need ``inputs.model`` and fall back to the
     length the train run recorded: saleval.pipeline.run_inputs.model_input and
