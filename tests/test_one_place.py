@@ -223,6 +223,35 @@ def test_the_device_rule_is_written_once() -> None:
     assert _gpu_literals(ast.parse('x = ("auto", "gpu", "cuda")\ny = {"cuda"}')) == [1]
 
 
+def test_the_children_of_a_run_are_found_by_one_query() -> None:
+    """The MLflow tag that links a child run to its parent is spelt once
+    (saleval.pipeline.tracking.PARENT_TAG); the query for a run's children is
+    tracking.children, which every caller (method rows, catch-up, deleting) uses."""
+    from saleval.pipeline import tracking
+
+    assert _where("parentRunId", [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]) == {
+        "src/saleval/pipeline/tracking.py"
+    }
+    assert tracking.children_filter("abc") == "tags.`mlflow.parentRunId` = 'abc'"
+    assert not {f"{p.relative_to(ROOT)}:{n}" for p in OTHERS for n in _child_queries(p.read_text())}
+    query = "c.search_runs([e], filter_string=f\"tags.mlflow.parentRunId = '{r}'\")"
+    assert _child_queries(query) == [1]
+
+
+def _child_queries(source: str) -> list[int]:
+    """Lines of ``search_runs`` calls that filter by the parent tag written out."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "search_runs"
+        and any(
+            isinstance(c, ast.Constant) and "parentRunId" in str(c.value) for c in ast.walk(node)
+        )
+    ]
+
+
 def _functions_with(tree: ast.AST, source: str) -> set[str]:
     """Names of the functions whose body holds the expression ``source`` (e.g. ``top_k is None``)."""
     wanted = ast.dump(ast.parse(source, mode="eval").body)
