@@ -290,3 +290,30 @@ def test_the_model_input_and_its_max_length_are_resolved_in_one_place() -> None:
     for path in stages:
         text = path.read_text()
         assert "model_input(" in text and "st.inputs.max_length(" in text, path.name
+
+
+def test_the_aggregator_options_and_default_are_stated_once() -> None:
+    """The aggregator options are the files of conf/crowd/aggregator (no module or config
+    lists them again), and the schema's default aggregator is the option the YAML's
+    defaults list picks: two statements of one default, which this test keeps equal."""
+    from saleval.config.crowd import AnswersCrowdConfig
+    from saleval.crowd.importing.builtin import aggregator_options
+
+    conf = ROOT / "conf"
+    options = aggregator_options()
+    assert options == sorted(p.stem for p in (conf / "crowd" / "aggregator").glob("*.yaml"))
+    assert len(options) >= 3
+    listing = {
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in [*SRC.rglob("*.py"), *conf.rglob("*.yaml")]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if sum(o in line for o in options) >= 3
+    }
+    assert not listing, sorted(listing)
+    picked = next(
+        d["aggregator"]
+        for d in OmegaConf.load(conf / "crowd" / "answers.yaml").defaults
+        if isinstance(d, dict | type(OmegaConf.create({}))) and "aggregator" in d
+    )
+    target = OmegaConf.load(conf / "crowd" / "aggregator" / f"{picked}.yaml")["_target_"]
+    assert AnswersCrowdConfig().aggregator == {"_target_": target}
