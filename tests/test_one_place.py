@@ -317,3 +317,29 @@ def test_the_aggregator_options_and_default_are_stated_once() -> None:
     )
     target = OmegaConf.load(conf / "crowd" / "aggregator" / f"{picked}.yaml")["_target_"]
     assert AnswersCrowdConfig().aggregator == {"_target_": target}
+
+
+def test_the_tiny_model_is_written_in_its_config_file_only() -> None:
+    """The tests build the tiny BERT from conf/model/tiny.yaml (tests.conftest.tiny_model_cfg):
+    no test module writes its sizes again as a dict."""
+    from tests.conftest import tiny_model_cfg
+
+    def sizes(tree: ast.AST) -> list[int]:
+        return [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Dict)
+            and {"hidden_size", "num_hidden_layers"}
+            <= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        ]
+
+    written = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in (ROOT / "tests").rglob("*.py")
+        for line in sizes(ast.parse(p.read_text()))
+    }
+    assert not written, sorted(written)
+    assert sizes(ast.parse('c = {"hidden_size": 32, "num_hidden_layers": 2}')) == [1]
+    conf = OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml")
+    assert tiny_model_cfg() == OmegaConf.to_container(conf)
+    assert tiny_model_cfg(initializer_range=0.3)["config"]["initializer_range"] == 0.3
