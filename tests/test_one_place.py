@@ -343,3 +343,17 @@ def test_the_tiny_model_is_written_in_its_config_file_only() -> None:
     conf = OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml")
     assert tiny_model_cfg() == OmegaConf.to_container(conf)
     assert tiny_model_cfg(initializer_range=0.3)["config"]["initializer_range"] == 0.3
+
+
+def test_method_reuse_lives_in_its_class() -> None:
+    """Explain's per-method reuse (which methods are stored, loading them, computing the
+    rest, storing what was computed) is saleval.attribution.reuse.MethodReuse: the stage's
+    run holds none of that bookkeeping."""
+    explain = SRC / "stages" / "explain.py"
+    tree = ast.parse(explain.read_text())
+    run = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "run")
+    body = ast.unparse(run)
+    for bookkeeping in ('"reused"', ".load(", "sort_values(", ".available("):
+        assert bookkeeping not in body, bookkeeping
+    assert "reuse.explain(" in body and "reuse.save(" in body
+    assert not _where('"reused"', [explain])
