@@ -91,7 +91,8 @@ def bert_layout(block: nn.Module) -> bool:
     attn = getattr(getattr(block, "attention", None), "self", None)
     if attn is None or not hasattr(block.attention, "output"):
         return False
-    if not all(hasattr(attn, a) for a in ("query", "key", "value", "scaling", "config")):
+    needed = ("query", "key", "value", "num_attention_heads", "attention_head_size", "scaling")
+    if not all(hasattr(attn, a) for a in (*needed, "config")):
         return False
     if getattr(attn, "position_embedding_type", "absolute") != "absolute":
         return False
