@@ -22,6 +22,8 @@ ON_REQUEST = {
     "prefix_cache": "benchmarks.prefix_cache",
     # issue #46: saleval's ERASER convention against ERASER's scorer (--scorer <checkout>)
     "eraser_agreement": "benchmarks.eraser_agreement",
+    # issue #54: the default run with the last block at the first token only vs whole
+    "cls_only": "benchmarks.cls_only",
 }
 
 

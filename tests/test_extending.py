@@ -409,3 +409,48 @@ def test_an_export_format_is_written_into_every_task_run(
     assert (run / "bundles_wide.csv").is_file() and (run / "instructions.md").is_file()
     run_id = json.loads((run / "run.json").read_text())["run_id"]
     assert "bundles.jsonl" in {a.path for a in MlflowClient().list_artifacts(run_id)}
+
+
+class MostConfident:
+    """A toy aggregator (docs/extending.md, "An aggregation rule"): per task, the answer of
+    the worker who answered most tasks, "I don't know" (code 0) naming nothing."""
+
+    def fit(self, data: pd.DataFrame) -> MostConfident:
+        self.busiest = data["worker"].value_counts().idxmax()
+        return self
+
+    def fit_predict(self, data: pd.DataFrame) -> pd.Series:
+        self.fit(data)
+        theirs = data[data["worker"] == self.busiest].set_index("task")["label"]
+        out = theirs.where(theirs != 0).reindex(sorted(data["task"].unique()))
+        return out.astype("Int64").rename("agg_label")
+
+
+def test_an_aggregator_in_a_users_config_dir(tmp_path: Path) -> None:
+    """``saleval-import --config-dir <dir> crowd/aggregator=most_confident``: the class is
+    built from the YAML's ``_target_`` and aggregates A[i, j, k] as the built-in ones do;
+    its extra keys would reach it as ``+crowd.aggregator.<key>``."""
+    from saleval.crowd.importing import aggregation
+    from saleval.crowd.importing.source import crowd_source
+
+    (tmp_path / "crowd" / "aggregator").mkdir(parents=True)
+    (tmp_path / "crowd" / "aggregator" / "most_confident.yaml").write_text(
+        f"_target_: {__name__}.MostConfident\n"
+    )
+    cfg = _compose("import", tmp_path, ["crowd/aggregator=most_confident"])
+    aggregator = crowd_source(cfg.crowd).build_aggregator()
+    assert isinstance(aggregator, MostConfident)
+    # w0 answered most (a gold task too): label 0 (code 1) on t0, "I don't know" on t1
+    ann = pd.DataFrame({
+        "task_id": ["t0", "t0", "t0", "t1", "t1", "t1", "g0"],
+        "worker_id": ["w0", "w1", "w2", "w0", "w1", "w2", "w0"],
+        "answer_code": [1, 2, 2, 0, 1, 1, 1], "label": [0] * 7,
+    })  # fmt: skip
+    tasks = pd.DataFrame({
+        "task_id": ["t0", "t1", "g0"], "sample_id": ["s0", "s1", "g"], "method": ["lime"] * 3,
+        "k": [1, 1, 1], "label": [0, 0, 0], "is_gold": [False, False, True],
+    })  # fmt: skip
+    got = aggregation.aggregate(ann, tasks, aggregator).set_index("sample_id")
+    strict = aggregation.aggregate(ann, tasks).set_index("sample_id")
+    assert got["correct"].tolist() == [1, 0]  # w0's label 0; then nothing named
+    assert strict["correct"].tolist() == [0, 1]  # the study's rule: code 2 wins t0, 1 wins t1

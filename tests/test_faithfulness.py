@@ -271,7 +271,7 @@ def test_metrics_stage_runs_its_forward_passes_where_inference_accelerator_says(
 ) -> None:
     """Issue #44: the stage moved no model, so on a GPU machine its forward passes (the
     metrics are most of a study's inference) ran on the CPU. The model now goes to
-    ``inference_device(metrics.inference.accelerator)`` before any pass; here that device
+    ``device_for(metrics.inference.accelerator)`` before any pass; here that device
     is ``meta``, so only a real move puts the weights there."""
     from saleval.stages import metrics as stage
     from tests.conftest import compose_config
@@ -280,8 +280,8 @@ def test_metrics_stage_runs_its_forward_passes_where_inference_accelerator_says(
     explain = fake_explain_run(tmp_path / "explain", tok, AG_TEXTS, ds)
     seen: dict[str, object] = {}
 
-    def device(accelerator: str) -> torch.device:
-        seen["accelerator"] = accelerator
+    def device(accelerator: str, setting: str) -> torch.device:
+        seen["accelerator"] = f"{setting}={accelerator}"
         return torch.device("meta")
 
     class Reached(Exception):
@@ -291,7 +291,7 @@ def test_metrics_stage_runs_its_forward_passes_where_inference_accelerator_says(
         seen["device"] = {p.device for p in model.parameters()}
         raise Reached
 
-    monkeypatch.setattr(stage, "inference_device", device)
+    monkeypatch.setattr(stage, "device_for", device)
     monkeypatch.setattr(F, "evaluate", evaluate)
     cfg = make_cfg(
         "metrics",
@@ -303,18 +303,24 @@ def test_metrics_stage_runs_its_forward_passes_where_inference_accelerator_says(
     )
     with pytest.raises(Reached):
         stage.run(cfg)
-    assert seen == {"accelerator": "cpu", "device": {torch.device("meta")}}
+    assert seen == {
+        "accelerator": "metrics.inference.accelerator=cpu",
+        "device": {torch.device("meta")},
+    }
 
 
-def test_metrics_inference_accelerator_is_checked(monkeypatch) -> None:
-    from saleval.stages.metrics import DeviceError, inference_device
+def test_metrics_inference_accelerator_is_checked(make_cfg, monkeypatch) -> None:
+    """The setting is checked with the metrics config, and a GPU asked for where there is
+    none stops the stage in one line naming metrics.inference.accelerator, before any run
+    dir or model (the rule itself: test_attribution, device_for)."""
+    from saleval.modeling.devices import DeviceError
+    from saleval.stages import metrics as stage
 
     with pytest.raises(ValueError, match=r"metrics.inference.accelerator must be one of"):
         MetricsConfig.from_config({"ks": [1], "inference": {"accelerator": "tpu"}})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert inference_device("auto") == torch.device("cpu")  # auto: the CPU when there is no GPU
-    with pytest.raises(DeviceError, match=r"accelerator=gpu, but torch sees no GPU"):
-        inference_device("gpu")  # asked for: an error, not the CPU unasked
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert inference_device("auto") == torch.device("cuda")
-    assert inference_device("cpu") == torch.device("cpu")
+    cfg = make_cfg("metrics", ["inputs.model=unused", "inputs.explain=unused",
+                               "metrics.inference.accelerator=gpu"])  # fmt: skip
+    with pytest.raises(DeviceError, match=r"^metrics.inference.accelerator=gpu, but torch sees no"):
+        stage.run(cfg)
+    assert not Path(cfg.run_dir).exists()

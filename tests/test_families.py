@@ -157,6 +157,51 @@ def test_explained_logits_equal_the_models_own_for_a_padded_batch(
     np.testing.assert_allclose(batched, own.numpy(), atol=1e-5, rtol=1e-4)
 
 
+#: the families whose head reads the first token alone and whose last block is laid out as
+#: BERT's: their last block runs at that token alone (saleval.modeling.first_token)
+FIRST_TOKEN = {"roberta", "electra"}
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_the_last_block_runs_at_the_first_token_where_the_model_reads_only_it(
+    family, family_checkpoints
+) -> None:
+    """The fast path is chosen from what the model reads (classifier_reads) and how its
+    last block is laid out, not from its class: on for every family that reads position 0
+    through a BERT-style block, off for the others; where on, the logits and the gradient
+    methods' scores are the whole model's to float noise."""
+    from saleval.modeling import first_token
+    from saleval.modeling.interface import blocks_of
+
+    model, tok = _load(family_checkpoints[family])
+    model.eval()
+    with first_token.last_block_at_first_token(model) as on:
+        pass
+    blocks = blocks_of(model)
+    assert blocks is not None
+    reads_first = classifier_reads(model, tok) == "first"
+    assert on == (reads_first and first_token.bert_layout(blocks[-1])) == (family in FIRST_TOKEN)
+    if not on:
+        return
+    segs = [segment(t, tok, 64) for t in TEXTS]
+    kinds = ("vanilla_gradient", "integrated_gradients")
+
+    def run():
+        logits = inference.forward_logits(model, [s.input_ids for s in segs], tokenizer=tok)
+        scores = [build_method({"kind": k, "n_steps": 8} if k == "integrated_gradients" else
+                               {"kind": k}).attribute(model, tok, segs, [1] * len(segs))
+                  for k in kinds]  # fmt: skip
+        return logits, scores
+
+    fast = run()
+    with first_token.whole_model():
+        whole = run()
+    np.testing.assert_allclose(fast[0], whole[0], rtol=1e-5, atol=1e-6)
+    for kind, a, b in zip(kinds, fast[1], whole[1]):
+        for x, y in zip(a, b):
+            assert np.abs(x - y).max(initial=0) <= 1e-4 * max(np.abs(y).max(initial=0), 1e-12), kind
+
+
 def _independent_gradient(model, tok, text: str, target: int, layer: str) -> np.ndarray:
     """|∂ logit / ∂ embeddings| summed over the hidden dimension, per token, on the plain
     model: ``embeddings`` is what the model returns as ``hidden_states[0]`` (the input to

@@ -174,3 +174,186 @@ def test_the_method_list_is_not_written_out_again() -> None:
     assert not listed, sorted(listed)
     nine = '("random", "all_attention", "last_attention", "vanilla_gradient", "lime", "deeplift")'
     assert _method_lists(ast.parse(nine), names) == [1]
+
+
+# --- issue #54: each smaller rule in one place ------------------------------------------
+
+
+#: every source file but this one, which spells what the checks below look for
+OTHERS = [p for p in CODE if p.resolve() != Path(__file__).resolve()]
+
+
+def _where(needle: str, files: list[Path]) -> set[str]:
+    """The files (relative to the repo) whose source contains ``needle``."""
+    return {str(p.relative_to(ROOT)) for p in files if needle in p.read_text()}
+
+
+def _gpu_literals(tree: ast.AST) -> list[int]:
+    """Lines of set, tuple or list literals naming both ``"gpu"`` and ``"cuda"``: the
+    accelerator names written out again."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple | ast.Set)
+        and {"gpu", "cuda"} <= {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    ]
+
+
+def test_the_device_rule_is_written_once() -> None:
+    """Where a setting puts a model is saleval.modeling.devices' alone: the only module
+    that asks torch for a GPU, the only one that lists the accelerator names, and the one
+    helper for the device a model's parameters are on (docs/data-and-models.md#devices)."""
+    from saleval.metrics import config as metrics_config
+    from saleval.modeling import devices
+    from saleval.scaleout import needs
+
+    own = "src/saleval/modeling/devices.py"
+    src = list(SRC.rglob("*.py"))
+    assert _where("cuda.is_available", src) == {own}
+    assert _where("parameters()).device", OTHERS) == {own}
+    listed = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in src
+        for line in _gpu_literals(ast.parse(p.read_text()))
+        if str(p.relative_to(ROOT)) != own
+    }
+    assert not listed, sorted(listed)
+    assert needs.GPU_ACCELERATORS is devices.GPU_ACCELERATORS
+    assert metrics_config.ACCELERATORS is devices.ACCELERATORS
+    assert _gpu_literals(ast.parse('x = ("auto", "gpu", "cuda")\ny = {"cuda"}')) == [1]
+
+
+def test_the_children_of_a_run_are_found_by_one_query() -> None:
+    """The MLflow tag that links a child run to its parent is spelt once
+    (saleval.pipeline.tracking.PARENT_TAG); the query for a run's children is
+    tracking.children, which every caller (method rows, catch-up, deleting) uses."""
+    from saleval.pipeline import tracking
+
+    assert _where("parentRunId", [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]) == {
+        "src/saleval/pipeline/tracking.py"
+    }
+    assert tracking.children_filter("abc") == "tags.`mlflow.parentRunId` = 'abc'"
+    assert not {f"{p.relative_to(ROOT)}:{n}" for p in OTHERS for n in _child_queries(p.read_text())}
+    query = "c.search_runs([e], filter_string=f\"tags.mlflow.parentRunId = '{r}'\")"
+    assert _child_queries(query) == [1]
+
+
+def _child_queries(source: str) -> list[int]:
+    """Lines of ``search_runs`` calls that filter by the parent tag written out."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "search_runs"
+        and any(
+            isinstance(c, ast.Constant) and "parentRunId" in str(c.value) for c in ast.walk(node)
+        )
+    ]
+
+
+def _functions_with(tree: ast.AST, source: str) -> set[str]:
+    """Names of the functions whose body holds the expression ``source`` (e.g. ``top_k is None``)."""
+    wanted = ast.dump(ast.parse(source, mode="eval").body)
+    return {
+        f.name
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef)
+        for node in ast.walk(f)
+        if ast.dump(node) == wanted
+    }
+
+
+def test_a_rationale_is_cut_at_k_by_one_rule() -> None:
+    """How many words a method's discrete rationale takes (``top_k``, else the human
+    rationale's size, clamped to the text) is plausibility.rationale_k, for saleval's
+    convention and ERASER's alike: neither module decides it again."""
+    import numpy as np
+
+    from saleval.metrics import eraser, plausibility
+
+    for module in (plausibility, eraser):
+        tree = ast.parse(Path(module.__file__).read_text())
+        assert _functions_with(tree, "top_k is None") <= {"rationale_k"}, module.__name__
+    doc = eraser.Document.build("d", [(0, 2)], np.array([0.1, 0.9, 0.5]), top_k=10)
+    assert doc.predicted == ((0, 3),)  # clamped to the three tokens, as saleval's side does
+    assert plausibility.rationale_k(10, np.zeros(3, dtype=bool)) == 3
+
+
+def test_the_model_input_and_its_max_length_are_resolved_in_one_place() -> None:
+    """The explain and metrics stages both need ``inputs.model`` and fall back to the
+    length the train run recorded: saleval.pipeline.run_inputs.model_input and
+    RunInputs.max_length say each once."""
+    stages = [SRC / "stages" / "explain.py", SRC / "stages" / "metrics.py"]
+    assert not _where("inputs.model is required", stages)
+    assert not _where('parent_provenance["model"]', stages)
+    for path in stages:
+        text = path.read_text()
+        assert "model_input(" in text and "st.inputs.max_length(" in text, path.name
+
+
+def test_the_aggregator_options_and_default_are_stated_once() -> None:
+    """The aggregator options are the files of conf/crowd/aggregator (no module or config
+    lists them again), and the schema's default aggregator is the option the YAML's
+    defaults list picks: two statements of one default, which this test keeps equal."""
+    from saleval.config.crowd import AnswersCrowdConfig
+    from saleval.crowd.importing.builtin import aggregator_options
+
+    conf = ROOT / "conf"
+    options = aggregator_options()
+    assert options == sorted(p.stem for p in (conf / "crowd" / "aggregator").glob("*.yaml"))
+    assert len(options) >= 3
+    listing = {
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in [*SRC.rglob("*.py"), *conf.rglob("*.yaml")]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if sum(o in line for o in options) >= 3
+    }
+    assert not listing, sorted(listing)
+    picked = next(
+        d["aggregator"]
+        for d in OmegaConf.load(conf / "crowd" / "answers.yaml").defaults
+        if isinstance(d, dict | type(OmegaConf.create({}))) and "aggregator" in d
+    )
+    target = OmegaConf.load(conf / "crowd" / "aggregator" / f"{picked}.yaml")["_target_"]
+    assert AnswersCrowdConfig().aggregator == {"_target_": target}
+
+
+def test_the_tiny_model_is_written_in_its_config_file_only() -> None:
+    """The tests build the tiny BERT from conf/model/tiny.yaml (tests.conftest.tiny_model_cfg):
+    no test module writes its sizes again as a dict."""
+    from tests.conftest import tiny_model_cfg
+
+    def sizes(tree: ast.AST) -> list[int]:
+        return [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Dict)
+            and {"hidden_size", "num_hidden_layers"}
+            <= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        ]
+
+    written = {
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in (ROOT / "tests").rglob("*.py")
+        for line in sizes(ast.parse(p.read_text()))
+    }
+    assert not written, sorted(written)
+    assert sizes(ast.parse('c = {"hidden_size": 32, "num_hidden_layers": 2}')) == [1]
+    conf = OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml")
+    assert tiny_model_cfg() == OmegaConf.to_container(conf)
+    assert tiny_model_cfg(initializer_range=0.3)["config"]["initializer_range"] == 0.3
+
+
+def test_method_reuse_lives_in_its_class() -> None:
+    """Explain's per-method reuse (which methods are stored, loading them, computing the
+    rest, storing what was computed) is saleval.attribution.reuse.MethodReuse: the stage's
+    run holds none of that bookkeeping."""
+    explain = SRC / "stages" / "explain.py"
+    tree = ast.parse(explain.read_text())
+    run = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "run")
+    body = ast.unparse(run)
+    for bookkeeping in ('"reused"', ".load(", "sort_values(", ".available("):
+        assert bookkeeping not in body, bookkeeping
+    assert "reuse.explain(" in body and "reuse.save(" in body
+    assert not _where('"reused"', [explain])

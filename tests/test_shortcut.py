@@ -20,7 +20,7 @@ from saleval.metrics.shortcut import (
 from saleval.modeling.data import DatasetSplits
 from saleval.modeling.models import load_tokenizer
 from saleval.pipeline import tables
-from saleval.pipeline.tracking import method_rows
+from saleval.pipeline.tracking import children, method_rows
 from saleval.shortcut.generate import (
     ROLE_DISTRACTOR,
     ROLE_ORIGINAL,
@@ -587,10 +587,7 @@ def test_stage_end_to_end_on_tiny_model(make_cfg, tmp_path: Path) -> None:
     assert rows["precision"].to_dict() == res.set_index("config")["precision"].to_dict()
     grad = MlflowClient().get_run(rows.loc["vanilla_gradient", "run_id"]).data.params
     assert grad["method.reduction"] == "l1" and grad["method.output"] == "logits"
-    children = MlflowClient().search_runs(
-        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{out['run_id']}'"
-    )
-    fits = [c for c in children if "shortcut_model" in c.data.tags]
+    fits = [c for c in children(MlflowClient(), run) if "shortcut_model" in c.data.tags]
     assert sorted(c.data.tags["shortcut_model"] for c in fits) == ["mixed", "original"]
     assert all("val_accuracy" in c.data.metrics for c in fits)
 

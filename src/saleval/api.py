@@ -109,6 +109,7 @@ def load_model(
     """
     import torch
 
+    from saleval.modeling.devices import device_for
     from saleval.modeling.models import (
         align_labels,
         build_model,
@@ -149,7 +150,7 @@ def load_model(
         align_labels(clf.model, list(label_names), where=f"load_model({source!r})")
     loaded_here = isinstance(source, str | os.PathLike)
     if device is not None or loaded_here:
-        where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        where = torch.device(device) if device else device_for("auto")
         torch.nn.Module.to(clf.model, where)  # Module.to: transformers' wrapper confuses mypy
     return clf
 
@@ -172,6 +173,7 @@ def load_prompted(
 
     from saleval.config.model import ModelConfig, PromptConfig
     from saleval.modeling import prompted
+    from saleval.modeling.devices import device_for
     from saleval.modeling.models import checkpoint_name
 
     node = ModelConfig(
@@ -181,7 +183,7 @@ def load_prompted(
         prompt=PromptConfig(**prompt),
     )
     model, tok, _ = prompted.build(node, str(lm), list(label_names), train)
-    where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    where = torch.device(device) if device else device_for("auto")
     torch.nn.Module.to(model, where)
     return Classifier(model, tok, int(node.max_length), f"{checkpoint_name(str(lm))}-prompted")
 

@@ -27,9 +27,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.errors import UserError
+from saleval.modeling.devices import model_device
+from saleval.modeling.first_token import last_block_at_first_token
 from saleval.modeling.inference import (
     attention_implementation,
-    cls_only_last_layer,
     count_padding,
     length_groups,
     n_labels_of,
@@ -156,10 +157,6 @@ class Batch:
         )
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 @dataclass(frozen=True)
 class Texts:
     """One batch of texts a method scores: the model and tokenizer, the texts (sorted by
@@ -281,12 +278,13 @@ class Attributor(abc.ABC):
         self.prepare(model, tokenizer)
         out: list[np.ndarray | None] = [None] * len(segs)
         groups = length_groups([s.n_tokens for s in segs], self.batch_size, self.max_padding)
-        # methods that read only the logits run the fused attention kernels and the last
-        # layer at [CLS] alone (saleval.modeling.inference.cls_only_last_layer): same scores, less work
+        # methods that read only the logits run the fused attention kernels and, where the
+        # head reads the first token alone, the last block there alone
+        # (saleval.modeling.first_token): same scores, less work
         impl = contextlib.ExitStack()
         if not self.needs_attention_weights:
             impl.enter_context(attention_implementation(model, "sdpa"))
-            impl.enter_context(cls_only_last_layer(model))
+            impl.enter_context(last_block_at_first_token(model))
         with impl:
             for idx in groups:
                 texts = Texts(

@@ -58,6 +58,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
 from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import sigterm_raises
+from saleval.modeling.devices import device_for
 from saleval.modeling.inference import n_labels_of, predict_proba
 from saleval.modeling.interface import check_padding
 from saleval.modeling.models import label_names_of
@@ -83,10 +84,12 @@ def make_trainer(trainer_cfg: Mapping[str, Any]) -> L.Trainer:
         devices = 1
     num_nodes = int(trainer_cfg.get("num_nodes") or 1)
     strategy = trainer_cfg.get("strategy") or "auto"
+    accelerator = trainer_cfg.get("accelerator", "auto")
+    device_for(accelerator)  # a GPU asked for where there is none: one line, before Lightning
 
     def build(strategy: Any) -> L.Trainer:
         return L.Trainer(
-            accelerator=trainer_cfg.get("accelerator", "auto"),
+            accelerator=accelerator,
             devices=devices,
             num_nodes=num_nodes,
             strategy=strategy,

@@ -35,6 +35,7 @@ from saleval.attribution.base import (
 )
 from saleval.attribution.gradient import OUTPUTS, EmbeddingForward
 from saleval.config.model import DEFAULT_MAX_TOKENS
+from saleval.modeling.devices import model_device
 from saleval.modeling.inference import BF16, forward_logits, parse_bf16, use_bf16
 from saleval.modeling.interface import InterfaceError, check_replacement
 from saleval.vocab import Removal
@@ -99,7 +100,7 @@ class _Perturbation(Attributor):
         logits with ``probs=False``."""
         model = texts.model
         # what `auto` became on this device (1 = bf16), kept with the method's diagnostics
-        self._note("bf16", [float(use_bf16(next(model.parameters()).device, self.bf16))])
+        self._note("bf16", [float(use_bf16(model_device(model), self.bf16))])
         values = forward_logits(
             model,
             [seq for each in seqs for seq in each],

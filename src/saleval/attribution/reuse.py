@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from saleval.vocab import Target
+
+log = logging.getLogger(__name__)
 #: the source files whose code decides a method's scores (relative to the package)
-CODE = ("attribution", "words.py", "modeling/inference.py", "vocab.py")
+CODE = ("attribution", "words.py", "modeling/inference.py", "modeling/first_token.py", "vocab.py")
 #: explain settings that change how the work is batched, shown or logged, not its scores
 NOT_SCORES = ("method", "view", "batch_size", "progress", "run_dir", "paths", "tracking",
               "hydra", "inputs", "reuse_methods")  # fmt: skip
@@ -122,3 +126,105 @@ class MethodStore:
             for f in tmp.iterdir():
                 f.unlink()
             tmp.rmdir()
+
+
+#: computes the given methods (key -> settings) on the run's samples: (attributions,
+#: predictions), as :func:`saleval.attribution.explain_frame` returns them
+Compute = Callable[[Mapping[str, Any]], tuple[pd.DataFrame, pd.DataFrame]]
+
+
+@dataclass
+class MethodReuse:
+    """The bookkeeping of per-method reuse in one explain run: which methods are stored
+    already (by :attr:`prints`, method key -> fingerprint), loading those, computing the
+    rest, and storing what was computed. ``store`` None: reuse is off (nothing is found,
+    nothing stored), so the stage runs the same code either way."""
+
+    store: MethodStore | None = None
+    prints: dict[str, str] = field(default_factory=dict)
+
+    def available(self, methods: Mapping[str, Any]) -> dict[str, str]:
+        """Method key -> fingerprint of the methods with a stored result."""
+        if self.store is None:
+            return {}
+        root = self.store.root
+        return {
+            k: self.prints[k]
+            for k in methods
+            if k in self.prints and (root / self.prints[k]).is_dir()
+        }
+
+    def load(
+        self, stored: Mapping[str, str], sample_ids: Sequence[str], targets: Sequence[int]
+    ) -> dict[str, Stored]:
+        """The stored results that cover exactly these samples and targets."""
+        loaded = {}
+        for key, fp in stored.items():
+            got = None if self.store is None else self.store.load(fp, sample_ids, targets)
+            if got is not None:
+                loaded[key] = got
+                log.info("explain: %s reused (fingerprint %s, run %s)", key, fp, got.run_id)
+        return loaded
+
+    def explain(
+        self,
+        methods: Mapping[str, Any],
+        compute: Compute,
+        target: Target,
+        timings: dict[str, dict[str, float]],
+        diag: dict[str, dict[str, list[float]]],
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Every method's attribution rows, in the methods' order, and the predictions: the
+        stored methods loaded (their timings and diagnostics as their run recorded them,
+        marked reused), the others computed by ``compute``, and a stored method whose
+        result covers other samples or targets computed after all."""
+        from saleval.attribution.base import method_name
+
+        stored = self.available(methods)
+        attributions, predictions = compute({k: m for k, m in methods.items() if k not in stored})
+        if not stored:
+            return attributions, predictions
+        col = "label" if target is Target.gold else "pred"
+        targets = predictions[col].astype(int).tolist()
+        loaded = self.load(stored, predictions["sample_id"].tolist(), targets)
+        missed = {k: methods[k] for k in stored if k not in loaded}
+        if missed:
+            attributions = pd.concat([attributions, compute(missed)[0]], ignore_index=True)
+        for key, got in loaded.items():
+            name = method_name(key, methods[key])
+            attributions = pd.concat([attributions, got.rows], ignore_index=True)
+            timings[name] = {"seconds": got.seconds,
+                             "examples_per_s": len(predictions) / max(got.seconds, 1e-9)}  # fmt: skip
+            if got.diagnostics:
+                diag[name] = got.diagnostics
+        order = [method_name(k, m) for k, m in methods.items()]
+        attributions = attributions.sort_values(
+            "method", key=lambda c: c.map(order.index), kind="stable"
+        ).reset_index(drop=True)
+        for key in loaded:
+            timings[method_name(key, methods[key])]["reused"] = 1.0
+        return attributions, predictions
+
+    def save(
+        self,
+        methods: Mapping[str, Any],
+        attributions: pd.DataFrame,
+        timings: dict[str, dict[str, float]],
+        diag: Mapping[str, dict[str, list[float]]],
+        run_id: str | None,
+    ) -> None:
+        """Store every method this run computed; mark each method reused or not."""
+        from saleval.attribution.base import method_name
+
+        if self.store is None:
+            return
+        for key, m in methods.items():
+            name = method_name(key, m)
+            if timings.get(name, {}).get("reused"):
+                continue
+            timings.setdefault(name, {})["reused"] = 0.0
+            rows = attributions[attributions["method"] == name].reset_index(drop=True)
+            seconds = float(timings[name].get("seconds", 0.0))
+            self.store.save(
+                self.prints[key], Stored(rows, seconds, dict(diag.get(name, {})), run_id)
+            )

@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 
 from saleval.attribution.base import AttributionError, Attributor, Texts, register
+from saleval.modeling.devices import model_device
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class SelfExplain(Attributor):
 
         model, tok = texts.model, texts.tokenizer
         spec = tok.spec
-        device = next(model.parameters()).device
+        device = model_device(model)
         out = []
         for seg, target in zip(texts.segs, texts.targets, strict=True):
             prompt = self.follow_up(tok, seg.text, int(target))

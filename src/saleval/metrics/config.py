@@ -32,6 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
 from saleval.metrics.registry import import_plugins, registered
+from saleval.modeling.devices import ACCELERATORS
 from saleval.schema import to_schema
 from saleval.vocab import Removal
 
@@ -54,10 +55,6 @@ PLUGINS_KEY = "metrics.plugins"
 
 ERASER_GRID: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
 """ERASER's rationale bins, fractions of a text's words (DeYoung et al. 2020, §4)."""
-
-#: ``metrics.inference.accelerator``: the values of ``trainer.accelerator`` that name one
-#: device kind (saleval.modeling.inference.compute_device resolves them)
-ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")
 
 
 def n_words_for_fraction(fraction: float, n_words: int) -> int:
@@ -94,8 +91,9 @@ class InferenceConfig:
     # CPU; emulated bf16 is ~8x slower, saleval.modeling.inference.use_bf16). A str: OmegaConf has no
     # bool | str type; "true"/"false" parse as the booleans.
     bf16: str = "false"
-    # auto | cpu | gpu: where the forward passes run. auto: the GPU when there is one, as
-    # training and the explain stage (trainer.accelerator: auto) do; gpu fails without one
+    # auto | cpu | gpu | cuda: where the forward passes run, by the rule training and the
+    # explain stage follow (saleval.modeling.devices.device_for): auto the GPU when there
+    # is one; gpu fails without one
     accelerator: str = "auto"
 
 

@@ -53,6 +53,7 @@ from saleval.metrics.plausibility import (
     ERASER_IOU_RECALL,
     ERASER_TOKEN_F1,
     contiguous_spans,
+    rationale_k,
     span_iou,
     top_k_mask,
 )
@@ -176,7 +177,7 @@ class Document:
         """``top_k`` None: as many tokens as the gold spans cover."""
         gold = frozenset((int(s), int(e)) for s, e in gold)
         n = len(scores)
-        k = int(gold_mask(gold, n).sum()) if top_k is None else min(int(top_k), n)
+        k = rationale_k(top_k, gold_mask(gold, n))
         predicted = tuple(contiguous_spans(top_k_mask(scores, k)))
         return cls(doc_id, gold, np.asarray(scores, dtype=np.float64), predicted)
 

@@ -49,6 +49,7 @@ __all__ = [
     "contiguous_spans",
     "iou_f1",
     "plausibility_scores",
+    "rationale_k",
     "rationale_word_mask",
     "span_iou",
     "token_f1",
@@ -81,6 +82,20 @@ def rationale_word_mask(
             if s < re_ and rs < e:
                 mask[i] = True
     return mask
+
+
+def rationale_k(top_k: int | None, rationale: np.ndarray) -> int:
+    """How many of a text's words (or ERASER's tokens) a method's discrete rationale takes:
+    ``metrics.plausibility.top_k``, or as many as the human rationale ``rationale`` (a mask
+    over them) has when it is None, clamped to the text's length. The same rule for
+    saleval's plausibility and ERASER's convention, so both discretize a method alike.
+
+    >>> mask = np.array([True, False, True])
+    >>> rationale_k(None, mask), rationale_k(2, mask), rationale_k(10, mask)
+    (2, 2, 3)
+    """
+    k = int(np.count_nonzero(rationale)) if top_k is None else int(top_k)
+    return min(max(k, 0), len(rationale))
 
 
 def top_k_mask(scores: Sequence[float] | np.ndarray, k: int) -> np.ndarray:
@@ -280,8 +295,7 @@ def plausibility_scores(
     """
     human = np.asarray(human, dtype=bool)
     scores = np.asarray(scores, dtype=np.float64)
-    k = int(human.sum()) if top_k is None else int(top_k)
-    pred = top_k_mask(scores, k)
+    pred = top_k_mask(scores, rationale_k(top_k, human))
     return {
         m.info.name: m.score(human, scores, pred, iou_threshold)
         for m in registered("plausibility")

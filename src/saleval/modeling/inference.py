@@ -20,13 +20,14 @@ import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
+from saleval.modeling.devices import model_device
 from saleval.progress import bar
 
 
@@ -179,83 +180,6 @@ def attention_implementation(model: PreTrainedModel, impl: str = "sdpa") -> Iter
         model.set_attn_implementation(current)
 
 
-class _ClsOnlyLastLayer(torch.nn.Module):
-    """The last encoder layer of a BERT classifier, computed for the ``[CLS]`` row only.
-
-    Why: a ``BertForSequenceClassification`` reads the last layer at position 0 alone (its
-    pooler takes ``hidden_states[:, 0]``), so the last layer's query projection, attention
-    output and feed-forward block at every other position are work whose result nobody
-    reads — a sixth of the FLOPs of a 6-layer MiniLM, forward and backward. Keys and values
-    still come from every position, so the logits, and every gradient with respect to the
-    inputs, are those of the whole model up to float noise (tests/test_attribution.py).
-    The layer's own modules and attention function compute it; only the rows differ.
-    """
-
-    def __init__(self, layer: torch.nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        *args: object, **kwargs: object,
-    ) -> torch.Tensor:  # fmt: skip
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.bert.modeling_bert import eager_attention_forward
-
-        layer: Any = self.layer  # a BertLayer (checked by _cls_only_candidate)
-        attn = layer.attention.self
-        b, t, _ = hidden_states.shape
-        heads, size = attn.num_attention_heads, attn.attention_head_size
-        first = hidden_states[:, :1]
-        q = attn.query(first).view(b, 1, heads, size).transpose(1, 2)
-        k = attn.key(hidden_states).view(b, t, heads, size).transpose(1, 2)
-        v = attn.value(hidden_states).view(b, t, heads, size).transpose(1, 2)
-        if attention_mask is not None and attention_mask.dim() == 4:
-            attention_mask = attention_mask[:, :, :1, :]
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attn.config._attn_implementation, eager_attention_forward
-        )
-        out, _ = interface(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling)
-        out = layer.attention.output(out.reshape(b, 1, -1), first)
-        return cast(torch.Tensor, layer.feed_forward_chunk(out))
-
-
-def _cls_only_candidate(model: PreTrainedModel) -> tuple[torch.nn.ModuleList, int] | None:
-    """The encoder's layer list and the last index, where the [CLS]-only layer is exact:
-    a BERT sequence classifier in eval mode, no decoder, no chunked feed-forward."""
-    from transformers import BertForSequenceClassification
-    from transformers.models.bert.modeling_bert import BertLayer
-
-    if type(model) is not BertForSequenceClassification or model.training:
-        return None
-    layers = model.bert.encoder.layer
-    last = layers[-1]
-    if type(last) is not BertLayer or last.is_decoder or last.add_cross_attention:
-        return None
-    if last.chunk_size_feed_forward or getattr(model.bert, "pooler", None) is None:
-        return None
-    return layers, len(layers) - 1
-
-
-@contextlib.contextmanager
-def cls_only_last_layer(model: PreTrainedModel) -> Iterator[None]:
-    """Compute ``model``'s last layer for ``[CLS]`` only while inside (:class:`_ClsOnlyLastLayer`);
-    a no-op for any other architecture, in training mode, or when already active. Only for
-    passes that read the logits: attention weights and hidden states of the last layer are
-    not computed at the other positions."""
-    found = _cls_only_candidate(model)
-    if found is None:
-        yield
-        return
-    layers, i = found
-    original = layers[i]
-    layers[i] = _ClsOnlyLastLayer(original)
-    try:
-        yield
-    finally:
-        layers[i] = original
-
-
 BF16 = bool | Literal["auto"]
 _warned_emulated = False
 
@@ -269,34 +193,6 @@ def parse_bf16(value: object, where: str = "bf16") -> BF16:
     if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
         return "auto" if value.lower() == "auto" else value.lower() == "true"
     raise ValueError(f"{where} must be true, false or auto, got {value!r}")
-
-
-def compute_device(trainer_cfg: Any = None) -> torch.device:
-    """The one device a single-process stage computes on, from a ``conf/trainer`` node.
-
-    The GPU when ``trainer.accelerator`` allows one (``gpu``, ``cuda``, ``auto``) and one
-    is present, else the CPU. Lightning picks the device for ``fit`` itself; what runs
-    outside a Trainer (verification, the shortcut sweep) and what a cache is keyed by
-    ask here, so both agree with the Trainer.
-
-    >>> compute_device({"accelerator": "cpu"}).type
-    'cpu'
-    """
-    accel = str((trainer_cfg or {}).get("accelerator") or "auto").lower()
-    gpu = accel in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-    return torch.device("cuda" if gpu else "cpu")
-
-
-def single_device(trainer_cfg: Any = None) -> bool:
-    """Whether a ``conf/trainer`` node runs on one device of one node (``devices`` 1 or
-    ``auto``, as attribution reads it): then a stage may place the model itself.
-
-    >>> single_device({"devices": "auto"}), single_device({"devices": 2})
-    (True, False)
-    """
-    cfg = trainer_cfg or {}
-    devices = str(cfg.get("devices", "auto"))
-    return devices in ("1", "auto") and int(cfg.get("num_nodes") or 1) == 1
 
 
 def bf16_native(device: torch.device) -> bool:
@@ -372,9 +268,10 @@ def _forward_logits(
     progress: bool,
     desc: str,
 ) -> np.ndarray:
+    from saleval.modeling.first_token import last_block_at_first_token
     from saleval.modeling.interface import interface
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     lengths = [len(s) for s in sequences]
     n_labels = n_labels_of(model)
     out = np.empty((len(sequences), n_labels), dtype=np.float32)
@@ -383,7 +280,7 @@ def _forward_logits(
     feed = interface(model, tokenizer)
     batches = list(length_batches(lengths, max_tokens, max_batch))
     bf16 = use_bf16(device, bf16)  # resolve `auto` once, not per batch
-    with attention_implementation(model, "sdpa"), cls_only_last_layer(model):
+    with attention_implementation(model, "sdpa"), last_block_at_first_token(model):
         for idx in bar(batches, desc=desc, disable=not progress, leave=False):
             count_padding([lengths[i] for i in idx], max(lengths[i] for i in idx))
             ids, mask = feed.pad([sequences[i] for i in idx], device)

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import UserError
+from saleval.modeling.devices import model_device
 
 #: the positions a classifier's logits read: the first token, the last non-pad token, all
 Reads = Literal["first", "last", "mean"]
@@ -146,11 +147,7 @@ def probe_ids(model: PreTrainedModel, n: int) -> torch.Tensor:
     table = model.get_input_embeddings()
     vocab = int(cast(torch.Tensor, table.weight).shape[0])
     ids = [i for i in range(vocab // 2, vocab) if i not in special][:n]
-    return torch.as_tensor(ids, dtype=torch.long, device=_device(model)).unsqueeze(0)
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    return torch.as_tensor(ids, dtype=torch.long, device=model_device(model)).unsqueeze(0)
 
 
 def classifier_reads(
@@ -169,7 +166,7 @@ def classifier_reads(
     if model in _READS:
         return _READS[model]
     iface = interface(model, tokenizer)
-    blocks = _blocks(model)
+    blocks = blocks_of(model)
     if blocks is None or not len(blocks):
         raise InterfaceError(
             f"{type(model).__name__}: no list of {getattr(model.config, 'num_hidden_layers', '?')} "
@@ -290,7 +287,7 @@ def check_padding(
     pick = [list(sequences[by_len[0]]), list(sequences[by_len[-1]])]
     if len(pick[0]) == len(pick[1]):  # make one row padded
         pick[0] = pick[0][: max(1, len(pick[0]) - 2)]
-    device = _device(model)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     try:
@@ -393,7 +390,7 @@ _POINTS: weakref.WeakKeyDictionary[nn.Module, dict[str, EmbeddingPoint]] = (
 )
 
 
-def _blocks(model: nn.Module) -> nn.ModuleList | None:
+def blocks_of(model: nn.Module) -> nn.ModuleList | None:
     """The model's list of transformer blocks: the first ModuleList of
     ``num_hidden_layers`` modules."""
     n = getattr(model.config, "num_hidden_layers", None)
@@ -435,7 +432,7 @@ def _first_block_input(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast | None
 ) -> EmbeddingPoint:
     cls = type(model).__name__
-    blocks = _blocks(model)
+    blocks = blocks_of(model)
     inside = set() if blocks is None else {id(m) for m in blocks.modules()}
     names = {id(m): n for n, m in model.named_modules()}
     finished: list[tuple[nn.Module, Any]] = []

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from saleval.config.model import ModelConfig
+from saleval.modeling.devices import model_device
 from saleval.modeling.prompts import (
     PROMPT_FILE,
     PromptError,
@@ -121,7 +122,7 @@ class PromptedClassifier(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.parameters()).device
+        return model_device(self)
 
     # the shared prefix
     def prefix_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

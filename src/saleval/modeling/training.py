@@ -26,6 +26,7 @@ from transformers.optimization import get_linear_schedule_with_warmup
 
 from saleval import progress
 from saleval.config.trainer import LoaderConfig, TrainerConfig
+from saleval.modeling.devices import device_for
 from saleval.modeling.interface import ModelInterface, basic_interface
 from saleval.schema import to_schema
 
@@ -384,29 +385,22 @@ def _positive_or_all(value: Any, key: str) -> Any:
     return value
 
 
-def training_device(accelerator: str) -> torch.device:
-    """The kind of device Lightning trains on for ``trainer.accelerator``: a GPU when asked
-    for (or, with ``auto``, when CUDA is there), else the CPU."""
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``trainer.precision``: ``auto`` is ``bf16-mixed`` where the training ``device`` has
+    native bf16 and ``32-true`` elsewhere (saleval.modeling.inference.bf16_native: emulated
+    bf16 trains ~8× slower); any other value is Lightning's own.
 
-
-def resolve_precision(precision: str, accelerator: str) -> str:
-    """``trainer.precision``: ``auto`` is ``bf16-mixed`` where the training device has native
-    bf16 and ``32-true`` elsewhere (saleval.modeling.inference.bf16_native: emulated bf16
-    trains ~8× slower); any other value is Lightning's own.
-
-    >>> resolve_precision("32-true", "cpu"), resolve_precision("bf16-mixed", "cpu")
+    >>> cpu = torch.device("cpu")
+    >>> resolve_precision("32-true", cpu), resolve_precision("bf16-mixed", cpu)
     ('32-true', 'bf16-mixed')
-    >>> resolve_precision("auto", "cpu") in ("bf16-mixed", "32-true")
+    >>> resolve_precision("auto", cpu) in ("bf16-mixed", "32-true")
     True
     """
     if precision != "auto":
         return precision
     from saleval.modeling.inference import bf16_native
 
-    return "bf16-mixed" if bf16_native(training_device(accelerator)) else "32-true"
+    return "bf16-mixed" if bf16_native(device) else "32-true"
 
 
 def fit(
@@ -422,7 +416,8 @@ def fit(
     own, which keeps them in the run dir's journal when the tracking store is down);
     None logs them to the active MLflow run directly."""
     tc = trainer_config(trainer_cfg)
-    precision = resolve_precision(tc.precision, tc.accelerator)
+    # a GPU asked for where there is none: one line here, not Lightning's traceback later
+    precision = resolve_precision(tc.precision, device_for(tc.accelerator))
     ckpt_dir = workdir / "checkpoints"
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,

@@ -315,7 +315,7 @@ class CatchUp:
         first when the store lacks it and its run dir is here); a link that cannot be
         made is dropped (the nesting) or kept with a warning (a parent)."""
         tags = {str(k): str(v) for k, v in (start.get("tags") or {}).items()}
-        tags.pop("mlflow.parentRunId", None)
+        tags.pop(tracking.PARENT_TAG, None)
         for key in [k for k in tags if k.startswith("parent.")]:
             where = tags.get("parent_dir." + key.removeprefix("parent."))
             mapped = self._in_store(tags[key], where, uri)
@@ -330,7 +330,7 @@ class CatchUp:
         if nested:
             mapped = self._in_store(str(nested), start.get("nested_in_dir"), uri)
             if mapped is not None:
-                tags["mlflow.parentRunId"] = mapped
+                tags[tracking.PARENT_TAG] = mapped
         return tags
 
     def _in_store(self, first: str, run_dir: str | None, uri: str) -> str | None:
@@ -383,10 +383,7 @@ def _copies(client: Any, first: str) -> list[Any]:
 
 
 def _delete_with_children(client: Any, run: Any) -> None:
-    children = client.search_runs(
-        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'"
-    )
-    for child in children:
+    for child in tracking.children(client, run):
         client.delete_run(child.info.run_id)
     client.delete_run(run.info.run_id)
 

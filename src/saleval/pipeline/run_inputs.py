@@ -130,6 +130,28 @@ def resolve_inputs(
         raise InputError(str(err)) from err
 
 
+#: what ``inputs.model`` takes, said where it is missing
+MODEL_INPUT = "a saleval train run, a save_pretrained checkpoint directory, or a hub id"
+
+
+def model_input(
+    cfg: DictConfig, fallback: str | None = None, hint: str = ""
+) -> tuple[str, str | None, str | None]:
+    """A stage's required ``inputs.model``: ``(spec, run, checkpoint)``, the value as given
+    and what :func:`run_or_checkpoint` makes of it. ``fallback`` stands in where it is not
+    given (explain's ``model=prompted model.pretrained=<dir>``), ``hint`` names it in the
+    error. Why one function: the explain and metrics stages both need a model and must say
+    the same thing when none is given.
+
+    >>> model_input(OmegaConf.create({"inputs": {"model": "bert-base-uncased"}}))
+    ('bert-base-uncased', None, 'bert-base-uncased')
+    """
+    spec = given_input(cfg, "model") or fallback
+    if spec is None:
+        raise InputError(f"inputs.model is required: {MODEL_INPUT}{hint}")
+    return (spec, *run_or_checkpoint(spec))
+
+
 def run_or_checkpoint(spec: str) -> tuple[str | None, str | None]:
     """``inputs.model``: a saleval train run (``runs:/<id>`` or a dir with ``run.json``)
     becomes a parent run; anything else (a ``save_pretrained`` directory, a hub id) is a
@@ -263,6 +285,17 @@ class RunInputs(Mapping[str, Path]):
 
     def __getitem__(self, name: str) -> Path:
         return self._first[name]
+
+    def max_length(self, own: int | None) -> int | None:
+        """The token limit a stage segments texts with: ``own`` (its setting, or the one it
+        adopted from an explain run), else the ``max_length`` its model's train run
+        recorded (``inputs.model``); None when neither says. The explain stage falls back
+        so to the length the model was trained at, and the metrics stage so re-segments
+        texts of explain runs written before they recorded their own."""
+        if own:
+            return int(own)
+        model = self.parent_provenance.get("model")
+        return None if model is None or not model.max_length else int(model.max_length)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._first)

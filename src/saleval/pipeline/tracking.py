@@ -409,14 +409,9 @@ def _send_rows(rows: pd.DataFrame, op: Mapping[str, Any], target: Target) -> dic
     stage, key, table = op["stage"], op["key"], op.get("table")
     tags, params, settings = op.get("tags") or {}, op.get("params") or {}, op.get("settings") or {}
     client = MlflowClient()
-    experiment_id = parent.info.experiment_id
     made: dict[str, Any] = {}
     if target.replay:
-        for child in client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-            max_results=10_000,
-        ):
+        for child in children(client, parent):
             if child.data.tags.get("stage") == stage and key in child.data.tags:
                 made[child.data.tags[key]] = child
     values = rows.drop(columns=[key]).select_dtypes(include="number")
@@ -456,6 +451,27 @@ def _send_rows(rows: pd.DataFrame, op: Mapping[str, Any], target: Target) -> dic
     return ids
 
 
+#: the tag by which MLflow links a child run to its parent (its UI nests it so)
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def children_filter(run_id: str) -> str:
+    """The search filter for the child runs of ``run_id``: what :func:`children` asks the
+    store, and what a saved view of them puts in the UI's search box."""
+    return f"tags.`{PARENT_TAG}` = '{run_id}'"
+
+
+def children(client: MlflowClient, run: Any) -> list[Any]:
+    """Every child run of the MLflow run ``run``: the one query for them, so the
+    per-method rows, catching up and deleting a run with its children find the same runs."""
+    return list(
+        client.search_runs(
+            [run.info.experiment_id], filter_string=children_filter(run.info.run_id),
+            max_results=10_000,
+        )
+    )  # fmt: skip
+
+
 def make_child(
     client: MlflowClient, parent: Any, name: str, stage: str, tags: Mapping[str, str]
 ) -> str:
@@ -463,7 +479,7 @@ def make_child(
     ``stage`` and ``tags``: the one way saleval makes child runs, for a method's row
     (:func:`log_method_rows`) as for a model a stage trains (:func:`child_run`). Returns
     its id; it is RUNNING until ended."""
-    run_tags = {**tags, "stage": stage, "mlflow.parentRunId": parent.info.run_id}
+    run_tags = {**tags, "stage": stage, PARENT_TAG: parent.info.run_id}
     run = client.create_run(
         parent.info.experiment_id, tags=run_tags, run_name=f"{name}{SEP}{stage}"
     )
@@ -490,15 +506,9 @@ def method_rows(run_id: str, client: MlflowClient | None = None) -> pd.DataFrame
     """The per-method child runs of a stage run as a table: ``method``, ``run_id`` and a
     column per metric key (what :func:`log_method_rows` logged), one row per method."""
     client = client or MlflowClient()
-    run = client.get_run(run_id)
-    children = client.search_runs(
-        [run.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{run_id}'",
-        max_results=10_000,
-    )
     records = [
         {"method": c.data.tags[METHOD], "run_id": c.info.run_id, **c.data.metrics}
-        for c in children
+        for c in children(client, client.get_run(run_id))
         if METHOD in c.data.tags
     ]
     if not records:

@@ -20,7 +20,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from saleval.pipeline.run_naming import METHOD, metric_key
-from saleval.pipeline.tracking import is_local
+from saleval.pipeline.tracking import children_filter, is_local
 from saleval.pipeline.tracking_journal import Target, applies, send
 
 
@@ -111,7 +111,7 @@ def save_view(
     key = f"{VIEW_KEY}{parent_run_id}"
     shown = [f"metrics.`{metric_key(c)}`" for c in columns]
     state = {
-        "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+        "searchFilter": children_filter(parent_run_id),
         "orderByKey": f"metrics.`{metric_key(order_by)}`" if order_by else "attributes.start_time",
         "orderByAsc": ascending,
         "startTime": "ALL",

@@ -18,8 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-#: Lightning's accelerators that need a GPU on the node
-GPU_ACCELERATORS = frozenset({"gpu", "cuda"})
+from saleval.modeling.devices import GPU_ACCELERATORS
+
 #: keys of a job's overrides that can change what it runs on
 _RELEVANT = ("trainer", "profile", "experiment")
 

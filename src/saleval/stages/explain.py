@@ -26,8 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -38,10 +37,12 @@ from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables, tracking
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.run_inputs import model_input
 from saleval.pipeline.stage import Stage, fingerprint
 from saleval.vocab import Population, Target
+
+if TYPE_CHECKING:
+    from saleval.attribution.reuse import MethodReuse
 
 log = logging.getLogger(__name__)
 
@@ -122,81 +123,32 @@ def method_rows(
     return pd.DataFrame(rows, columns=None if rows else ["method"])
 
 
-@dataclass
-class MethodReuse:
-    """Which of this run's methods are stored already, by fingerprint, and storing the rest
-    (:mod:`saleval.attribution.reuse`): a sweep over one method's settings computes the
-    other methods once."""
+def method_reuse(cfg: DictConfig, st: Stage) -> MethodReuse:
+    """This run's :class:`saleval.attribution.reuse.MethodReuse`: each method's fingerprint
+    (its settings, the samples, the model's train run, the device, the scoring code) and
+    the store under the output root. Off (nothing found, nothing stored) where reuse is
+    turned off, or unsafe: several processes (each must run the same methods), a model
+    that is no train run, or a parent without a fingerprint."""
+    from saleval.attribution.reuse import MethodReuse, MethodStore, code_digest, method_identity
+    from saleval.modeling.devices import device_for
+    from saleval.modeling.inference import bf16_native
 
-    store: Any  # saleval.attribution.reuse.MethodStore (torch-free import at run time)
-    prints: dict[str, str]  # method key -> fingerprint
-
-    @classmethod
-    def of(cls, cfg: DictConfig, st: Stage, model: Any) -> MethodReuse | None:
-        """None where reuse is off, or unsafe: several processes (each must run the same
-        methods) or a parent without a fingerprint."""
-        from saleval.attribution.reuse import MethodStore, code_digest, method_identity
-        from saleval.modeling.inference import bf16_native, compute_device
-
-        devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
-        if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0":
-            return None
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return None
-        if devices not in ("1", "auto"):
-            return None
-        parent = st.inputs.parents["model"].fingerprint or ""
-        if not parent:
-            return None
-        dev = compute_device(cfg.get("trainer"))
-        device = {"type": dev.type, "bf16_native": bf16_native(dev)}
-        code = code_digest()
-        methods = st.resolved.get("method") or {}
-        prints = {
-            k: fingerprint(method_identity(st.resolved, k, v, device, code), {"model": parent})
-            for k, v in methods.items()
-            if v is not None
-        }
-        return cls(MethodStore(paths.output_root(cfg) / "cache" / "explain"), prints)
-
-    def available(self, methods: Mapping[str, Any]) -> dict[str, str]:
-        """Method key -> fingerprint of the methods with a stored result."""
-        return {k: self.prints[k] for k in methods if (self.store.root / self.prints[k]).is_dir()}
-
-    def load(
-        self, stored: Mapping[str, str], sample_ids: Sequence[str], targets: Sequence[int]
-    ) -> dict[str, Any]:
-        """The stored results that cover exactly these samples and targets."""
-        loaded = {}
-        for key, fp in stored.items():
-            got = self.store.load(fp, sample_ids, targets)
-            if got is not None:
-                loaded[key] = got
-                log.info("explain: %s reused (fingerprint %s, run %s)", key, fp, got.run_id)
-        return loaded
-
-    def save(
-        self,
-        methods: Mapping[str, Any],
-        attributions: pd.DataFrame,
-        timings: dict[str, dict[str, float]],
-        diag: Mapping[str, dict[str, list[float]]],
-        run_id: str | None,
-    ) -> None:
-        """Store every method this run computed; mark each method reused or not."""
-        from saleval.attribution import method_name
-        from saleval.attribution.reuse import Stored
-
-        for key, m in methods.items():
-            name = method_name(key, m)
-            if timings.get(name, {}).get("reused"):
-                continue
-            timings.setdefault(name, {})["reused"] = 0.0
-            rows = attributions[attributions["method"] == name].reset_index(drop=True)
-            seconds = float(timings[name].get("seconds", 0.0))
-            self.store.save(
-                self.prints[key], Stored(rows, seconds, dict(diag.get(name, {})), run_id)
-            )
+    devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
+    parent = st.inputs.parents["model"].fingerprint if "model" in st.inputs.parents else None
+    if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0" or not parent:
+        return MethodReuse()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or devices not in ("1", "auto"):
+        return MethodReuse()
+    dev = device_for(cfg.trainer.accelerator)
+    device = {"type": dev.type, "bf16_native": bf16_native(dev)}
+    code = code_digest()
+    methods = st.resolved.get("method") or {}
+    prints = {
+        k: fingerprint(method_identity(st.resolved, k, v, device, code), {"model": parent})
+        for k, v in methods.items()
+        if v is not None
+    }
+    return MethodReuse(MethodStore(paths.output_root(cfg) / "cache" / "explain"), prints)
 
 
 SELF_EXPLANATIONS = "self_explanations.csv"
@@ -228,20 +180,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from saleval.analysis import views
     from saleval.attribution import explain_frame, method_name
     from saleval.modeling import prompted, prompts
-    from saleval.modeling.inference import compute_device, single_device
+    from saleval.modeling.devices import device_for, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import MODEL_DIR, align_labels, checkpoint_name, load_trained
 
-    spec = given_input(cfg, "model")
     prompting = cfg.get("model") is not None and is_prompted(cfg.model)
-    if spec is None and prompting and cfg.model.get("pretrained"):
-        spec = str(cfg.model.pretrained)  # model=prompted model.pretrained=<causal LM dir>
-    if spec is None:
-        raise InputError(
-            "inputs.model is required: a saleval train run, a save_pretrained checkpoint "
-            "directory, or a hub id (model=prompted: model.pretrained=<causal LM dir>)"
-        )
-    run, checkpoint = run_or_checkpoint(spec)
+    pretrained = cfg.model.get("pretrained") if prompting else None  # the causal LM prompted
+    spec, run, checkpoint = model_input(
+        cfg, str(pretrained) if pretrained else None, " (model=prompted: model.pretrained=<dir>)"
+    )
     # from a train run: the dataset and the model's name come from it unless given (checked
     # then); a checkpoint of the user's own brings no provenance, so dataset= is required
     inputs = {"model": run} if run else {}
@@ -265,12 +212,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             st.tracking.set_tags(prompts.describe(tokenizer.spec))
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
-        trained = st.inputs.parent_provenance["model"].max_length if run else None
-        max_length = effective_max_length(cfg.max_length or trained, model, tokenizer)
+        max_length = effective_max_length(st.inputs.max_length(cfg.max_length), model, tokenizer)
         st.provide(max_length=max_length)
         st.tracking.set_tags(model_tags(model, tokenizer))
         if single_device(cfg.trainer):  # the population's predictions on the job's device
-            torch.nn.Module.to(model, compute_device(cfg.trainer))
+            torch.nn.Module.to(model, device_for(cfg.trainer.accelerator))
         pool = filter_population(
             model, tokenizer, data[cfg.data.split], cfg.data.population, max_length
         )
@@ -285,9 +231,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from saleval.attribution.self_explain import ANSWERS
 
         ANSWERS.clear()  # this run's replies only
-        reuse = MethodReuse.of(cfg, st, model) if run else None
+        reuse = method_reuse(cfg, st)  # off unless the model is a train run
         methods = {k: m for k, m in cfg.method.items() if m is not None}
-        stored = reuse.available(methods) if reuse else {}
 
         def explain(chosen: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
             return explain_frame(
@@ -297,28 +242,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 progress=bool(cfg.progress), timings=timings, diagnostics=diag,
             )  # fmt: skip
 
-        attributions, predictions = explain({k: m for k, m in methods.items() if k not in stored})
-        if reuse and stored:
-            targets = (predictions["label"] if Target(cfg.target) is Target.gold
-                       else predictions["pred"]).astype(int).tolist()  # fmt: skip
-            loaded = reuse.load(stored, predictions["sample_id"].tolist(), targets)
-            missed = {k: methods[k] for k in stored if k not in loaded}
-            if missed:  # stored for other samples or targets: compute after all
-                attributions = pd.concat([attributions, explain(missed)[0]], ignore_index=True)
-            for key, got in loaded.items():
-                attributions = pd.concat([attributions, got.rows], ignore_index=True)
-                timings[method_name(key, methods[key])] = {
-                    "seconds": got.seconds, "examples_per_s": len(df) / max(got.seconds, 1e-9)
-                }  # fmt: skip
-                if got.diagnostics:
-                    diag[method_name(key, methods[key])] = got.diagnostics
-            order = [method_name(k, m) for k, m in methods.items()]
-            attributions = attributions.sort_values(
-                "method", key=lambda c: c.map(order.index), kind="stable"
-            ).reset_index(drop=True)
-            for key in loaded:
-                timings[method_name(key, methods[key])]["reused"] = 1.0
-        if reuse and st.is_main:
+        attributions, predictions = reuse.explain(
+            methods, explain, Target(cfg.target), timings, diag
+        )
+        if st.is_main:
             reuse.save(methods, attributions, timings, diag, st.tracking.run_id)
         if not st.is_main:  # DDP rank > 0 (torchrun, srun): same tables; rank 0 writes them
             return {"run_dir": str(st.run_dir), "run_id": None, "n_samples": len(df)}

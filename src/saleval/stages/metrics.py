@@ -28,17 +28,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.errors import UserError
 from saleval.metrics.config import MetricsConfig
+from saleval.modeling.devices import device_for
 from saleval.pipeline import run_naming, tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import given_input, run_or_checkpoint
+from saleval.pipeline.run_inputs import model_input
 from saleval.pipeline.run_record import RunRecord
 from saleval.pipeline.stage import Stage
 
 if TYPE_CHECKING:
-    import torch
-
     from saleval.metrics.eraser import Scored
     from saleval.metrics.faithfulness import Explanation
 
@@ -196,33 +193,6 @@ def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
 INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length": ["explain"]}
 
 
-class DeviceError(UserError, RuntimeError):
-    """``metrics.inference.accelerator`` names a device this machine does not have."""
-
-
-def inference_device(accelerator: str) -> torch.device:
-    """Where the metrics' forward passes run (``metrics.inference.accelerator``): ``auto``
-    the GPU when torch sees one (as ``trainer.accelerator: auto`` trains and explains
-    there), ``cpu``, or ``gpu``/``cuda``, which fails here when there is none rather than
-    running on the CPU unasked.
-
-    >>> inference_device("cpu").type
-    'cpu'
-    """
-    import torch
-
-    from saleval.modeling.inference import compute_device
-
-    accel = str(accelerator).lower()
-    if accel in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise DeviceError(
-            f"metrics.inference.accelerator={accelerator}, but torch sees no GPU "
-            f"(torch {torch.__version__}, torch.cuda.is_available() is False): use auto or "
-            "cpu here, or install a CUDA build of torch"
-        )
-    return compute_device({"accelerator": accel})
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers load when a run starts, not on import (saleval.cli)
     import torch
@@ -235,10 +205,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # a bad key fails before any run starts; metrics.plugins (a user's own metrics) are
     # imported first, so they register themselves and their settings
     mcfg = MetricsConfig.from_config(cfg.metrics)
-    spec = given_input(cfg, "model")
-    if spec is None:
-        raise InputError("inputs.model is required: a train run, a checkpoint dir or a hub id")
-    run, checkpoint = run_or_checkpoint(spec)  # a user's own checkpoint: no parent run
+    device = device_for(mcfg.inference.accelerator, "metrics.inference.accelerator")
+    spec, run, checkpoint = model_input(cfg)  # a user's own checkpoint: no parent run
     inputs = {"explain": cfg.inputs.explain, **({"model": run} if run else {})}
     tags = {"checkpoint": checkpoint} if checkpoint else {}
     with Stage(cfg, "metrics", inputs, tags=tags, inherits=INHERITS, requires=["dataset"]) as st:
@@ -259,8 +227,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )  # fmt: skip
         # the explain run's segmentation length (runs written before it was recorded: the
         # train run's model.max_length, which the explain stage then used)
-        trained = st.inputs.parent_provenance["model"].max_length if run else None
-        max_length = st.provenance.max_length or trained
+        max_length = st.inputs.max_length(st.provenance.max_length)
         if not max_length:
             raise ValueError(
                 f"neither {explain_dir} nor {model_dir} records a max_length: cannot "
@@ -268,7 +235,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
         model, tok = load_trained(str(model_dir), attn_implementation=None)
         # in place (transformers' typed `to` wraps it): every forward pass runs there
-        torch.nn.Module.to(model, inference_device(mcfg.inference.accelerator))
+        torch.nn.Module.to(model, device)
         align_labels(model, list(cfg.dataset.label_names), where=f"inputs.model={spec}")
         preds = st.inputs.read(tables.PREDICTIONS, "explain")  # merged when several runs are given
         attrs = st.inputs.read(tables.ATTRIBUTIONS, "explain")
@@ -306,7 +273,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_file(st.path(TIMINGS))
         st.tracking.log_method_rows(method_rows(summary), table="metrics")
         st.log_metrics({f"seconds_{r.metric}": r.seconds for r in result.timings.itertuples()})
-        bf16 = use_bf16(next(model.parameters()).device, mcfg.inference.bf16)  # what `auto` became
+        bf16 = use_bf16(device, mcfg.inference.bf16)  # what `auto` became
         st.log_metrics(
             {
                 "n_forward": result.extra["n_forward"],

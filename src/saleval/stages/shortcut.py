@@ -44,7 +44,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     import torch
 
-    from saleval.modeling.inference import compute_device
+    from saleval.modeling.devices import device_for
     from saleval.modeling.models import load_trained
     from saleval.shortcut import experiment as ex
     from saleval.shortcut.report import published_table, to_markdown, uncertainty_markdown
@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         st.log_metrics({k: v for k, v in data.info.items() if isinstance(v, int | float)})
         models, fits = ex.train_pair(cfg, data, tokenizer, st.run_dir, st.tracking.child_run)
         # verification and the sweep run outside a Trainer: on the device the fit used
-        device = compute_device(cfg.get("trainer"))
+        device = device_for(cfg.trainer.accelerator)
         for m in models.values():
             torch.nn.Module.to(m, device)  # in place (transformers' typed `to` wraps it)
         for name, fit_metrics in fits.items():

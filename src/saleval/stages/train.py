@@ -60,7 +60,8 @@ def run_prompted(cfg: DictConfig) -> dict[str, Any]:
     import torch
 
     from saleval.modeling import prompted, prompts
-    from saleval.modeling.inference import compute_device, forward_logits, single_device
+    from saleval.modeling.devices import device_for, single_device
+    from saleval.modeling.inference import forward_logits
     from saleval.modeling.interface import effective_max_length, model_tags
     from saleval.modeling.models import MODEL_DIR, checkpoint_name
 
@@ -81,7 +82,7 @@ def run_prompted(cfg: DictConfig) -> dict[str, Any]:
         st.provide(max_length=max_length)
         st.tracking.set_tags({**model_tags(model, tok), **prompts.describe(spec)})
         if single_device(cfg.trainer):
-            torch.nn.Module.to(model, compute_device(cfg.trainer))
+            torch.nn.Module.to(model, device_for(cfg.trainer.accelerator))
         accuracy = {}
         for split, key in (("validation", "val_accuracy"), ("test", "test_accuracy")):
             df = data[split]

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import pandas as pd
 from hydra.utils import instantiate
 
+from saleval import paths
 from saleval.config.crowd import AnswersCrowdConfig, PublishedCrowdConfig
 from saleval.crowd.answers import AnswerParser
 from saleval.crowd.errors import CrowdImportError
@@ -67,6 +68,16 @@ def nothing_left(path: str | Path, report: dict[str, Any]) -> str:
     )
 
 
+def aggregator_options() -> list[str]:
+    """The options of the ``crowd/aggregator`` group: one file each in
+    ``conf/crowd/aggregator``, the one list of them (no message or comment lists them again).
+
+    >>> "strict_majority" in aggregator_options()
+    True
+    """
+    return sorted(p.stem for p in (paths.conf_dir() / "crowd" / "aggregator").glob("*.yaml"))
+
+
 @dataclass
 class AnswersSource(AnswersCrowdConfig, CrowdSource):
     """``crowd=answers``: read, filter and aggregate one long answer file."""
@@ -78,8 +89,7 @@ class AnswersSource(AnswersCrowdConfig, CrowdSource):
         if "name" in self.aggregator:
             raise CrowdImportError(
                 f"crowd.aggregator.name={self.aggregator['name']} is no longer read; choose the "
-                "aggregator with crowd/aggregator=<strict_majority|majority_vote|dawid_skene|"
-                "mace|glad>"
+                f"aggregator with crowd/aggregator=<{'|'.join(aggregator_options())}>"
             )
         return instantiate(self.aggregator)
 
