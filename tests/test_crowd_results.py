@@ -22,7 +22,7 @@ from saleval.crowd.importing.published_format import read_lu2024
 from saleval.crowd.importing.rows import sha256_file
 from saleval.pipeline import tables
 from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.tracking import method_rows
+from saleval.pipeline.tracking_reads import method_rows
 from saleval.stages import import_, score
 from tests.conftest import DATA_ROOT, compose_config
 from tests.crowd_support import (

@@ -21,11 +21,11 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from saleval.attribution import AttributionError, Texts, build_method, explain_frame
 from saleval.attribution.gradient import EmbeddingForward
 from saleval.modeling import inference
+from saleval.modeling.embedding import embedding_point
 from saleval.modeling.interface import (
     InterfaceError,
     classifier_reads,
     effective_max_length,
-    embedding_point,
     model_tags,
 )
 from saleval.modeling.models import align_labels, load_trained

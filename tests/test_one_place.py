@@ -225,14 +225,14 @@ def test_the_device_rule_is_written_once() -> None:
 
 def test_the_children_of_a_run_are_found_by_one_query() -> None:
     """The MLflow tag that links a child run to its parent is spelt once
-    (saleval.pipeline.tracking.PARENT_TAG); the query for a run's children is
-    tracking.children, which every caller (method rows, catch-up, deleting) uses."""
-    from saleval.pipeline import tracking
+    (saleval.pipeline.tracking_reads.PARENT_TAG); the query for a run's children is
+    tracking_reads.children, which every caller (method rows, catch-up, deleting) uses."""
+    from saleval.pipeline import tracking_reads
 
     assert _where("parentRunId", [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]) == {
-        "src/saleval/pipeline/tracking.py"
+        "src/saleval/pipeline/tracking_reads.py"
     }
-    assert tracking.children_filter("abc") == "tags.`mlflow.parentRunId` = 'abc'"
+    assert tracking_reads.children_filter("abc") == "tags.`mlflow.parentRunId` = 'abc'"
     assert not {f"{p.relative_to(ROOT)}:{n}" for p in OTHERS for n in _child_queries(p.read_text())}
     query = "c.search_runs([e], filter_string=f\"tags.mlflow.parentRunId = '{r}'\")"
     assert _child_queries(query) == [1]

@@ -32,7 +32,14 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from saleval.cli import disk_full
-from saleval.pipeline import run_record, tables, tracking, tracking_health, tracking_journal
+from saleval.pipeline import (
+    run_record,
+    tables,
+    tracking,
+    tracking_health,
+    tracking_journal,
+    tracking_reads,
+)
 from saleval.pipeline.catch_up import catch_up
 from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance, resolve
@@ -515,13 +522,13 @@ def test_an_outage_mid_run_keeps_the_work_and_a_catch_up_logs_the_rest_once(
         assert got.data.metrics["accuracy"] == 0.5 and "stage_seconds" in got.data.metrics
         arts = {a.path for a in client.list_artifacts(st.tracking.run_id)}
         assert {"predictions.parquet", "attributions.parquet", "run.json", "config.yaml"} <= arts
-        children = tracking.method_rows(st.tracking.run_id, client)
+        children = tracking_reads.method_rows(st.tracking.run_id, client)
         assert sorted(children["method"]) == ["lime", "random"]
         assert json.loads((run / "run.json").read_text())["tracking"]["logged"] is True
         # idempotent: a second catch-up logs nothing
         second = catch_up([run])
         assert second[0].ok and second[0].line.startswith("already logged")
-        assert len(tracking.method_rows(st.tracking.run_id, client)) == 2
+        assert len(tracking_reads.method_rows(st.tracking.run_id, client)) == 2
         assert len(client.get_metric_history(st.tracking.run_id, "accuracy")) == 1
 
 
@@ -603,8 +610,8 @@ def test_a_whole_pipeline_is_copied_to_another_store_once(
             if key.startswith("parent."):  # the link points at the parent's copy
                 where = Path(old.data.tags["parent_dir." + key.removeprefix("parent.")])
                 assert new.data.tags[key] == copy[where.resolve()].info.run_id != parent
-        rows_old = tracking.method_rows(old.info.run_id, here).drop(columns="run_id")
-        rows_new = tracking.method_rows(new.info.run_id, lab).drop(columns="run_id")
+        rows_old = tracking_reads.method_rows(old.info.run_id, here).drop(columns="run_id")
+        rows_new = tracking_reads.method_rows(new.info.run_id, lab).drop(columns="run_id")
         pd.testing.assert_frame_equal(rows_new, rows_old, check_like=True)
         assert len(new.inputs.dataset_inputs) == len(old.inputs.dataset_inputs), stage
     compare = copy[smoke_pipeline.dirs["compare"].resolve()]

@@ -419,7 +419,7 @@ def test_two_jobs_logging_the_same_split_at_once_both_succeed(
     on PostgreSQL, walking docs/scale-out.md). The loser logs again and links the row."""
     from mlflow.exceptions import MlflowException
 
-    from saleval.pipeline import tracking
+    from saleval.pipeline import tracking_models
 
     calls: list[str] = []
     race = "(psycopg.errors.UniqueViolation) duplicate key value violates unique constraint"
@@ -431,7 +431,7 @@ def test_two_jobs_logging_the_same_split_at_once_both_succeed(
 
     monkeypatch.setattr(mlflow, "log_input", log_input)
     df = pd.DataFrame({"sample_id": ["a"], "text": ["t"], "label": [0]})
-    tracking.log_dataset(df, "ag_news/train", "train")
+    tracking_models.log_dataset(df, "ag_news/train", "train")
     assert calls == ["train", "train"]
 
     def broken(dataset: object, context: str) -> None:
@@ -439,4 +439,4 @@ def test_two_jobs_logging_the_same_split_at_once_both_succeed(
 
     monkeypatch.setattr(mlflow, "log_input", broken)
     with pytest.raises(MlflowException, match="no such run"):  # any other error stands
-        tracking.log_dataset(df, "ag_news/train", "train")
+        tracking_models.log_dataset(df, "ag_news/train", "train")

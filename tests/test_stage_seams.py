@@ -35,7 +35,7 @@ from saleval.analysis.validation import upstream_simulation
 from saleval.config.crowd import Policy
 from saleval.crowd.importing.rows import CrowdImport
 from saleval.crowd.importing.source import CrowdSource, Given, ImportContext, SourceFile, source_run
-from saleval.pipeline import tables, tracking
+from saleval.pipeline import tables, tracking_reads
 from saleval.pipeline.provenance import Provenance
 from saleval.pipeline.run_inputs import RunInputs, resolve_input
 from saleval.pipeline.run_record import RUN_JSON, RunRecord, ancestry
@@ -310,7 +310,7 @@ def test_simulated_and_the_run_identity_are_the_provenance_and_the_tags_follow(
     assert run.data.tags["simulated"] == "true" and run.data.tags["model"] == "tiny"
     assert run.info.run_name.endswith("SIMULATED")
     assert RunRecord.read(cfg.run_dir).simulated
-    children = tracking.method_rows(str(run_id), client)
+    children = tracking_reads.method_rows(str(run_id), client)
     for child in children["run_id"]:
         assert client.get_run(child).data.tags["simulated"] == "true"
 

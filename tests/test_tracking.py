@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from saleval.modeling.models import build_model, load_tokenizer, load_trained
-from saleval.pipeline import run_naming, tracking, views
+from saleval.pipeline import run_naming, tracking, tracking_models, tracking_reads, views
 from saleval.testing import explain_frames, make_explain_run
 from tests.conftest import compose_config
 
@@ -36,7 +36,7 @@ def test_method_rows_are_child_runs_with_one_set_of_keys(tmp_path: Path, mlflow_
         )
     client = MlflowClient()
     assert set(ids) == {"lime", "random"}
-    back = tracking.method_rows(parent.info.run_id).set_index("method")
+    back = tracking_reads.method_rows(parent.info.run_id).set_index("method")
     assert back.loc["lime", "human_score"] == 40.0 and back.loc["random", "aopc_most"] == 0.1
     assert math.isnan(back.loc["random", "p_vs_random"])
     lime = client.get_run(ids["lime"])
@@ -86,11 +86,11 @@ def test_classifier_is_an_mlflow_model_that_downloads_as_a_checkpoint(
     tokenizer = load_tokenizer(cfg.model)
     tracking.setup(None, "models", str(tmp_path / "artifacts"))
     with mlflow.start_run() as run:
-        model_id = tracking.log_hf_model(model, tokenizer)
+        model_id = tracking_models.log_hf_model(model, tokenizer)
     logged = MlflowClient().get_logged_model(model_id)
     assert logged.source_run_id == run.info.run_id
     target = tmp_path / "download"
-    tracking.download_run(run.info.run_id, target)
+    tracking_reads.download_run(run.info.run_id, target)
     again, tok = load_trained(target)
     batch = tok(["the market rallied after strong earnings"], return_tensors="pt")
     with torch.no_grad():

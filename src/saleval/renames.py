@@ -70,6 +70,24 @@ RENAMES: Mapping[str, str] = {
     # the pay rule beside the planner, shared with the annotation app (issue #54)
     "saleval.analysis.planning.Costing": "saleval.analysis.costing.Costing",
     "saleval.analysis.planning.cheapest": "saleval.analysis.costing.cheapest",
+    # the MLflow side: datasets and models logged, runs read back (issue #54)
+    **{
+        f"saleval.pipeline.tracking.{name}": f"saleval.pipeline.{module}.{name}"
+        for module, names in {
+            "tracking_models": ("log_dataset", "log_hf_model"),
+            # PARENT_TAG and children: tracking reads them too, so those addresses stand
+            "tracking_reads": (
+                "children_filter",
+                "method_rows",
+                "download_run",
+                "find_runs",
+            ),
+        }.items()
+        for name in names
+    },
+    # "the embeddings" of every family beside the one forward (issue #54)
+    "saleval.modeling.interface.EmbeddingPoint": "saleval.modeling.embedding.EmbeddingPoint",
+    "saleval.modeling.interface.embedding_point": "saleval.modeling.embedding.embedding_point",
 }
 
 #: the config keys whose values are dotted paths of code

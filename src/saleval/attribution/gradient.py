@@ -5,7 +5,7 @@ default "the embeddings", the input to the first block as the model's own module
 it (for BERT: word + position + token-type embeddings after LayerNorm, as in the original
 crowd study; for GPT-2 word + position; for Llama the token embeddings), or ``layer:
 word_embeddings``, the output of ``get_input_embeddings()``
-(:func:`saleval.modeling.interface.embedding_point`, one definition for every family).
+(:func:`saleval.modeling.embedding.embedding_point`, one definition for every family).
 :class:`EmbeddingForward` runs the classifier with that tensor replaced by a given one (a
 forward hook, which is also how Captum's ``Layer*`` methods work internally), so Captum's
 ``Saliency``, ``InputXGradient``, ``IntegratedGradients`` and ``DeepLift`` see the
@@ -44,8 +44,9 @@ from saleval.attribution.base import (
     one_of,
     register,
 )
+from saleval.modeling.embedding import embedding_point
 from saleval.modeling.interface import EMBEDDING_LAYERS as LAYERS
-from saleval.modeling.interface import InterfaceError, embedding_point, interface
+from saleval.modeling.interface import InterfaceError, interface
 
 OUTPUTS = ("logits", "probs")
 BASELINES = ("zero", "zero_all", "pad", "mask", "unk")
@@ -69,7 +70,7 @@ IG_METHODS = (
 class EmbeddingForward(nn.Module):
     """``f(embeds, ids, mask)``: the classifier with its ``layer`` tensor set to ``embeds``.
 
-    ``layer`` (:func:`saleval.modeling.interface.embedding_point`): ``embeddings``, the input
+    ``layer`` (:func:`saleval.modeling.embedding.embedding_point`): ``embeddings``, the input
     to the first block, or ``word_embeddings``. The model is fed as its tokenizer feeds
     it (:class:`saleval.modeling.interface.ModelInterface`); ``input_ids`` still reach it, so
     a decoder head finds its last non-pad token. ``output``: ``logits`` or ``probs``

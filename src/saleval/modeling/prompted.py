@@ -114,7 +114,7 @@ class PromptedClassifier(nn.Module):
 
     def explained_embeddings(self) -> nn.Module:
         """The module whose output the gradient methods attribute to: the prompt's token
-        embeddings (:func:`saleval.modeling.interface.embedding_point`)."""
+        embeddings (:func:`saleval.modeling.embedding.embedding_point`)."""
         return self.embed
 
     def set_attn_implementation(self, impl: str) -> None:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from saleval.errors import UserError
-from saleval.pipeline import tracking, tracking_health, tracking_journal, views
+from saleval.pipeline import tracking, tracking_health, tracking_journal, tracking_reads, views
 from saleval.pipeline.merge import PIPELINE_JSON, is_sweep_dir, sweep_jobs
 from saleval.pipeline.run_record import FINISHED, RUN_JSON, RunRecord, write_atomically
 from saleval.progress import interactive
@@ -315,7 +315,7 @@ class CatchUp:
         first when the store lacks it and its run dir is here); a link that cannot be
         made is dropped (the nesting) or kept with a warning (a parent)."""
         tags = {str(k): str(v) for k, v in (start.get("tags") or {}).items()}
-        tags.pop(tracking.PARENT_TAG, None)
+        tags.pop(tracking_reads.PARENT_TAG, None)
         for key in [k for k in tags if k.startswith("parent.")]:
             where = tags.get("parent_dir." + key.removeprefix("parent."))
             mapped = self._in_store(tags[key], where, uri)
@@ -330,7 +330,7 @@ class CatchUp:
         if nested:
             mapped = self._in_store(str(nested), start.get("nested_in_dir"), uri)
             if mapped is not None:
-                tags[tracking.PARENT_TAG] = mapped
+                tags[tracking_reads.PARENT_TAG] = mapped
         return tags
 
     def _in_store(self, first: str, run_dir: str | None, uri: str) -> str | None:
@@ -383,7 +383,7 @@ def _copies(client: Any, first: str) -> list[Any]:
 
 
 def _delete_with_children(client: Any, run: Any) -> None:
-    for child in tracking.children(client, run):
+    for child in tracking_reads.children(client, run):
         client.delete_run(child.info.run_id)
     client.delete_run(run.info.run_id)
 

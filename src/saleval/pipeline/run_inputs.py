@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saleval import paths, renames
 from saleval.config import DatasetConfig
 from saleval.modeling.data import complete_label_names
-from saleval.pipeline import merge, stage_table, tracking, tracking_health
+from saleval.pipeline import merge, stage_table, tracking_health, tracking_reads
 from saleval.pipeline.input_paths import (
     LATEST,
     InputError,
@@ -99,7 +99,7 @@ def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
         target = root / DOWNLOADS / run_id
         if not RunRecord.exists(target):
             target.mkdir(parents=True, exist_ok=True)
-            tracking.download_run(run_id, target)
+            tracking_reads.download_run(run_id, target)
         return target
     path = Path(spec).expanduser()
     if not path.is_dir():

@@ -26,12 +26,8 @@ import dataclasses
 import logging
 import math
 import os
-import re
-import shutil
 import time
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from importlib import metadata
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +37,11 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from saleval.errors import UserError
-from saleval.pipeline import tracking_health, tracking_journal
+from saleval.pipeline import tracking_health, tracking_journal, tracking_models
 from saleval.pipeline.jsonfiles import plain
 from saleval.pipeline.run_naming import METHOD, SEP, flatten, metric_key, param_key
 from saleval.pipeline.tracking_journal import Target, applies, send
+from saleval.pipeline.tracking_reads import PARENT_TAG, children
 
 try:
     import fcntl
@@ -52,6 +49,10 @@ except ImportError:  # Windows: no multirun store lock
     fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
+
+#: the modules whose senders a replayed journal needs besides this one's (the dataset and
+#: model ops: :mod:`saleval.pipeline.tracking_models`), loaded with it
+SENDERS = (tracking_models,)
 
 _MAX_PARAM_LEN = 6000
 _BATCH = 100
@@ -452,26 +453,6 @@ def _send_rows(rows: pd.DataFrame, op: Mapping[str, Any], target: Target) -> dic
 
 
 #: the tag by which MLflow links a child run to its parent (its UI nests it so)
-PARENT_TAG = "mlflow.parentRunId"
-
-
-def children_filter(run_id: str) -> str:
-    """The search filter for the child runs of ``run_id``: what :func:`children` asks the
-    store, and what a saved view of them puts in the UI's search box."""
-    return f"tags.`{PARENT_TAG}` = '{run_id}'"
-
-
-def children(client: MlflowClient, run: Any) -> list[Any]:
-    """Every child run of the MLflow run ``run``: the one query for them, so the
-    per-method rows, catching up and deleting a run with its children find the same runs."""
-    return list(
-        client.search_runs(
-            [run.info.experiment_id], filter_string=children_filter(run.info.run_id),
-            max_results=10_000,
-        )
-    )  # fmt: skip
-
-
 def make_child(
     client: MlflowClient, parent: Any, name: str, stage: str, tags: Mapping[str, str]
 ) -> str:
@@ -500,161 +481,3 @@ def child_run(name: str, stage: str, tags: Mapping[str, str]) -> Iterator[str | 
     child = make_child(MlflowClient(), parent, name, stage, tags)
     with mlflow.start_run(run_id=child, nested=True):
         yield child
-
-
-def method_rows(run_id: str, client: MlflowClient | None = None) -> pd.DataFrame:
-    """The per-method child runs of a stage run as a table: ``method``, ``run_id`` and a
-    column per metric key (what :func:`log_method_rows` logged), one row per method."""
-    client = client or MlflowClient()
-    records = [
-        {"method": c.data.tags[METHOD], "run_id": c.info.run_id, **c.data.metrics}
-        for c in children(client, client.get_run(run_id))
-        if METHOD in c.data.tags
-    ]
-    if not records:
-        return pd.DataFrame(columns=["method", "run_id"])
-    return pd.DataFrame(records).sort_values("method").reset_index(drop=True)
-
-
-def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None = None) -> None:
-    """The rows a run read (a dataset split, the explained samples) as a run input:
-    name, digest, schema and size, not the rows themselves."""
-    columns = [c for c in ("sample_id", "text", "label") if c in df.columns]
-    from mlflow.data.pandas_dataset import from_pandas
-
-    with warnings.catch_warnings():  # its hint that int columns cannot hold NaN: not ours
-        warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
-        dataset = from_pandas(
-            df[columns].reset_index(drop=True),
-            name=name,
-            targets=targets if targets in columns else None,
-        )
-        described = dataset.to_dict()  # the schema is inferred here
-    op = {"op": "dataset", "name": name, "dataset": described, "context": context}
-    send(op, lambda: _log_input(dataset, context))
-
-
-def _log_input(dataset: Any, context: str) -> None:
-    """``mlflow.log_input``, again after a store's unique-key error: the jobs of a sweep
-    log the same split at once, the store looks for the dataset, then inserts it, and the
-    second insert breaks its unique key; the row is there then, and logging again links it."""
-    for attempt in range(3):
-        try:
-            mlflow.log_input(dataset, context=context)
-            return
-        except mlflow.exceptions.MlflowException as err:
-            if attempt == 2 or not _DUPLICATE.search(str(err)):
-                raise
-            time.sleep(0.5 * (attempt + 1))
-
-
-#: a tracking store's unique-key error (PostgreSQL, SQLite, MySQL), as its server relays it
-_DUPLICATE = re.compile(r"UniqueViolation|duplicate key|UNIQUE constraint failed|Duplicate entry")
-
-
-@applies("dataset")
-def _send_dataset(op: dict[str, Any], target: Target) -> None:
-    """Catching up: the dataset as the live run described it (name, digest, schema)."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    d = op["dataset"]
-    entity = Dataset(
-        name=d["name"], digest=d["digest"], source_type=d["source_type"], source=d["source"],
-        schema=d.get("schema"), profile=d.get("profile"),
-    )  # fmt: skip
-    run = mlflow.active_run()
-    assert run is not None
-    MlflowClient().log_inputs(
-        run.info.run_id,
-        datasets=[DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, op["context"])])],
-    )
-
-
-def _pinned(packages: Sequence[str]) -> list[str]:
-    out = []
-    for name in packages:
-        try:
-            out.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            out.append(name)
-    return out
-
-
-def log_hf_model(model: Any, tokenizer: Any, name: str = "model") -> str | None:
-    """The classifier as an MLflow model (the ``transformers`` flavor: loads as a
-    text-classification pipeline, or through ``mlflow.pyfunc``); returns its model id
-    (None when the store could not take it: the run dir's ``model/`` keeps it, and
-    ``saleval-catch-up`` logs it from there).
-
-    The requirements are pinned from the installed packages, which spares MLflow
-    inferring them by loading the model again in a subprocess.
-    """
-    from saleval.modeling.models import MODEL_DIR
-
-    op = {"op": "model", "name": name, "dir": MODEL_DIR}
-    model_id = send(op, lambda: _log_model(model, tokenizer, name))
-    return None if model_id is None else str(model_id)
-
-
-@applies("model")
-def _send_model(op: dict[str, Any], target: Target) -> str:
-    """Catching up: the model saved in the run dir, logged as the live run would have."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    if target.run_dir is None:
-        raise ValueError("a model is logged from its run dir")
-    where = target.run_dir / str(op["dir"])
-    model = AutoModelForSequenceClassification.from_pretrained(where)
-    model_id = _log_model(model, AutoTokenizer.from_pretrained(where), str(op["name"]))
-    target.models["*"] = model_id
-    return model_id
-
-
-def _log_model(model: Any, tokenizer: Any, name: str) -> str:
-    flavor_log = logging.getLogger("mlflow.transformers")
-    level = flavor_log.level
-    flavor_log.setLevel(logging.ERROR)  # offline it warns that no hub model card was found
-    try:
-        with warnings.catch_warnings():  # MLflow's own note on its internal type hints
-            warnings.filterwarnings("ignore", message=".*Any type hint", category=UserWarning)
-            info = mlflow.transformers.log_model(
-                transformers_model={"model": model, "tokenizer": tokenizer},
-                name=name,
-                task="text-classification",
-                pip_requirements=_pinned(["torch", "transformers", "tokenizers"]),
-            )
-    finally:
-        flavor_log.setLevel(level)
-    mlflow.set_tag("model_uri", info.model_uri)
-    return str(info.model_id)
-
-
-def download_run(run_id: str, target: Path) -> None:
-    """A run's artifacts into ``target``; a train run's logged MLflow model (tag
-    ``model_uri``) becomes ``target/model`` as ``save_pretrained`` lays it out."""
-    mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=str(target))
-    uri = MlflowClient().get_run(run_id).data.tags.get("model_uri")
-    if not uri or Path(target, "model", "config.json").is_file():
-        return
-    local = Path(
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=str(target / "_mlflow_model")
-        )
-    )
-    out = target / "model"
-    out.mkdir(parents=True, exist_ok=True)
-    for sub in ("model", "components/tokenizer"):
-        if (local / sub).is_dir():
-            shutil.copytree(local / sub, out, dirs_exist_ok=True)
-    shutil.rmtree(target / "_mlflow_model", ignore_errors=True)
-
-
-def find_runs(experiment: str, filter_string: str) -> list[Any]:
-    """Runs of ``experiment`` matching an MLflow search filter, newest first."""
-    exp = MlflowClient().get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    return MlflowClient().search_runs(
-        [exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"]
-    )

@@ -20,8 +20,9 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from saleval.pipeline.run_naming import METHOD, metric_key
-from saleval.pipeline.tracking import children_filter, is_local
+from saleval.pipeline.tracking import is_local
 from saleval.pipeline.tracking_journal import Target, applies, send
+from saleval.pipeline.tracking_reads import children_filter
 
 
 def ui_url(uri: str, experiment_id: str, view: str | None = None) -> str:

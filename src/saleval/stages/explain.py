@@ -36,7 +36,7 @@ from saleval import paths
 from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
-from saleval.pipeline import tables, tracking
+from saleval.pipeline import tables, tracking_models
 from saleval.pipeline.run_inputs import model_input
 from saleval.pipeline.stage import Stage, fingerprint
 from saleval.vocab import Population, Target
@@ -173,16 +173,40 @@ def self_explanations(predictions: pd.DataFrame, target: Any) -> pd.DataFrame | 
     return pd.DataFrame(rows)
 
 
+def _model(
+    cfg: DictConfig, st: Stage, data: Any, run: str | None, checkpoint: Any, prompting: bool
+) -> tuple[Any, Any]:
+    """The classifier explained: a train run's or a checkpoint's, or a causal LM prompted
+    to classify, built here, whose prompt is kept with the run so that the metrics (and
+    anyone) rebuild exactly this classifier (docs/data-and-models.md#prompted-llms)."""
+    from saleval.modeling import prompted, prompts
+    from saleval.modeling.models import MODEL_DIR, checkpoint_name, load_trained
+
+    if checkpoint and prompting and prompts.prompt_dir(checkpoint) is None:
+        model, tokenizer, pspec = prompted.build(
+            cfg.model, str(checkpoint), data.label_names, data["train"]
+        )
+        pspec.save(st.path(MODEL_DIR))
+        st.provide(model=f"{checkpoint_name(checkpoint)}-prompted")
+    else:
+        model, tokenizer = load_trained(st.inputs["model"] if run else str(checkpoint))
+        if checkpoint:
+            st.provide(model=checkpoint_name(checkpoint))
+    if isinstance(tokenizer, prompts.PromptTokenizer):
+        st.tracking.set_tags(prompts.describe(tokenizer.spec))
+    return model, tokenizer
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     # torch, transformers (and Lightning) load when a run starts, not on import (saleval.cli)
     import torch
 
     from saleval.analysis import views
     from saleval.attribution import explain_frame, method_name
-    from saleval.modeling import prompted, prompts
+    from saleval.modeling import prompts
     from saleval.modeling.devices import device_for, single_device
     from saleval.modeling.interface import effective_max_length, model_tags
-    from saleval.modeling.models import MODEL_DIR, align_labels, checkpoint_name, load_trained
+    from saleval.modeling.models import align_labels
 
     prompting = cfg.get("model") is not None and is_prompted(cfg.model)
     pretrained = cfg.model.get("pretrained") if prompting else None  # the causal LM prompted
@@ -196,20 +220,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inherits = ("dataset", "model")
     with Stage(cfg, "explain", inputs, tags=tags, inherits=inherits, requires=["dataset"]) as st:
         data = load_dataset(cfg.dataset)
-        if checkpoint and prompting and prompts.prompt_dir(checkpoint) is None:
-            # a causal LM prompted to classify, built here; its prompt is kept with the run
-            # so that the metrics (and anyone) rebuild exactly this classifier
-            model, tokenizer, pspec = prompted.build(
-                cfg.model, str(checkpoint), data.label_names, data["train"]
-            )
-            pspec.save(st.path(MODEL_DIR))
-            st.provide(model=f"{checkpoint_name(checkpoint)}-prompted")
-        else:
-            model, tokenizer = load_trained(st.inputs["model"] if run else str(checkpoint))
-            if checkpoint:
-                st.provide(model=checkpoint_name(checkpoint))
-        if isinstance(tokenizer, prompts.PromptTokenizer):
-            st.tracking.set_tags(prompts.describe(tokenizer.spec))
+        model, tokenizer = _model(cfg, st, data, run, checkpoint, prompting)
         align_labels(model, data.label_names, where=f"inputs.model={spec}")
         # the explain run's own choice, recorded so the metrics re-segment the same way
         max_length = effective_max_length(st.inputs.max_length(cfg.max_length), model, tokenizer)
@@ -225,7 +236,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
         if st.is_main:
             st.tracking.log_methods([method_name(k, m) for k, m in cfg.method.items()])
-            tracking.log_dataset(df, f"{data.name}/{cfg.data.split}", "explain", "label")
+            tracking_models.log_dataset(df, f"{data.name}/{cfg.data.split}", "explain", "label")
         timings: dict[str, dict[str, float]] = {}
         diag: dict[str, dict[str, list[float]]] = {}
         from saleval.attribution.self_explain import ANSWERS

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, open_dict
 
 from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
-from saleval.pipeline import tracking
+from saleval.pipeline import tracking_models
 from saleval.pipeline.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
 
@@ -108,7 +108,7 @@ def run_prompted(cfg: DictConfig) -> dict[str, Any]:
         }
         write_json(st.path("metrics.json"), metrics)
         for split in ("train", "validation", "test"):
-            tracking.log_dataset(data[split], f"{data.name}/{split}", split, targets="label")
+            tracking_models.log_dataset(data[split], f"{data.name}/{split}", split, targets="label")
         st.log_metrics(mlflow_metrics(metrics))
         st.log_file(st.path("metrics.json"))
         st.log_file(prompt_file, MODEL_DIR)
@@ -176,9 +176,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         }
         write_json(st.path("metrics.json"), metrics)
         for split in ("train", "validation", "test"):
-            tracking.log_dataset(data[split], f"{data.name}/{split}", split, targets="label")
+            tracking_models.log_dataset(data[split], f"{data.name}/{split}", split, targets="label")
         # the MLflow model first, so the run's results are linked to it in the UI
-        model_id = tracking.log_hf_model(model, tokenizer) if cfg.tracking.log_model else None
+        model_id = (
+            tracking_models.log_hf_model(model, tokenizer) if cfg.tracking.log_model else None
+        )
         st.log_metrics(mlflow_metrics(metrics), model_id=model_id)
         st.log_file(st.path("metrics.json"))
         return {
