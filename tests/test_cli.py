@@ -117,11 +117,12 @@ def test_the_main_options_a_help_names_exist(stage: str) -> None:
         assert _has_key(cfg, key), (stage, option)
 
 
-def _heavy_after_import(modules: list[str], heavy: tuple[str, ...]) -> list[str]:
+def _heavy_after_import(modules: list[str], heavy: tuple[str, ...], then: str = "") -> list[str]:
     """The ``heavy`` packages in ``sys.modules`` of a fresh interpreter that imported
-    ``modules``."""
+    ``modules`` (and ran the statements ``then``)."""
     code = (
-        f"import sys, {', '.join(modules)}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+        f"import sys, {', '.join(modules)}\n{then}\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
@@ -138,6 +139,34 @@ def test_importing_a_stage_leaves_torch_lightning_and_transformers_unloaded() ->
         loading = {m: found for m in stages if (found := _heavy_after_import([m], heavy))}
         pytest.fail(f"importing a stage loads heavy packages: {loading}")
     assert _heavy_after_import(["saleval.cli"], (*heavy, "mlflow")) == []
+
+
+#: the stages that compute nothing with a model: no torch, Lightning, Captum or lime
+LIGHT_STAGES = ("tasks", "simulate", "import", "score", "plan", "report", "compare", "annotate")
+
+
+def test_a_light_stage_names_the_methods_without_loading_them() -> None:
+    """Issue #54: score, compare, report and a published file's import show methods by
+    their table names, in the paper's row order, and map published names; reading that
+    loads no method (saleval.attribution.catalog), so a light stage's process skips the
+    seconds of torch, Captum and lime. Its module, the console script's and what it asks
+    of the methods, in one fresh interpreter; building a method then loads its code."""
+    heavy = ("torch", "lightning", "captum", "lime", "transformers")
+    modules = ["saleval.cli", *(cli.STAGES[s] for s in LIGHT_STAGES)]
+    asks = (
+        "from saleval.analysis.reports import display_name\n"
+        "from saleval.analysis.scoring import order_methods\n"
+        "from saleval.crowd.importing.published_format import method_names\n"
+        "shown = [display_name(m) for m in order_methods(['random', 'lime', 'all_attention'])]\n"
+        "assert shown == ['All Attention', 'LIME', 'Random'], shown\n"
+        "assert method_names()['Integrated_Gradient'] == 'integrated_gradients'"
+    )
+    assert _heavy_after_import(modules, heavy, asks) == []
+    built = "from saleval.attribution import build_method\nbuild_method('lime')"
+    # building a method loads its code, and still not Lightning (explain_frame's)
+    assert _heavy_after_import(["saleval.cli"], heavy, built) == [
+        "captum", "lime", "torch", "transformers",
+    ]  # fmt: skip
 
 
 def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_traceback(
