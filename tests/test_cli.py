@@ -129,44 +129,32 @@ def _heavy_after_import(modules: list[str], heavy: tuple[str, ...], then: str = 
     return ast.literal_eval(done.stdout.strip())
 
 
-def test_importing_a_stage_leaves_torch_lightning_and_transformers_unloaded() -> None:
+#: what score, compare, report and a published file's import ask of the methods: their
+#: table names, the paper's row order, the published names
+NAMING_METHODS = (
+    "from saleval.analysis.reports import display_name\n"
+    "from saleval.analysis.scoring import order_methods\n"
+    "from saleval.crowd.importing.published_format import method_names\n"
+    "shown = [display_name(m) for m in order_methods(['random', 'lime', 'all_attention'])]\n"
+    "assert shown == ['All Attention', 'LIME', 'Random'], shown\n"
+    "assert method_names()['Integrated_Gradient'] == 'integrated_gradients'"
+)
+
+
+def test_importing_a_stage_and_naming_the_methods_leave_the_heavy_packages_unloaded() -> None:
     """A console script starts (and prints --help or a config error) without the heavy
-    packages. Every stage module is imported in one interpreter: what none of them loads
-    together, none loads alone; on a failure each is imported alone to name it."""
-    heavy = ("torch", "lightning", "transformers")
+    packages, and a stage that only names methods runs without them (issue #54: the
+    method modules cost a score or compare process seconds; saleval.attribution.catalog
+    reads what they are from the source). Every stage module is imported in one
+    interpreter, which then names the methods: what none of them loads together, none
+    loads alone; on a failure each is imported alone to name it."""
+    heavy = ("torch", "lightning", "transformers", "captum", "lime")
     stages = sorted(set(cli.STAGES.values()))
-    if _heavy_after_import(stages, heavy):
+    if _heavy_after_import(stages, heavy, NAMING_METHODS):
         loading = {m: found for m in stages if (found := _heavy_after_import([m], heavy))}
-        pytest.fail(f"importing a stage loads heavy packages: {loading}")
+        naming = _heavy_after_import(["saleval.cli"], heavy, NAMING_METHODS)
+        pytest.fail(f"importing a stage loads {loading}; naming the methods loads {naming}")
     assert _heavy_after_import(["saleval.cli"], (*heavy, "mlflow")) == []
-
-
-#: the stages that compute nothing with a model: no torch, Lightning, Captum or lime
-LIGHT_STAGES = ("tasks", "simulate", "import", "score", "plan", "report", "compare", "annotate")
-
-
-def test_a_light_stage_names_the_methods_without_loading_them() -> None:
-    """Issue #54: score, compare, report and a published file's import show methods by
-    their table names, in the paper's row order, and map published names; reading that
-    loads no method (saleval.attribution.catalog), so a light stage's process skips the
-    seconds of torch, Captum and lime. Its module, the console script's and what it asks
-    of the methods, in one fresh interpreter; building a method then loads its code."""
-    heavy = ("torch", "lightning", "captum", "lime", "transformers")
-    modules = ["saleval.cli", *(cli.STAGES[s] for s in LIGHT_STAGES)]
-    asks = (
-        "from saleval.analysis.reports import display_name\n"
-        "from saleval.analysis.scoring import order_methods\n"
-        "from saleval.crowd.importing.published_format import method_names\n"
-        "shown = [display_name(m) for m in order_methods(['random', 'lime', 'all_attention'])]\n"
-        "assert shown == ['All Attention', 'LIME', 'Random'], shown\n"
-        "assert method_names()['Integrated_Gradient'] == 'integrated_gradients'"
-    )
-    assert _heavy_after_import(modules, heavy, asks) == []
-    built = "from saleval.attribution import build_method\nbuild_method('lime')"
-    # building a method loads its code, and still not Lightning (explain_frame's)
-    assert _heavy_after_import(["saleval.cli"], heavy, built) == [
-        "captum", "lime", "torch", "transformers",
-    ]  # fmt: skip
 
 
 def test_a_bad_input_is_one_line_and_exit_2_and_hydra_full_error_shows_the_traceback(
