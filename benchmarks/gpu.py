@@ -28,6 +28,9 @@ shell script, ``setup.log``. Run dirs and MLflow stores go to ``--work`` (not re
 ``--dry-run`` runs the same three steps on the CPU at smoke size (the smoke profile, the
 benchmark's ``--smoke``), so the script cannot rot between the times a GPU is available;
 ``tests/test_benchmarks.py`` runs it.
+
+The steps' commands and overrides are :mod:`benchmarks.gpu_steps`'s, their tables
+:mod:`benchmarks.gpu_tables`'; this module plans, runs and reports them.
 """
 
 from __future__ import annotations
@@ -35,31 +38,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-#: every step's process writes the modules it imported to ``$SALEVAL_IMPORTS_TO`` as it
-#: exits: a dry run checks them against what a GPU machine has (:func:`missing_distributions`)
-IMPORTS_PRELUDE = (
-    "import atexit, os, sys\n"
-    "_to = os.environ.get('SALEVAL_IMPORTS_TO')\n"
-    "if _to:\n"
-    "    atexit.register(lambda: open(_to, 'w').write('\\n'.join(sorted(sys.modules))))\n"
+from benchmarks.gpu_steps import (
+    BENCH_CLI,
+    Outcome,
+    Plan,
+    Step,
+    make_run_stages,
+    paper_lu2024_stages,
+    pipeline_command,
+    shown,
 )
-#: ``saleval-run`` as a module call: the same entry point as the console script, which a
-#: machine that runs the project from its source tree (PYTHONPATH=src) does not have
-RUN_CLI = IMPORTS_PRELUDE + "from saleval.cli import run\nsys.exit(run())"
-#: ``python -m benchmarks <name> ...``
-BENCH_CLI = IMPORTS_PRELUDE + "from benchmarks.__main__ import main\nsys.exit(main(sys.argv[1:]))"
+from benchmarks.gpu_tables import head, performance_table, pipeline_tables
+
+ROOT = Path(__file__).resolve().parents[1]
 #: the carried set-up (benchmarks/gpu_pack.py) writes this: the commit it was packed from
 MANIFEST = ".gpu-carry/manifest.json"
 #: seconds a step's own summary needs after it is stopped
@@ -68,294 +69,6 @@ GRACE = 15.0
 DRY_SLACK = 4
 LOG_TAIL = 60  # lines of a failed step's output in summary.md
 STEP_LOG_LIMIT = 4_000_000  # characters of each step's output kept in steps.log
-
-
-@dataclass
-class Step:
-    """One step: a command, its budget and how its table is made from what it wrote."""
-
-    key: str
-    title: str
-    budget: float  # seconds on an H100 (docs/benchmarks.md#gpu says how it was sized)
-    command: list[str]
-    out_name: str  # its table in the output folder
-    tabulate: Callable[[Step, Outcome, Path], str]  # markdown of what it wrote
-    run_dir: Path | None = None  # a pipeline's run dir
-
-
-@dataclass
-class Outcome:
-    """How one step ended."""
-
-    key: str
-    title: str
-    status: str  # ok | failed | timed out | skipped
-    budget: float
-    limit: float  # the time it was given
-    seconds: float = 0.0
-    returncode: int | None = None
-    note: str = ""
-    table: str = ""  # its file in the output folder
-    #: distributions it imported that a GPU machine would lack (:func:`missing_distributions`)
-    lacking: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Plan:
-    """The steps and the overrides that made them (for the tests and the summary)."""
-
-    steps: list[Step]
-    stage_overrides: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------------
-# the steps' overrides, from the profiles (conf/profile/*.yaml) as they stand
-# ---------------------------------------------------------------------------------
-
-
-def profile_stages(name: str) -> dict[str, list[str]]:
-    """Profile ``name``'s per-stage override lists, interpolations resolved."""
-    from omegaconf import OmegaConf
-
-    from saleval.stages.run import compose_stage
-
-    cfg = compose_stage("run", [f"profile={name}"])
-    stages = OmegaConf.to_container(cfg.profile.stages, resolve=True)
-    assert isinstance(stages, dict)
-    return {str(k): [str(o) for o in v or []] for k, v in stages.items()}
-
-
-def override_key(override: str) -> str:
-    """The key an override sets: ``trainer`` for ``trainer=gpu``, ``a.b`` for ``a.b=1``."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def merge(*lists: Sequence[str]) -> list[str]:
-    """Override lists merged as Hydra would apply them in turn: per key the last wins
-    (a config group, which Hydra refuses twice, is kept once).
-
-    >>> merge(["model=minilm", "trainer.max_epochs=1"], ["model=tiny", "dataset.max_train=9"])
-    ['model=tiny', 'trainer.max_epochs=1', 'dataset.max_train=9']
-    """
-    out: dict[str, str] = {}
-    for overrides in lists:
-        for o in overrides:
-            out[override_key(o)] = o
-    return list(out.values())
-
-
-def hydra_list(items: Sequence[str]) -> str:
-    """A list value on Hydra's command line: each item quoted, quotes and backslashes escaped.
-
-    >>> hydra_list(["model=tiny", "x='q'"])
-    "['model=tiny','x=\\\\'q\\\\'']"
-    """
-    quoted = ("'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'" for s in items)
-    return "[" + ",".join(quoted) + "]"
-
-
-def device_overrides(stage: str, gpu: bool) -> list[str]:
-    """Where a stage computes: the GPU (failing where there is none) or the CPU, and no
-    progress bars (the step's log is read back, not watched)."""
-    if stage == "train":
-        return ["trainer=gpu" if gpu else "trainer.accelerator=cpu", "trainer.progress_bar=false"]
-    if stage == "explain":
-        return ["trainer=gpu" if gpu else "trainer.accelerator=cpu", "progress=false"]
-    if stage == "metrics":
-        return [f"metrics.inference.accelerator={'gpu' if gpu else 'cpu'}", "progress=false"]
-    return []
-
-
-def make_run_stages(dry_run: bool) -> dict[str, list[str]]:
-    """Step a: the default profile (``make run``); the smoke profile in a dry run."""
-    stages = profile_stages("smoke" if dry_run else "default")
-    return {s: merge(stages.get(s, []), device_overrides(s, not dry_run)) for s in stages}
-
-
-def paper_lu2024_stages(dry_run: bool) -> dict[str, list[str]]:
-    """Step c: ``profile=lu2024`` with ``profile=paper``'s training and LIME settings.
-
-    Training: the paper profile's list (3 epochs, ``32-true``) over lu2024's. LIME: lu2024's
-    own LIME overrides (300 samples, ``bf16: auto``) dropped, the paper profile's (none:
-    the configured 1,000 samples in fp32) taken. Everything else is lu2024's: all 100
-    samples, the main study on every one, its metrics. A dry run puts the smoke profile's
-    lists over it (a tiny model, a few samples, the smoke study).
-    """
-    lu, paper = profile_stages("lu2024"), profile_stages("paper")
-    stages = dict(lu)
-    stages["train"] = merge(lu.get("train", []), paper.get("train", []))
-    lime = "method.lime."
-    stages["explain"] = [o for o in lu.get("explain", []) if not o.startswith(lime)] + [
-        o for o in paper.get("explain", []) if o.startswith(lime)
-    ]
-    if dry_run:
-        smoke = profile_stages("smoke")
-        stages = {s: merge(stages.get(s, []), smoke.get(s, [])) for s in {*stages, *smoke}}
-    return {s: merge(v, device_overrides(s, not dry_run)) for s, v in stages.items()}
-
-
-def pipeline_command(
-    profile: str, stages: dict[str, list[str]], root: Path, extra: Sequence[str] = ()
-) -> list[str]:
-    """``saleval-run profile=<profile>`` with every stage's list given in full, in ``root``."""
-    cmd = [sys.executable, "-c", RUN_CLI, f"profile={profile}",
-           f"paths.output_root={root}", f"run_dir={root / 'run'}"]  # fmt: skip
-    cmd += [f"profile.stages.{s}={hydra_list(v)}" for s, v in sorted(stages.items())]
-    return cmd + list(extra)
-
-
-# ---------------------------------------------------------------------------------
-# tables
-# ---------------------------------------------------------------------------------
-
-_STAGE_LINE = re.compile(r"^\[saleval-run\] (\w+)\s+(ran|reused|given)\s+([\d.]+)? ?s?")
-
-
-def stage_times(run_dir: Path, log: str) -> list[tuple[str, float, str]]:
-    """(stage, seconds, how) of every finished stage: ``pipeline.json``, else the log lines
-    ``saleval-run`` prints as each stage ends (a stopped run writes no pipeline.json)."""
-    pipeline = run_dir / "pipeline.json"
-    if pipeline.is_file():
-        stages = json.loads(pipeline.read_text())["stages"]
-        return [
-            (name, float(s["seconds"]), "reused" if s.get("reused") else "ran")
-            for name, s in stages.items()
-        ]
-    out = []
-    for line in log.splitlines():
-        m = _STAGE_LINE.match(line.strip())
-        if m:
-            out.append((m.group(1), float(m.group(3) or 0.0), m.group(2)))
-    return out
-
-
-def pipeline_tables(step: Step, outcome: Outcome, log: Path) -> str:
-    """Per-stage seconds, per-method seconds, per-metric-family seconds and forward passes,
-    the training figures, and the method ranking (beside the published crowd's where the
-    dataset is one of the published studies)."""
-    import pandas as pd
-
-    assert step.run_dir is not None
-    run_dir = step.run_dir
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    parts = [_head(step, outcome)]
-    stages = stage_times(run_dir, text)
-    if stages:
-        rows = ["| stage | seconds | |", "| --- | ---: | --- |"]
-        rows += [f"| {s} | {sec:.1f} | {how} |" for s, sec, how in stages]
-        rows.append(f"| **total** | **{sum(sec for _, sec, _ in stages):.1f}** | |")
-        parts.append("\n".join(rows))
-    else:
-        parts.append("No stage finished.")
-    train = run_dir / "train" / "metrics.json"
-    if train.is_file():
-        t = json.loads(train.read_text())
-        parts.append(
-            f"Training: {t.get('epochs')} epochs, {t.get('steps')} steps over "
-            f"{t.get('n_train')} texts in {float(t.get('seconds', 0)):.1f} s of fit; "
-            f"validation accuracy {float(t.get('val_accuracy', 0)):.3f}, test accuracy "
-            f"{float(t.get('test_accuracy', 0)):.3f} ({t.get('n_test')} texts); "
-            f"bf16 training {'yes' if t.get('bf16_training') else 'no'}."
-        )
-    timings = run_dir / "explain" / "method_timings.csv"
-    if timings.is_file():
-        m = pd.read_csv(timings)
-        rows = ["| method | seconds | texts/s | bf16 |", "| --- | ---: | ---: | ---: |"]
-        for r in m.to_dict("records"):
-            bf16 = r.get("bf16_mean")
-            rows.append(
-                f"| {r['method']} | {float(r['seconds']):.2f} | "
-                f"{float(r['examples_per_second']):.2f} | "
-                f"{'' if bf16 is None or pd.isna(bf16) else f'{float(bf16):.0f}'} |"
-            )
-        parts.append("\n".join(rows))
-    families = run_dir / "metrics" / "metric_timings.csv"
-    if families.is_file():
-        t = pd.read_csv(families)
-        rows = ["| metric family | seconds | inputs | new forward passes |",
-                "| --- | ---: | ---: | ---: |"]  # fmt: skip
-        rows += [
-            f"| {r.metric} | {r.seconds:.1f} | {r.n_sequences} | {r.n_forward} |"
-            for r in t.itertuples()
-        ]
-        rows.append(
-            f"| **all** | **{t['seconds'].sum():.1f}** | {int(t['n_sequences'].sum())} "
-            f"| {int(t['n_forward'].sum())} |"
-        )
-        parts.append("\n".join(rows))
-    ranking = ranking_table(run_dir)
-    if ranking:
-        parts.append(ranking)
-    return "\n\n".join(parts) + "\n"
-
-
-def ranking_table(run_dir: Path) -> str:
-    """The (SIMULATED) method scores s_j and ranks of the run's score stage, beside the
-    published crowd's on the same samples where ``pipeline.json`` has them."""
-    import pandas as pd
-
-    scores = run_dir / "score" / "scores.csv"
-    if not scores.is_file():
-        return ""
-    ours = pd.read_csv(scores).sort_values("score", ascending=False)
-    published: dict[str, Any] = {}
-    pipeline = run_dir / "pipeline.json"
-    if pipeline.is_file():
-        published = json.loads(pipeline.read_text()).get("published_ranking") or {}
-    theirs = published.get("published") or {}
-    their_rank = {m: i + 1 for i, m in enumerate(sorted(theirs, key=lambda m: -theirs[m]))}
-    head = "| method | s_j ours (SIMULATED) | rank |"
-    rows = [head + (" s_j published (people) | rank |" if theirs else ""),
-            "| --- | ---: | ---: |" + (" ---: | ---: |" if theirs else "")]  # fmt: skip
-    for i, r in enumerate(ours.itertuples(), start=1):
-        rank = int(r.rank) if "rank" in ours.columns else i  # the score stage's, ties shared
-        row = f"| {r.method} | {float(r.score):.1f} | {rank} |"
-        if theirs:
-            p = theirs.get(str(r.method))
-            row += " — | — |" if p is None else f" {p:.1f} | {their_rank[str(r.method)]} |"
-        rows.append(row)
-    out = "\n".join(rows)
-    if published:
-        rho = published.get("spearman")
-        out += (
-            f"\n\nSpearman's rho of the two rankings over the {len(published.get('methods', []))} "
-            f"methods both have: {'n/a' if rho is None else f'{rho:.2f}'} (ranks above: "
-            "ours over every method of the run, published over the methods both have)."
-        )
-    return out
-
-
-def performance_table(step: Step, outcome: Outcome, log: Path) -> str:
-    """The benchmark's own table (written row by row to ``step.out_name``) under a head."""
-    own = step.run_dir / step.out_name if step.run_dir else None
-    body = own.read_text() if own and own.is_file() else "No row finished.\n"
-    return _head(step, outcome) + "\n\n" + body
-
-
-def _head(step: Step, outcome: Outcome) -> str:
-    return (
-        f"### {step.key}. {step.title}\n\n{outcome.status}, {outcome.seconds:.0f} s of "
-        f"{outcome.limit:.0f} s allowed (budget {outcome.budget:.0f} s)"
-        + (f"; {outcome.note}" if outcome.note else "")
-        + f".\n\n`{_shown(step.command)}`"
-    )
-
-
-def _shown(command: Sequence[str]) -> str:
-    """A step's command as a reader can rerun it (the interpreter and RUN_CLI shortened)."""
-    parts = list(command)
-    if parts[:3] == [sys.executable, "-c", RUN_CLI]:
-        parts = ["saleval-run", *parts[3:]]
-    elif parts[:3] == [sys.executable, "-c", BENCH_CLI]:
-        parts = ["python", "-m", "benchmarks", *parts[3:]]
-    elif parts[:1] == [sys.executable]:
-        parts = ["python", *parts[1:]]
-    return " ".join(f'"{p}"' if ("[" in p or " " in p) else p for p in parts)
-
-
-# ---------------------------------------------------------------------------------
-# running
-# ---------------------------------------------------------------------------------
 
 
 def plan(out: Path, work: Path, dry_run: bool, given_train: Path | None = None) -> Plan:
@@ -452,7 +165,7 @@ def run_step(step: Step, limit: float, log: Path, imports: Path | None = None) -
         env["SALEVAL_IMPORTS_TO"] = str(imports)
     t0 = time.perf_counter()
     with log.open("w") as f:
-        f.write(f"$ {_shown(step.command)}\n")
+        f.write(f"$ {shown(step.command)}\n")
         f.flush()
         proc = subprocess.Popen(
             step.command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
@@ -665,7 +378,7 @@ def check(
             try:
                 tables[step.key] = step.tabulate(step, o, logs[step.key])
             except Exception as err:  # a table that cannot be made does not stop the check
-                tables[step.key] = f"{_head(step, o)}\n\nNo table: {type(err).__name__}: {err}\n"
+                tables[step.key] = f"{head(step, o)}\n\nNo table: {type(err).__name__}: {err}\n"
             (out / step.out_name).write_text(tables[step.key])
             o.table = step.out_name
         outcomes.append(o)

@@ -29,11 +29,15 @@ from saleval import paths
 from saleval.pipeline.compose import register_configs
 
 __all__ = [
-    "BIN", "Finished", "clean_env", "hydra_config", "launch", "on_ci", "require", "runs_of",
+    "BIN", "NO_JOB_RUNNER", "Finished", "clean_env", "hydra_config", "launch", "on_ci", "require", "runs_of",
     "subprocess_env",
 ]  # fmt: skip
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
+#: a test's ``mlflow server`` starts no job runner: none of them runs MLflow jobs, and the
+#: runner is eight more processes (huey consumers) importing MLflow beside the test, CPU a
+#: 2-core host's test needs (issue #54; 2 processes a server, not 10)
+NO_JOB_RUNNER = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def on_ci() -> bool:

@@ -143,6 +143,21 @@ def test_what_a_method_is_is_declared_where_it_registers() -> None:
         REGISTRY.pop("my_lime")
 
 
+def test_what_the_source_declares_is_what_the_classes_say(tmp_path: Path) -> None:
+    """The catalog reads each built-in method's ``@register`` from the source (a stage
+    that names methods loads none of them); it says what the loaded classes say, and a
+    declaration it cannot read without running the module is refused, naming the line."""
+    from saleval.attribution import catalog
+
+    loaded = {name: catalog.info_of(cls) for name, cls in REGISTRY.items()}
+    assert catalog.builtin_methods() == {n: loaded[n] for n in catalog.builtin_methods()}
+    assert set(catalog.builtin_methods()) == set(SMALL) | PROMPTED_ONLY
+    module = tmp_path / "mine.py"
+    module.write_text('ROW = 3\n\n@register("mine", paper_order=ROW)\nclass Mine: ...\n')
+    with pytest.raises(ValueError, match=rf"{module}:3: @register's arguments must be literals"):
+        catalog.registrations(module, "mine")
+
+
 # --- every method --------------------------------------------------------------------
 
 

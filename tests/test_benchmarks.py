@@ -151,17 +151,18 @@ def test_gpu_check_keeps_going_past_a_failing_or_slow_step(tmp_path: Path, monke
     import sys
 
     from benchmarks import gpu
+    from benchmarks.gpu_steps import Outcome, Step
 
-    def table(step: gpu.Step, outcome: gpu.Outcome, log: Path) -> str:
+    def table(step: Step, outcome: Outcome, log: Path) -> str:
         assert step.run_dir is not None
         partial = step.run_dir / "rows.md"
         return f"{outcome.status}: {partial.read_text() if partial.is_file() else 'nothing'}"
 
-    def step(key: str, code: str, budget: float) -> gpu.Step:
+    def step(key: str, code: str, budget: float) -> Step:
         run_dir = tmp_path / "work" / key
         write = f"import pathlib, sys, time; pathlib.Path({str(run_dir)!r}, 'rows.md').write_text('row 1'); "
         run_dir.mkdir(parents=True)
-        return gpu.Step(key, f"step {key}", budget, [sys.executable, "-c", write + code],
+        return Step(key, f"step {key}", budget, [sys.executable, "-c", write + code],
                         f"{key}.md", table, run_dir=run_dir)  # fmt: skip
 
     steps = [

@@ -117,26 +117,43 @@ def test_the_main_options_a_help_names_exist(stage: str) -> None:
         assert _has_key(cfg, key), (stage, option)
 
 
-def _heavy_after_import(modules: list[str], heavy: tuple[str, ...]) -> list[str]:
+def _heavy_after_import(modules: list[str], heavy: tuple[str, ...], then: str = "") -> list[str]:
     """The ``heavy`` packages in ``sys.modules`` of a fresh interpreter that imported
-    ``modules``."""
+    ``modules`` (and ran the statements ``then``)."""
     code = (
-        f"import sys, {', '.join(modules)}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+        f"import sys, {', '.join(modules)}\n{then}\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return ast.literal_eval(done.stdout.strip())
 
 
-def test_importing_a_stage_leaves_torch_lightning_and_transformers_unloaded() -> None:
+#: what score, compare, report and a published file's import ask of the methods: their
+#: table names, the paper's row order, the published names
+NAMING_METHODS = (
+    "from saleval.analysis.reports import display_name\n"
+    "from saleval.analysis.scoring import order_methods\n"
+    "from saleval.crowd.importing.published_format import method_names\n"
+    "shown = [display_name(m) for m in order_methods(['random', 'lime', 'all_attention'])]\n"
+    "assert shown == ['All Attention', 'LIME', 'Random'], shown\n"
+    "assert method_names()['Integrated_Gradient'] == 'integrated_gradients'"
+)
+
+
+def test_importing_a_stage_and_naming_the_methods_leave_the_heavy_packages_unloaded() -> None:
     """A console script starts (and prints --help or a config error) without the heavy
-    packages. Every stage module is imported in one interpreter: what none of them loads
-    together, none loads alone; on a failure each is imported alone to name it."""
-    heavy = ("torch", "lightning", "transformers")
+    packages, and a stage that only names methods runs without them (issue #54: the
+    method modules cost a score or compare process seconds; saleval.attribution.catalog
+    reads what they are from the source). Every stage module is imported in one
+    interpreter, which then names the methods: what none of them loads together, none
+    loads alone; on a failure each is imported alone to name it."""
+    heavy = ("torch", "lightning", "transformers", "captum", "lime")
     stages = sorted(set(cli.STAGES.values()))
-    if _heavy_after_import(stages, heavy):
+    if _heavy_after_import(stages, heavy, NAMING_METHODS):
         loading = {m: found for m in stages if (found := _heavy_after_import([m], heavy))}
-        pytest.fail(f"importing a stage loads heavy packages: {loading}")
+        naming = _heavy_after_import(["saleval.cli"], heavy, NAMING_METHODS)
+        pytest.fail(f"importing a stage loads {loading}; naming the methods loads {naming}")
     assert _heavy_after_import(["saleval.cli"], (*heavy, "mlflow")) == []
 
 

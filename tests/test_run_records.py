@@ -51,7 +51,7 @@ from saleval.testing import explain_frames, make_explain_run
 from saleval.testing.load_servers import free_port
 from tests.cli_support import script
 from tests.conftest import DATA_ROOT, FinishedPipeline
-from tests.scaleout_support import BIN, launch, subprocess_env, wait_healthy
+from tests.scaleout_support import BIN, NO_JOB_RUNNER, launch, subprocess_env, wait_healthy
 from tests.sweeps_support import LABELS, fake_sweep, tasks_cfg
 
 pytestmark = pytest.mark.usefixtures("keep_mlflow_store")
@@ -367,7 +367,7 @@ def mlflow_server(where: Path, port: int) -> Iterator[Server]:
     """``mlflow server`` on a SQLite store in ``where`` (the same store on every start)."""
     where.mkdir(exist_ok=True)
     url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")} | NO_JOB_RUNNER
     with (where / "server.log").open("a") as fh:
         proc = subprocess.Popen(
             [str(BIN / "mlflow"), "server", "--backend-store-uri",

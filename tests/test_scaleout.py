@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from saleval.pipeline.tracking_reads import method_rows
 from tests.conftest import DATA_ROOT
-from tests.scaleout_support import clean_env, hydra_config, wait_healthy
+from tests.scaleout_support import NO_JOB_RUNNER, clean_env, hydra_config, wait_healthy
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
 
@@ -117,7 +117,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 f"127.0.0.1:{port},{SERVER_NAME}:{port}",
             ],
             cwd=where,
-            env=clean_env(),
+            env=clean_env() | NO_JOB_RUNNER,
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,

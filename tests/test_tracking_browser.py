@@ -37,6 +37,7 @@ from saleval.pipeline.views import VIEW_PARAM
 from saleval.testing.load_servers import free_port, stop, wait_healthy
 from tests.annotate_support import launch_chromium, needs_chromium
 from tests.conftest import FinishedPipeline
+from tests.scaleout_support import NO_JOB_RUNNER
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
 
@@ -57,7 +58,7 @@ def mlflow_server(uri: str, log: Path) -> Iterator[str]:
     exe = Path(sys.executable).with_name("mlflow")
     cmd = [str(exe), "server", "--backend-store-uri", uri]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, **NO_JOB_RUNNER}
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True

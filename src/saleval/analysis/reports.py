@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from saleval.analysis.scoring import order_methods
+from saleval.attribution import known_methods
 
 SIMULATED = "SIMULATED"
 
@@ -29,11 +30,8 @@ def display_name(method: str) -> str:
     >>> display_name("integrated_gradients"), display_name("lime_20")
     ('Integrated Gradients', 'lime_20')
     """
-    # the method modules load torch: imported when first asked, not with a stage
-    from saleval.attribution import REGISTRY
-
-    shown = REGISTRY[method].display_name if method in REGISTRY else None
-    return shown or method
+    known = known_methods().get(method)
+    return known.display if known else method
 
 
 def title(text: str, simulated: bool) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from saleval.attribution import paper_methods
 from saleval.pipeline import tables
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,6 @@ def order_methods(methods: Iterable[str]) -> list[str]:
     >>> order_methods(["random", "zeta", "lime", "all_attention", "alpha"])
     ['all_attention', 'lime', 'alpha', 'zeta', 'random']
     """
-    # the method modules load torch: imported when first asked, not with a stage
-    from saleval.attribution import paper_methods
-
     paper = [m for m in paper_methods() if m != BASELINE]
     ms = sorted(set(methods))
     known = [m for m in paper if m in ms]

@@ -19,8 +19,10 @@ Two entry points for the other stages:
 
 What a method is — how tables and plots name it, its name in the original study's
 published results, its row in the paper's tables — is declared where it registers
-(:func:`saleval.attribution.base.register`) and kept on its class; :func:`paper_methods`
-and :func:`published_names` read it back.
+(:func:`saleval.attribution.base.register`) and kept on its class; :func:`paper_methods`,
+:func:`published_names` and :func:`known_methods` read it back without loading a method
+(:mod:`saleval.attribution.catalog`): importing this package loads none of the methods'
+libraries, a name below loads its module when first asked for.
 
 Every method produces *token* scores over a padded batch; one shared step
 (:func:`saleval.words.token_to_word_scores`) turns them into word scores, so no method
@@ -29,30 +31,10 @@ post-processes on its own (docs/methods.md#words).
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from saleval.attribution.attention import AllAttention, LastAttention, attention_token_scores
-from saleval.attribution.base import (
-    REGISTRY,
-    AttributionError,
-    Attributor,
-    Texts,
-    TokenAttributor,
-    attribute_words,
-    build_method,
-    method_name,
-    paper_methods,
-    published_names,
-)
-from saleval.attribution.gradient import (
-    DeepLiftMethod,
-    InputXGradientMethod,
-    IntegratedGradientsMethod,
-    VanillaGradient,
-)
-from saleval.attribution.perturbation import CaptumLime, Lime, Occlusion
-from saleval.attribution.random import RandomScores
-from saleval.attribution.self_explain import SelfExplain
+from saleval.attribution.catalog import known_methods, paper_methods, published_names
 
 __all__ = [
     "REGISTRY",
@@ -75,21 +57,71 @@ __all__ = [
     "attribute_words",
     "build_method",
     "explain_frame",
+    "known_methods",
     "method_name",
     "paper_methods",
     "published_names",
 ]
 
 if TYPE_CHECKING:
+    from saleval.attribution.attention import AllAttention, LastAttention, attention_token_scores
+    from saleval.attribution.base import (
+        AttributionError,
+        Attributor,
+        Texts,
+        TokenAttributor,
+        attribute_words,
+        build_method,
+        method_name,
+    )
+    from saleval.attribution.catalog import REGISTRY
     from saleval.attribution.frame import explain_frame
+    from saleval.attribution.gradient import (
+        DeepLiftMethod,
+        InputXGradientMethod,
+        IntegratedGradientsMethod,
+        VanillaGradient,
+    )
+    from saleval.attribution.perturbation import CaptumLime, Lime, Occlusion
+    from saleval.attribution.random import RandomScores
+    from saleval.attribution.self_explain import SelfExplain
+
+#: each module of the package and its names above, loaded when first asked for
+_MODULES = {
+    "attention": ("AllAttention", "LastAttention", "attention_token_scores"),
+    "base": (
+        "AttributionError",
+        "Attributor",
+        "Texts",
+        "TokenAttributor",
+        "attribute_words",
+        "build_method",
+        "method_name",
+    ),
+    "gradient": (
+        "DeepLiftMethod",
+        "InputXGradientMethod",
+        "IntegratedGradientsMethod",
+        "VanillaGradient",
+    ),
+    "perturbation": ("CaptumLime", "Lime", "Occlusion"),
+    "random": ("RandomScores",),
+    "self_explain": ("SelfExplain",),
+    "frame": ("explain_frame",),
+}
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    """``explain_frame`` is loaded when first asked for: its module loads Lightning (~6 s
-    a process), which a stage that only reads the methods' metadata (score, report,
-    compare, a published file's import) never needs."""
-    if name == "explain_frame":
-        from saleval.attribution.frame import explain_frame
+    """The methods' code is loaded when first asked for: it loads torch, transformers,
+    Captum and lime (seconds a process), and ``explain_frame``'s module Lightning, which a
+    stage that only reads what the methods are (score, report, compare, a published
+    file's import: :mod:`saleval.attribution.catalog`) never needs. ``REGISTRY`` is the
+    registry with every built-in method loaded."""
+    if name == "REGISTRY":
+        from saleval.attribution.catalog import load_all
 
-        return explain_frame
+        return load_all()
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from saleval.attribution import catalog
+from saleval.attribution.catalog import REGISTRY
 from saleval.errors import UserError
 from saleval.modeling.devices import model_device
 from saleval.modeling.first_token import last_block_at_first_token
@@ -43,9 +45,6 @@ class AttributionError(UserError, ValueError):
     """A method config or an attribution input is unusable; the message says which."""
 
 
-REGISTRY: dict[str, type[Attributor]] = {}
-
-
 def register(
     name: str,
     *,
@@ -60,13 +59,15 @@ def register(
     it (default: ``name``); ``published``, its name in the original crowd study's
     published results (Lu et al. 2024), which ``crowd=lu2024`` reads; ``paper_order``,
     its row in that paper's tables. Two methods cannot share a published name or a row.
+    The package's own methods give them as literals: :mod:`saleval.attribution.catalog`
+    reads them from the source, so a stage that only names methods loads none.
     """
 
     def deco(cls: type[Attributor]) -> type[Attributor]:
-        for other, known in REGISTRY.items():
+        for other, known in catalog.known_methods().items():
             if other == name:
                 continue
-            if published is not None and known.published_name == published:
+            if published is not None and known.published == published:
                 raise ValueError(f"{name}: published name {published!r} is {other}'s")
             if paper_order is not None and known.paper_order == paper_order:
                 raise ValueError(f"{name}: paper_order {paper_order} is {other}'s")
@@ -78,31 +79,6 @@ def register(
         return cls
 
     return deco
-
-
-def paper_methods() -> list[str]:
-    """The registered methods of the paper's tables, in its row order.
-
-    >>> paper_methods()[:2], paper_methods()[-1]
-    (['all_attention', 'last_attention'], 'random')
-    """
-    rows = sorted(
-        (cls.paper_order, name) for name, cls in REGISTRY.items() if cls.paper_order is not None
-    )
-    return [name for _, name in rows]
-
-
-def published_names() -> dict[str, str]:
-    """Published method name -> registry name, for every method that declares one (in
-    the paper's row order).
-
-    >>> published_names()["Integrated_Gradient"]
-    'integrated_gradients'
-    """
-    order = {name: i for i, name in enumerate(paper_methods())}
-    named = [(n, cls.published_name) for n, cls in REGISTRY.items() if cls.published_name]
-    named.sort(key=lambda pair: (order.get(pair[0], len(order)), pair[0]))
-    return {published: name for name, published in named}
 
 
 @dataclass
@@ -379,12 +355,13 @@ def build_method(cfg: Attributor | str | Mapping[str, Any], key: str | None = No
             raise AttributionError(f"method {key}: cannot import _target_={target}: {err}") from err
     else:
         kind = kind or key
-        if kind not in REGISTRY:
+        found = catalog.load(str(kind))
+        if found is None:
             raise AttributionError(
-                f"method {key}: unknown method {kind!r}; known: {sorted(REGISTRY)} "
-                "(or give _target_)"
+                f"method {key}: unknown method {kind!r}; known: "
+                f"{sorted(catalog.known_methods())} (or give _target_)"
             )
-        cls = REGISTRY[kind]
+        cls = found
     if not (isinstance(cls, type) and issubclass(cls, Attributor)):
         raise AttributionError(f"method {key}: {target} is not an Attributor")
     if conf.get("name") is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from saleval.attribution import published_names
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.rows import Rejects, read_rows
 
@@ -118,9 +119,6 @@ def method_names(given: Mapping[str, str] | None = None) -> dict[str, str]:
     >>> method_names({"IG": "integrated_gradients"})["IG"], method_names()["InputXGrad"]
     ('integrated_gradients', 'input_x_gradient')
     """
-    # the method modules load torch: imported when a file is read, not with a stage
-    from saleval.attribution import published_names
-
     return {**published_names(), **(given or {})}
 
 
