@@ -41,8 +41,9 @@ def comprehension_page(
     )
 
 
-@router.get("/comprehension", response_class=HTMLResponse)
-def comprehension(request: Request) -> Response:
+def taking_check(request: Request) -> Participant | Response:
+    """The participant still taking the check, else where they belong: the start page
+    (no participant), the return page (screened out, ended) or their tasks (passed)."""
     st = state_of(request)
     p = st.participant(request)
     if p is None:
@@ -51,20 +52,22 @@ def comprehension(request: Request) -> Response:
         return redirect("/returned")
     if p.passed_at or not st.questions:
         return redirect("/task")
-    return comprehension_page(request, p)
+    return p
+
+
+@router.get("/comprehension", response_class=HTMLResponse)
+def comprehension(request: Request) -> Response:
+    p = taking_check(request)
+    return comprehension_page(request, p) if isinstance(p, Participant) else p
 
 
 @router.post("/comprehension")
 async def answer_comprehension(request: Request) -> Response:
     """Grade one attempt; a pass assigns the bundle, the last failure screens out."""
+    p = taking_check(request)
+    if not isinstance(p, Participant):
+        return p
     st = state_of(request)
-    p = st.participant(request)
-    if p is None:
-        return redirect("/")
-    if p.screened_out or p.ended:
-        return redirect("/returned")
-    if p.passed_at or not st.questions:
-        return redirect("/task")
     form = await request.form()
     given = {i: str(form.get(f"q{i}", ""))[:500] for i in range(len(st.questions))}
     wrong = grade(st.questions, given)
