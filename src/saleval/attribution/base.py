@@ -26,8 +26,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from saleval.attribution import catalog
-from saleval.attribution.catalog import REGISTRY
+from saleval.attribution.catalog import REGISTRY, known_methods, load
 from saleval.errors import UserError
 from saleval.modeling.devices import model_device
 from saleval.modeling.first_token import last_block_at_first_token
@@ -64,7 +63,7 @@ def register(
     """
 
     def deco(cls: type[Attributor]) -> type[Attributor]:
-        for other, known in catalog.known_methods().items():
+        for other, known in known_methods().items():
             if other == name:
                 continue
             if published is not None and known.published == published:
@@ -355,11 +354,11 @@ def build_method(cfg: Attributor | str | Mapping[str, Any], key: str | None = No
             raise AttributionError(f"method {key}: cannot import _target_={target}: {err}") from err
     else:
         kind = kind or key
-        found = catalog.load(str(kind))
+        found = load(str(kind))
         if found is None:
             raise AttributionError(
                 f"method {key}: unknown method {kind!r}; known: "
-                f"{sorted(catalog.known_methods())} (or give _target_)"
+                f"{sorted(known_methods())} (or give _target_)"
             )
         cls = found
     if not (isinstance(cls, type) and issubclass(cls, Attributor)):
