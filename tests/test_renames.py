@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 
 import saleval
 from saleval.modeling.data import read_ag_news
-from saleval.pipeline.run_inputs import RunInputs, read_run_config
+from saleval.pipeline.run_inputs import RunInputs
+from saleval.pipeline.run_record import read_run_config
 from saleval.renames import RENAMES, renamed
 
 SRC = Path(saleval.__file__).parent

@@ -4,7 +4,7 @@ A run records the code that built its parts by dotted path: ``_target_`` in its
 ``config.yaml`` (a dataset reader, a model source, a crowd source, a method) and the
 modules of ``metrics.plugins``. Code that moves leaves those paths behind, so a stage
 that adopts an older run reads its config through :func:`rewrite_config`
-(:func:`saleval.pipeline.run_inputs.read_run_config`): one rule, "an old path maps to
+(:func:`saleval.pipeline.run_record.read_run_config`): one rule, "an old path maps to
 its new one", instead of a module kept at every old address (docs/architecture.md,
 *Old addresses*). A move adds a row here; nothing else changes.
 """

@@ -24,7 +24,8 @@ from saleval.analysis import metric_columns
 from saleval.metrics.registry import import_plugins
 from saleval.pipeline import merge, tables
 from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import read_run_config, resolve_input
+from saleval.pipeline.run_inputs import resolve_input
+from saleval.pipeline.run_record import read_run_config
 from saleval.pipeline.run_record import RunRecord
 
 log = logging.getLogger(__name__)

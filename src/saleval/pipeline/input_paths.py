@@ -95,6 +95,16 @@ def accepted_stages(name: str) -> tuple[str, ...]:
     return ((producer,) if producer else ()) + _ALSO_FROM.get(name, ())
 
 
+def kind_problem(name: str, run: Path, kind: str | None, stage: str) -> str | None:
+    """Why ``inputs.<name>=<run>``, a saleval-``kind`` run, is not what saleval-``stage``
+    reads there (``inputs.crowd`` takes an import run...), naming what to pass instead;
+    None when it is (or when the input takes any run)."""
+    accepted = accepted_stages(name)
+    if accepted and kind and kind not in accepted:
+        return f"inputs.{name}={run} is a saleval-{kind} run; saleval-{stage} reads {what_it_takes(name)}"
+    return None
+
+
 def what_it_takes(name: str) -> str:
     """What ``inputs.<name>`` accepts, for the message that refuses a value.
 

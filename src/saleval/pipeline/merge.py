@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,23 +84,19 @@ def as_specs(value: Any) -> list[str]:
     return [str(value)]
 
 
-def expand(
-    name: str,
-    value: Any,
-    resolve_one: Callable[[str, str], Path],
-    stage: str,
-    allow_unfinished: bool = False,
-) -> list[Path]:
-    """Every run dir an ``inputs.<name>`` value names, in order, each resolved once.
+def expand(name: str, value: Any, stage: str, allow_unfinished: bool = False) -> list[str]:
+    """Every single run an ``inputs.<name>`` value names, in order, each still to be
+    resolved (a dir, ``runs:/<id>``, ``latest``: :func:`saleval.pipeline.run_inputs.resolve_inputs`).
 
     A list names several runs; a sweep dir names its jobs; a ``saleval-run`` dir (or a
-    sweep of them) names its run of ``stage`` (the stage producing this input).
-    ``resolve_one(name, spec)`` resolves a single run (a dir, ``runs:/<id>``, ``latest``).
-    A sweep job that did not finish (no ``run.json``, or one that is not FINISHED) is
-    refused naming the sweep's rerun, unless ``allow_unfinished``
-    (:meth:`saleval.pipeline.run_record.RunRecord.unfinished_message`).
+    sweep of them) names its run of ``stage`` (the stage producing this input). A sweep
+    job that did not finish (no ``run.json``, or one that is not FINISHED) is refused
+    naming the sweep's rerun, unless ``allow_unfinished``
+    (:meth:`saleval.pipeline.run_record.RunRecord.unfinished_message`). Why it returns
+    specs, not run dirs: the caller resolves each one in one place, so locating a run
+    is written once.
     """
-    out: list[Path] = []
+    out: list[str] = []
     for spec in as_specs(value):
         path = Path(spec).expanduser()
         swept = path.is_dir() and is_sweep_dir(path)
@@ -117,14 +113,9 @@ def expand(
                 problem = RunRecord.read(job).unfinished_message(name, job, sweep=path)
                 if problem:
                     raise MergeError(problem)
-            out.append(resolve_one(name, str(job) if job != path else spec))
+            out.append(str(job) if job != path else spec)
     if not out:
         raise MergeError(f"inputs.{name}: an empty list names no run")
-    seen: dict[Path, int] = {}
-    for i, p in enumerate(out):
-        if p in seen:
-            raise MergeError(f"inputs.{name}: run {p} is given twice (items {seen[p]} and {i})")
-        seen[p] = i
     return out
 
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from saleval.config import DatasetConfig
 from saleval.errors import UserError
 from saleval.vocab import Population, Target
 
@@ -233,4 +234,68 @@ def resolve(
         unfinished=tuple(
             dict.fromkeys([*own.unfinished, *(r for p in parents.values() for r in p.unfinished)])
         ),
+    )
+
+
+def of_run(
+    cfg: DictConfig,
+    parents: Mapping[str, Provenance],
+    where: Mapping[str, str | Path],
+    inherits: Mapping[str, Sequence[str]] | Sequence[str] | None,
+    simulated: bool = False,
+    unfinished: tuple[str, ...] = (),
+) -> Provenance:
+    """A stage run's provenance: what ``cfg`` gives, then :func:`resolve` over its parent
+    runs (``parents`` and ``where`` by run label); ``simulated`` marks a run that is
+    simulated whatever its parents say, ``unfinished`` the parents read unfinished."""
+    own = dataclasses.replace(Provenance.from_config(cfg), unfinished=unfinished)
+    out = resolve(own, parents, where, inherits)
+    return dataclasses.replace(out, simulated=True) if simulated else out
+
+
+def require(
+    provenance: Provenance, stage: str, requires: Sequence[str], inputs: Mapping[str, Path]
+) -> None:
+    """Fail before the run starts when a field in ``requires`` is neither given nor
+    adopted from ``inputs`` (input name → run dir), naming what to pass."""
+    unknown = [f for f in requires if getattr(provenance, f) is None]
+    if unknown:
+        where = ", ".join(f"inputs.{k}={p}" for k, p in inputs.items()) or "no inputs"
+        raise ProvenanceError(
+            f"saleval-{stage}: no {' or '.join(unknown)} is given and none is recorded by "
+            f"{where}; pass " + " ".join(f"{f}=<name>" for f in unknown)
+        )
+
+
+def adopt_dataset(cfg: DictConfig, name: str | None, parents: Mapping[str, DictConfig]) -> None:
+    """A dataset ``name`` adopted from a parent comes with its whole config node (files,
+    label descriptions...), read from that parent's ``config.yaml`` (``parents``) into
+    ``cfg``, so the stage loads the data its parents used; a dataset ``cfg`` gives is kept."""
+    if name is None or OmegaConf.select(cfg, "dataset", default=None) is not None:
+        return
+    for parent in parents.values():
+        node = OmegaConf.select(parent, "dataset", default=None)
+        if node is not None and str(node.get("name")) == name:
+            plain = OmegaConf.to_container(node, resolve=False)
+            assert isinstance(plain, dict)
+            # the shared data root is re-pointed to where it sits here; a data_root
+            # of the user's own (docs/own-data.md) is kept as recorded
+            shared = OmegaConf.select(parent, "paths.data_root", default=None)
+            if OmegaConf.select(cfg, "paths.data_root", default=None) is not None and (
+                shared is None or str(plain.get("data_root")) == str(shared)
+            ):
+                plain["data_root"] = "${paths.data_root}"
+            try:  # typed: a recorded node is checked against today's schema
+                typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
+            except Exception as err:
+                raise ProvenanceError(
+                    f"the dataset config recorded by an input run cannot be read with "
+                    f"this version of saleval ({err}); pass dataset={name}"
+                ) from err
+            with open_dict(cfg):
+                cfg.dataset = typed
+            return
+    raise ProvenanceError(
+        f"the inputs are about dataset {name!r} but none of their config.yaml files holds "
+        f"its config; pass dataset={name}"
     )

@@ -13,8 +13,6 @@ exists; :class:`saleval.pipeline.stage.Stage` owns the run's lifecycle.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,25 +20,21 @@ from typing import Any
 
 import mlflow
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from saleval import paths, renames
-from saleval.config import DatasetConfig
+from saleval import paths
 from saleval.modeling.data import complete_label_names
-from saleval.pipeline import merge, stage_table, tracking_health, tracking_reads
+from saleval.pipeline import merge, provenance, stage_table, tracking_health, tracking_reads
 from saleval.pipeline.input_paths import (
     LATEST,
     InputError,
-    accepted_stages,
     input_path_problem,
+    kind_problem,
     latest_link,
-    what_it_takes,
 )
-from saleval.pipeline.provenance import Provenance, ProvenanceError, resolve
-from saleval.pipeline.run_record import ALLOW_UNFINISHED, RUN_JSON, RunRecord
+from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.run_record import ALLOW_UNFINISHED, RUN_JSON, RunRecord, read_run_config
 from saleval.pipeline.tables import TableSpec
-
-log = logging.getLogger(__name__)
 
 #: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
 #: stage table
@@ -53,7 +47,7 @@ DOWNLOADS = "downloads"
 def resolve_input(
     name: str,
     spec: str | os.PathLike[str],
-    output_root: str | Path | None = None,
+    output_root: Any = None,
     allow_unfinished: bool = False,
 ) -> Path:
     """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files.
@@ -69,7 +63,7 @@ def resolve_input(
     return run_dir
 
 
-def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
+def _locate(name: str, spec: str, output_root: Any) -> Path:
     """Where the run ``spec`` names sits (downloaded first when it is an MLflow run that is
     not on this machine)."""
     if spec in ("???", "", "None"):
@@ -110,24 +104,29 @@ def _locate(name: str, spec: str, output_root: str | Path | None) -> Path:
 
 
 def resolve_inputs(
-    name: str, value: Any, output_root: str | Path | None = None, allow_unfinished: bool = False
+    name: str, value: Any, output_root: Any = None, allow_unfinished: bool = False
 ) -> list[Path]:
     """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
     list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
     stage producing ``<name>``); see :mod:`saleval.pipeline.merge`. Each must have
-    FINISHED unless ``allow_unfinished``."""
-    if value is None or (isinstance(value, str) and value in ("???", "", "None")):
-        return [resolve_input(name, "" if value is None else value, output_root)]
-    try:
-        return merge.expand(
-            name,
-            value,
-            lambda n, s: resolve_input(n, s, output_root, allow_unfinished),
-            PRODUCERS.get(name, name),
-            allow_unfinished,
+    FINISHED unless ``allow_unfinished``. ``output_root``: a path or a composed config
+    (:func:`saleval.paths.output_root`)."""
+    unset = value is None or (isinstance(value, str) and value in ("???", "", "None"))
+    try:  # an unset value is resolved as given, which says what to pass
+        specs = (
+            [str(value or "")]
+            if unset
+            else merge.expand(name, value, PRODUCERS.get(name, name), allow_unfinished)
         )
     except merge.MergeError as err:
         raise InputError(str(err)) from err
+    runs = [resolve_input(name, s, output_root, allow_unfinished) for s in specs]
+    seen: dict[Path, int] = {}
+    for i, p in enumerate(runs):  # a run given twice would count its tables twice
+        if p in seen:
+            raise InputError(f"inputs.{name}: run {p} is given twice (items {seen[p]} and {i})")
+        seen[p] = i
+    return runs
 
 
 #: what ``inputs.model`` takes, said where it is missing
@@ -191,23 +190,6 @@ def file_input(
     raise InputError(problem or f"inputs.{name}={spec}: no such file or directory")
 
 
-def read_run_config(run_dir: str | Path) -> DictConfig:
-    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file),
-    its ``_target_``s and plugin modules at today's addresses (:mod:`saleval.renames`)."""
-    path = Path(run_dir, "config.yaml")
-    if not path.is_file():
-        raise InputError(f"{path}: the run's config.yaml is missing; is this a saleval run dir?")
-    plain = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    if not isinstance(plain, dict):
-        raise InputError(f"{path}: not a mapping")
-    moved = renames.rewrite_config(plain)
-    if moved:  # recorded before code moved: read with today's addresses
-        log.warning("%s names code that has moved, read as %s", path, "; ".join(moved))
-    cfg = OmegaConf.create(plain)
-    assert isinstance(cfg, DictConfig)
-    return cfg
-
-
 def given_input(cfg: DictConfig, key: str) -> str | None:
     """``inputs.<key>`` as a string, or None when left at ``???``/null/empty."""
     inputs = OmegaConf.select(cfg, "inputs")
@@ -243,22 +225,36 @@ class RunInputs(Mapping[str, Path]):
         requires: Sequence[str] = (),
         simulated: bool = False,
     ) -> None:
-        root = paths.output_root(cfg)
         allow = bool(OmegaConf.select(cfg, ALLOW_UNFINISHED, default=False))
         #: every run behind each input (several for a list or a sweep dir: saleval.pipeline.merge)
         self.input_runs: dict[str, list[Path]] = {
-            k: resolve_inputs(k, v, root, allow) for k, v in (inputs or {}).items() if v is not None
+            k: resolve_inputs(k, v, cfg, allow) for k, v in (inputs or {}).items() if v is not None
         }
-        #: each run by its label (the input's name; ``<name>.<i>`` when it has several)
-        self.runs: dict[str, Path] = {
-            merge.label(k, i, len(ps)): p
+        #: per input, the label of each of its runs (the input's name; ``<name>.<i>``
+        #: when it has several), named once here for every check and record
+        self.labels: dict[str, list[str]] = {
+            k: [merge.label(k, i, len(ps)) for i in range(len(ps))]
             for k, ps in self.input_runs.items()
-            for i, p in enumerate(ps)
+        }
+        #: each run by its label
+        self.runs: dict[str, Path] = {
+            lab: p for k, ps in self.input_runs.items() for lab, p in zip(self.labels[k], ps)
         }
         #: each parent run's record by label, read once
         self.records: dict[str, RunRecord] = {k: RunRecord.read(p) for k, p in self.runs.items()}
-        self._check_kinds(stage)
-        self._check_tables()
+        # each input is a run of a stage it takes (inputs.crowd an import run...), checked
+        # before anything is read from its tables
+        for name, labels in self.labels.items():
+            for label in labels:
+                problem = kind_problem(name, self.runs[label], self.records[label].stage, stage)
+                if problem:
+                    raise InputError(problem)
+        # each table a parent recorded is still the one it wrote (its checksum), before a
+        # stage reads any: a table edited, cut short or damaged since is named with its run
+        for label, run in self.runs.items():
+            changed = self.records[label].changed_tables(run)
+            if changed:
+                raise InputError(self.records[label].changed_message(run, changed))
         #: the parents read although they had not finished (allow_unfinished_inputs=true)
         self.unfinished = tuple(
             mark for k, p in self.runs.items() if (mark := self.records[k].unfinished_mark(p))
@@ -268,20 +264,29 @@ class RunInputs(Mapping[str, Path]):
         self._provenance = {
             k: self.records[k].provenance_of_run(p, self.configs[k]) for k, p in self.runs.items()
         }
-        first = {k: merge.label(k, 0, len(ps)) for k, ps in self.input_runs.items()}
+        first = {k: labels[0] for k, labels in self.labels.items()}
         #: per input, its (first) run, by which the mapping answers
         self._first: dict[str, Path] = {k: self.runs[f] for k, f in first.items()}
         #: per input, its (first) run's record, config and provenance
         self.parents: dict[str, RunRecord] = {k: self.records[f] for k, f in first.items()}
         self.parent_configs: dict[str, DictConfig] = {k: self.configs[f] for k, f in first.items()}
-        complete_label_names(cfg)  # a local dataset given without label names
         self.parent_provenance: dict[str, Provenance] = {
             k: self._provenance[f] for k, f in first.items()
         }
-        #: the run's provenance: given by ``cfg``, adopted from and checked against its parents
-        self.provenance = self._resolve(cfg, inherits, simulated)
-        self._require(stage, requires)
-        self._adopt_dataset(cfg)
+        complete_label_names(cfg)  # a local dataset given without label names
+        if isinstance(inherits, Mapping):  # an input's name stands for each of its runs
+            inherits = {
+                f: [label for n in names for label in self.labels.get(n, [])]
+                for f, names in inherits.items()
+            }
+        where = {k: str(p) for k, p in self.runs.items()}
+        #: the run's provenance: given by ``cfg``, adopted from and checked against its
+        #: parents (the one rule: saleval.pipeline.provenance), known where ``requires`` says
+        self.provenance = provenance.of_run(
+            cfg, self._provenance, where, inherits, simulated, self.unfinished
+        )
+        provenance.require(self.provenance, stage, requires, dict(self.items()))
+        provenance.adopt_dataset(cfg, self.provenance.dataset, self.parent_configs)
 
     def __getitem__(self, name: str) -> Path:
         return self._first[name]
@@ -303,90 +308,6 @@ class RunInputs(Mapping[str, Path]):
     def __len__(self) -> int:
         return len(self._first)
 
-    def _check_kinds(self, stage: str) -> None:
-        """Each input is a run of a stage it takes (``inputs.crowd`` an import run...):
-        a run of another stage is named with what to pass instead, before anything is read
-        from its tables."""
-        for name, runs in self.input_runs.items():
-            accepted = accepted_stages(name)
-            for i, run in enumerate(runs):
-                kind = self.records[merge.label(name, i, len(runs))].stage
-                if accepted and kind and kind not in accepted:
-                    raise InputError(
-                        f"inputs.{name}={run} is a saleval-{kind} run; saleval-{stage} reads "
-                        f"{what_it_takes(name)}"
-                    )
-
-    def _check_tables(self) -> None:
-        """Every table a parent recorded is the one it wrote (its checksum), before a stage
-        reads any: a table edited, cut short or damaged since is named with its run."""
-        for label, run in self.runs.items():
-            changed = self.records[label].changed_tables(run)
-            if changed:
-                raise InputError(self.records[label].changed_message(run, changed))
-
-    def _resolve(
-        self,
-        cfg: DictConfig,
-        inherits: Mapping[str, Sequence[str]] | Sequence[str] | None,
-        simulated: bool,
-    ) -> Provenance:
-        """The one provenance rule over every parent run (an input's name in ``inherits``
-        stands for each of its runs)."""
-        if isinstance(inherits, Mapping):
-            inherits = {
-                f: [merge.label(n, i, len(self.input_runs[n]))
-                    for n in names if n in self.input_runs
-                    for i in range(len(self.input_runs[n]))]
-                for f, names in inherits.items()
-            }  # fmt: skip
-        own = dataclasses.replace(Provenance.from_config(cfg), unfinished=self.unfinished)
-        out = resolve(own, self._provenance, {k: str(p) for k, p in self.runs.items()}, inherits)
-        return dataclasses.replace(out, simulated=True) if simulated else out
-
-    def _require(self, stage: str, requires: Sequence[str]) -> None:
-        """Fail before the run starts when a required field is neither given nor adopted."""
-        unknown = [f for f in requires if getattr(self.provenance, f) is None]
-        if unknown:
-            where = ", ".join(f"inputs.{k}={p}" for k, p in self.items()) or "no inputs"
-            raise ProvenanceError(
-                f"saleval-{stage}: no {' or '.join(unknown)} is given and none is recorded by "
-                f"{where}; pass " + " ".join(f"{f}=<name>" for f in unknown)
-            )
-
-    def _adopt_dataset(self, cfg: DictConfig) -> None:
-        """A dataset adopted from a parent comes with its whole config node (files, label
-        descriptions...), read from there, so the stage loads the data its parents used."""
-        name = self.provenance.dataset
-        if name is None or OmegaConf.select(cfg, "dataset", default=None) is not None:
-            return
-        for parent in self.parent_configs.values():
-            node = OmegaConf.select(parent, "dataset", default=None)
-            if node is not None and str(node.get("name")) == name:
-                plain = OmegaConf.to_container(node, resolve=False)
-                assert isinstance(plain, dict)
-                # the shared data root is re-pointed to where it sits here; a data_root
-                # of the user's own (docs/own-data.md) is kept as recorded
-                shared = OmegaConf.select(parent, "paths.data_root", default=None)
-                if OmegaConf.select(cfg, "paths.data_root", default=None) is not None and (
-                    shared is None or str(plain.get("data_root")) == str(shared)
-                ):
-                    plain["data_root"] = "${paths.data_root}"
-                try:  # typed: a recorded node is checked against today's schema
-                    typed = OmegaConf.merge(OmegaConf.structured(DatasetConfig), plain)
-                except Exception as err:
-                    raise ProvenanceError(
-                        f"the dataset config recorded by an input run cannot be read with "
-                        f"this version of saleval ({err}); pass dataset={name}"
-                    ) from err
-                with open_dict(cfg):
-                    cfg.dataset = typed
-                return
-        raise ProvenanceError(
-            f"the inputs are about dataset {name!r} but none of their config.yaml files holds "
-            f"its config; pass dataset={name}"
-        )
-
     def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
         """``spec``'s table of ``inputs.<name>``: of its run, or merged over its runs when it
         names several (a list, a sweep dir; :func:`saleval.pipeline.merge.read_merged`)."""
@@ -394,8 +315,7 @@ class RunInputs(Mapping[str, Path]):
 
     def runs_of(self, name: str) -> list[tuple[Path, RunRecord, DictConfig]]:
         """Every run behind ``inputs.<name>``: (run dir, record, config.yaml)."""
-        n = len(self.input_runs[name])
         return [
-            (p, self.records[merge.label(name, i, n)], self.configs[merge.label(name, i, n)])
-            for i, p in enumerate(self.input_runs[name])
+            (p, self.records[label], self.configs[label])
+            for label, p in zip(self.labels[name], self.input_runs[name])
         ]

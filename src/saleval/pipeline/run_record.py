@@ -32,16 +32,21 @@ import collections
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from saleval import renames
 from saleval.errors import UserError
+from saleval.pipeline.input_paths import InputError
 from saleval.pipeline.provenance import Provenance
+
+log = logging.getLogger(__name__)
 
 #: the record's file in a run dir (the one place its name is written)
 RUN_JSON = "run.json"
@@ -375,3 +380,20 @@ def write_atomically(path: str | Path, text: str) -> None:
         os.replace(tmp, p)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_run_config(run_dir: str | Path) -> DictConfig:
+    """A run's resolved ``config.yaml`` (every run dir has one; the error names the file),
+    its ``_target_``s and plugin modules at today's addresses (:mod:`saleval.renames`)."""
+    path = Path(run_dir, "config.yaml")
+    if not path.is_file():
+        raise InputError(f"{path}: the run's config.yaml is missing; is this a saleval run dir?")
+    plain = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(plain, dict):
+        raise InputError(f"{path}: not a mapping")
+    moved = renames.rewrite_config(plain)
+    if moved:  # recorded before code moved: read with today's addresses
+        log.warning("%s names code that has moved, read as %s", path, "; ".join(moved))
+    cfg = OmegaConf.create(plain)
+    assert isinstance(cfg, DictConfig)
+    return cfg
