@@ -13,7 +13,7 @@ from saleval import paths
 
 ROOT = paths.project_root()
 #: console scripts that are tools, not stages (no row of the stage table)
-TOOLS = {"saleval-catch-up": "saleval.pipeline.catch_up:main"}
+TOOLS = {"saleval-catch-up": "saleval.pipeline.tracker.catch_up:main"}
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 

@@ -30,7 +30,7 @@ from saleval.annotate.dashboard import figures, metrics_of
 from saleval.annotate.store_answers import AnnotationStore
 from saleval.annotate.study import IDK, Study, load_study, pilot_study
 from saleval.pipeline import tables
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.records.run_record import RunRecord
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
 from saleval.testing.load_servers import free_port, start_cli_server, stop, wait_healthy

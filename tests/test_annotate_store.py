@@ -17,7 +17,8 @@ from saleval.annotate.store_db import StoreError
 from saleval.annotate.store_leases import Assignment, BundleRefused, ResumeRequired
 from saleval.annotate.study import IDK, Study, StudyError, load_study
 from saleval.config.annotate import AnnotateConfig
-from saleval.pipeline import run_record, tables
+from saleval.pipeline import tables
+from saleval.pipeline.records import run_record
 from saleval.testing import make_task_run
 
 pytestmark = pytest.mark.usefixtures("mlflow_uri")  # building a task run logs to MLflow

@@ -38,7 +38,7 @@ from saleval.attribution.gradient import EmbeddingForward, IntegratedGradientsMe
 from saleval.attribution.perturbation import lime_neighbourhood
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.vocab import PROBS
 from saleval.words import rank_words, segment, token_to_word_scores
 from tests.conftest import compose_config, tiny_model_cfg

@@ -27,7 +27,7 @@ from saleval.attribution import Attributor, Texts
 from saleval.attribution.frame import make_trainer
 from saleval.pipeline import tables
 from saleval.pipeline.stage import _RANK_VARS, Stage, is_main_process
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.vocab import PROBS
 from tests.conftest import compose_config
 

@@ -19,7 +19,7 @@ from saleval.modeling.models import (
     load_trained,
 )
 from saleval.pipeline import tables
-from saleval.pipeline.provenance import ProvenanceError
+from saleval.pipeline.records.provenance import ProvenanceError
 from tests.metrics_support import TINY_CFG
 
 AG = ["World", "Sports", "Business", "Sci/Tech"]

@@ -15,7 +15,7 @@ from scipy import stats
 from saleval.analysis import comparison as C
 from saleval.analysis import comparison_report, metric_columns
 from saleval.pipeline import tables
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.stages.compare import human_score_fn
 from tests.metrics_support import write_run
 

@@ -26,7 +26,7 @@ from saleval.crowd.design.duplicates import identical_methods, methods_to_drop
 from saleval.crowd.design.sampling import SamplingError, select_samples
 from saleval.crowd.export.formats import bundles_wide
 from saleval.pipeline import tables
-from saleval.pipeline.provenance import ProvenanceError
+from saleval.pipeline.records.provenance import ProvenanceError
 from saleval.schema import to_schema
 from saleval.vocab import IDK
 from tests.conftest import compose_config

@@ -21,8 +21,8 @@ from saleval.crowd.importing.long_format import read_answers
 from saleval.crowd.importing.published_format import read_lu2024
 from saleval.crowd.importing.rows import sha256_file
 from saleval.pipeline import tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.stages import import_, score
 from tests.conftest import DATA_ROOT, compose_config
 from tests.crowd_support import (
@@ -541,7 +541,7 @@ def test_stage_encoding_option_and_strict_located_error(
 def test_any_label_text_is_logged_to_mlflow(mlflow_uri: str) -> None:
     import mlflow
 
-    from saleval.pipeline import tracking
+    from saleval.pipeline.tracker import tracking
 
     odd = {"R&D": "a", "R?D": "b", "<b>bold</b>": "c", "it's (new)": "d", "Sci/Tech": "e"}
     with mlflow.start_run() as run:

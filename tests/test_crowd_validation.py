@@ -27,7 +27,7 @@ from saleval.crowd.importing.published_study import (
 )
 from saleval.crowd.simulation.readers import BowReader, build_reader, n_hidden
 from saleval.modeling.data import load_dataset
-from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.records.input_paths import InputError
 from saleval.stages import simulate
 from tests.conftest import DATA_ROOT, compose_config
 

@@ -20,7 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from saleval.pipeline import dead_runs
+from saleval.pipeline.records import dead_runs
 from saleval.stages import annotate as annotate_stage
 from saleval.testing import make_task_run
 from saleval.testing.load_servers import free_port, start_cli_server, stop, wait_healthy
@@ -56,7 +56,7 @@ def test_only_this_hosts_runs_with_a_gone_process_are_ended(
     elsewhere = running("elsewhere", **{**me, "host": "another-host", "pid": dead_pid})
     untagged = running("untagged", host=me["host"])  # an older run: no pid, left alone
 
-    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.dead_runs"):
+    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.records.dead_runs"):
         ended = dead_runs.end_dead_runs()
     assert sorted(ended) == sorted([dead, reused])
     status = {r: client.get_run(r).info for r in (dead, reused, alive, elsewhere, untagged)}
@@ -103,7 +103,7 @@ def test_a_stage_killed_with_sigkill_is_marked_killed_by_the_next_stage(
     assert client.get_run(killed).info.status == "RUNNING"  # what the issue found
 
     export = [f"inputs.tasks={tasks_dir}", "action=export", f"annotate.db={db}"]
-    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.dead_runs"):
+    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.records.dead_runs"):
         out = annotate_stage.run(make_cfg("annotate", export))  # any stage on the same store
     info = client.get_run(killed).info
     assert info.status == "KILLED" and info.end_time is not None

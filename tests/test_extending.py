@@ -32,7 +32,7 @@ from saleval.modeling.data import load_dataset
 from saleval.modeling.models import build_model, load_tokenizer
 from saleval.pipeline import tables
 from saleval.pipeline.compose import register_configs
-from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.records.input_paths import InputError
 from saleval.schema import to_schema
 from saleval.testing import explain_frames
 from tests.conftest import compose_config

@@ -77,7 +77,7 @@ def test_a_stage_prints_where_it_went_and_what_follows_and_latest_chains(
     # a run dir outside <output root>/<stage> leaves "latest" alone
     assert not (out / "import").exists()
     with pytest.raises(Exception, match="inputs.crowd=latest:.*does not exist"):
-        from saleval.pipeline.run_inputs import resolve_input
+        from saleval.pipeline.records.run_inputs import resolve_input
 
         resolve_input("crowd", "latest", out)
 

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from saleval.metrics import faithfulness as F
 from saleval.metrics.config import MetricsConfig, n_words_for_fraction
 from saleval.pipeline import tables
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.words import segment
 from tests.metrics_support import (
     AG_TEXTS,

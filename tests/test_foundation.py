@@ -18,8 +18,8 @@ from saleval import paths
 from saleval.modeling.data import clean_ag_news, clean_imdb, load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.modeling.models import ModelError, build_model, load_tokenizer, load_trained
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import resolve_input
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.run_inputs import resolve_input
 from tests.conftest import DATA_ROOT, compose_config
 
 needs_data = pytest.mark.skipif(not DATA_ROOT.is_dir(), reason="../shared/data not present")
@@ -270,7 +270,7 @@ def test_tiny_training_run_lowers_loss_and_is_in_mlflow(tiny_train_run: Path) ->
     assert history[-1].value < history[0].value, [h.value for h in history]
     # the per-epoch values went through the run dir's journal (a store that dies mid-training
     # costs no epoch: docs/tracking.md), one entry per epoch, in epoch order
-    from saleval.pipeline.tracking_journal import read_ops
+    from saleval.pipeline.tracker.tracking_journal import read_ops
 
     epochs = [op for op in read_ops(tiny_train_run) if "train_loss" in op.get("metrics", {})]
     assert [op["step"] for op in epochs] == [0, 1, 2]

@@ -225,12 +225,12 @@ def test_the_device_rule_is_written_once() -> None:
 
 def test_the_children_of_a_run_are_found_by_one_query() -> None:
     """The MLflow tag that links a child run to its parent is spelt once
-    (saleval.pipeline.tracking_reads.PARENT_TAG); the query for a run's children is
+    (saleval.pipeline.tracker.tracking_reads.PARENT_TAG); the query for a run's children is
     tracking_reads.children, which every caller (method rows, catch-up, deleting) uses."""
-    from saleval.pipeline import tracking_reads
+    from saleval.pipeline.tracker import tracking_reads
 
     assert _where("parentRunId", [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]) == {
-        "src/saleval/pipeline/tracking_reads.py"
+        "src/saleval/pipeline/tracker/tracking_reads.py"
     }
     assert tracking_reads.children_filter("abc") == "tags.`mlflow.parentRunId` = 'abc'"
     assert not {f"{p.relative_to(ROOT)}:{n}" for p in OTHERS for n in _child_queries(p.read_text())}
@@ -282,7 +282,7 @@ def test_a_rationale_is_cut_at_k_by_one_rule() -> None:
 
 def test_the_model_input_and_its_max_length_are_resolved_in_one_place() -> None:
     """The explain and metrics stages both need ``inputs.model`` and fall back to the
-    length the train run recorded: saleval.pipeline.run_inputs.model_input and
+    length the train run recorded: saleval.pipeline.records.run_inputs.model_input and
     RunInputs.max_length say each once."""
     stages = [SRC / "stages" / "explain.py", SRC / "stages" / "metrics.py"]
     assert not _where("inputs.model is required", stages)

@@ -22,7 +22,7 @@ from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.modeling.models import build_model, load_trained
 from saleval.pipeline import tables
-from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.records.jsonfiles import write_json
 from tests.conftest import compose_config
 
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python

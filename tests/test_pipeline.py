@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from saleval.pipeline import tables
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.stages import run as pipeline
 from tests.conftest import FinishedPipeline, compose_config
 

@@ -16,7 +16,7 @@ from saleval.analysis import costing, planning, scoring
 from saleval.crowd.answers import AnswerParser
 from saleval.crowd.importing.aggregation import StrictMajority, aggregate, unique_winner
 from saleval.pipeline import tables
-from saleval.pipeline.input_paths import InputError
+from saleval.pipeline.records.input_paths import InputError
 
 PUBLISHED = ["crowd=lu2024", "crowd.path=${paths.data_root}/published/lu2024/IMDB.csv"]
 FAST = ["plan.replicates=60", "plan.power_replicates=4", "plan.test_resamples=99"]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.provenance import Provenance, ProvenanceError, inherit, resolve
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.provenance import Provenance, ProvenanceError, inherit, resolve
+from saleval.pipeline.records.run_record import RunRecord
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
@@ -129,7 +129,7 @@ def test_stage_refuses_a_given_dataset_that_differs(tmp_path: Path, mlflow_uri: 
 
 def test_run_inputs_alone_adopts_and_checks_without_a_run(tmp_path: Path) -> None:
     """What a stage learns from its inputs needs no run dir, no MLflow run."""
-    from saleval.pipeline.run_inputs import RunInputs
+    from saleval.pipeline.records.run_inputs import RunInputs
 
     node = {"name": "imdb", "label_names": ["negative", "positive"]}
     a = _parent(tmp_path, "a", {"dataset": node}, {"fingerprint": "fa", "stage": "explain"})

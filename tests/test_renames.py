@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 import saleval
 from saleval.modeling.data import read_ag_news
-from saleval.pipeline.run_inputs import RunInputs
-from saleval.pipeline.run_record import read_run_config
+from saleval.pipeline.records.run_inputs import RunInputs
+from saleval.pipeline.records.run_record import read_run_config
 from saleval.renames import RENAMES, renamed
 
 SRC = Path(saleval.__file__).parent
@@ -58,7 +58,7 @@ def test_a_run_recorded_with_old_targets_still_adopts(
         json.dumps({"stage": "explain", "run_id": "r1", "status": "FINISHED"})
     )
     cfg = OmegaConf.create({"dataset": None})
-    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.run_inputs"):
+    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.records.run_inputs"):
         inputs = RunInputs(cfg, "tasks", {"explain": str(parent)}, requires=["dataset"])
     # adopted, at today's address, and the loader it names is the real one
     assert cfg.dataset._target_ == "saleval.modeling.data.read_ag_news"
@@ -74,7 +74,7 @@ def test_a_run_recorded_with_old_targets_still_adopts(
     assert "metrics.plugins[0]: saleval.plausibility -> saleval.metrics.plausibility" in lines[0]
     # a config of today's addresses is read unchanged and says nothing
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.run_inputs"):
+    with caplog.at_level(logging.WARNING, logger="saleval.pipeline.records.run_inputs"):
         again = read_run_config(parent)  # the file itself is left as recorded
     assert again.dataset._target_ == "saleval.modeling.data.read_ag_news"
     assert "saleval.data.read_ag_news" in (parent / "config.yaml").read_text()

@@ -32,19 +32,14 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from saleval.cli import disk_full
-from saleval.pipeline import (
-    run_record,
-    tables,
-    tracking,
-    tracking_health,
-    tracking_journal,
-    tracking_reads,
-)
-from saleval.pipeline.catch_up import catch_up
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.provenance import Provenance, resolve
-from saleval.pipeline.run_inputs import resolve_inputs
+from saleval.pipeline import tables
+from saleval.pipeline.records import run_record
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.provenance import Provenance, resolve
+from saleval.pipeline.records.run_inputs import resolve_inputs
 from saleval.pipeline.stage import Stage
+from saleval.pipeline.tracker import tracking, tracking_health, tracking_journal, tracking_reads
+from saleval.pipeline.tracker.catch_up import catch_up
 from saleval.stages import tasks as tasks_stage
 from saleval.stages.run import compose_stage
 from saleval.testing import explain_frames, make_explain_run
@@ -455,7 +450,7 @@ def test_a_damaged_run_json_on_an_input_is_one_line(tmp_path: Path) -> None:
 
 
 def test_latest_pointing_at_a_deleted_run_says_so(tmp_path: Path) -> None:
-    from saleval.pipeline.input_paths import input_path_problem, latest_link
+    from saleval.pipeline.records.input_paths import input_path_problem, latest_link
 
     link = latest_link(tmp_path, "explain")
     link.parent.mkdir(parents=True)

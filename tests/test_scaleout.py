@@ -23,7 +23,7 @@ import pytest
 from hydra.utils import get_class
 from mlflow.tracking import MlflowClient
 
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from tests.conftest import DATA_ROOT
 from tests.scaleout_support import NO_JOB_RUNNER, clean_env, hydra_config, wait_healthy
 

@@ -56,7 +56,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from saleval import paths
-from saleval.pipeline import dead_runs, slurm_state, tables
+from saleval.pipeline import tables
+from saleval.pipeline.records import dead_runs, slurm_state
 from saleval.scaleout.slurm_local import LocalCluster
 from saleval.scaleout.slurm_local import missing as slurm_missing
 from saleval.vocab import PROBS
@@ -851,8 +852,8 @@ def _refused_in_one_line(
 ) -> None:
     """401 and 403 end a stage in one line naming the server, the user, the cause and the
     fix, not in MLflow's traceback; nothing is computed."""
-    from saleval.pipeline import tracking_health
     from saleval.pipeline.stage import Stage
+    from saleval.pipeline.tracker import tracking_health
     from saleval.stages.run import compose_stage
 
     published = paths.default_data_root() / "published" / "lu2024" / "AGNEWS.csv"
@@ -908,8 +909,8 @@ def _catch_up_moves_a_chain_here(
     afterwards: a sweep of two explain runs and the tasks run made from it, with their
     params, metrics, tags, files, and the tasks run's parent links pointing at the
     explain runs' copies on the server. Run twice, it logs once."""
-    from saleval.pipeline import tracking_health
-    from saleval.pipeline.catch_up import COPY_OF
+    from saleval.pipeline.tracker import tracking_health
+    from saleval.pipeline.tracker.catch_up import COPY_OF
     from saleval.stages import tasks as tasks_stage
     from saleval.testing import explain_frames, make_explain_run
     from tests.conftest import compose_config

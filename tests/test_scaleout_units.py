@@ -36,8 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
 from saleval.errors import Stopped, sigterm_raises
-from saleval.pipeline import dead_runs, slurm_state
 from saleval.pipeline.compose import register_configs
+from saleval.pipeline.records import dead_runs, slurm_state
 from saleval.pipeline.stage import Stage
 from saleval.scaleout import resume, tracking_server
 from saleval.scaleout.needs import GpuUse, job_gpus, sweep_gpus
@@ -419,7 +419,7 @@ def test_two_jobs_logging_the_same_split_at_once_both_succeed(
     on PostgreSQL, walking docs/scale-out.md). The loser logs again and links the row."""
     from mlflow.exceptions import MlflowException
 
-    from saleval.pipeline import tracking_models
+    from saleval.pipeline.tracker import tracking_models
 
     calls: list[str] = []
     race = "(psycopg.errors.UniqueViolation) duplicate key value violates unique constraint"

@@ -20,7 +20,7 @@ from saleval.metrics.shortcut import (
 from saleval.modeling.data import DatasetSplits
 from saleval.modeling.models import load_tokenizer
 from saleval.pipeline import tables
-from saleval.pipeline.tracking_reads import children, method_rows
+from saleval.pipeline.tracker.tracking_reads import children, method_rows
 from saleval.shortcut.generate import (
     ROLE_DISTRACTOR,
     ROLE_ORIGINAL,

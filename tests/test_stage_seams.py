@@ -2,13 +2,13 @@
 
 * a crowd source's file opens a stage's run one way (:func:`saleval.crowd.importing.source.source_run`);
 * ``run.json`` is read and written only as a typed, frozen record
-  (:class:`saleval.pipeline.run_record.RunRecord`), whose file name is written once, and
-  runs are walked upstream one way (:func:`saleval.pipeline.run_record.ancestry`);
+  (:class:`saleval.pipeline.records.run_record.RunRecord`), whose file name is written once, and
+  runs are walked upstream one way (:func:`saleval.pipeline.records.run_record.ancestry`);
 * the output root is resolved one way (:func:`saleval.paths.output_root`), so two stages run
   from another directory find each other's runs under the project's ``outputs/``;
 * ``Stage`` restates nothing of its inputs or its MLflow side, a run is ``simulated`` in one
   place (its provenance), and every child run is made one way
-  (:func:`saleval.pipeline.tracking.make_child`).
+  (:func:`saleval.pipeline.tracker.tracking.make_child`).
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ from saleval.analysis.validation import upstream_simulation
 from saleval.config.crowd import Policy
 from saleval.crowd.importing.rows import CrowdImport
 from saleval.crowd.importing.source import CrowdSource, Given, ImportContext, SourceFile, source_run
-from saleval.pipeline import tables, tracking_reads
-from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import RunInputs, resolve_input
-from saleval.pipeline.run_record import RUN_JSON, RunRecord, ancestry
+from saleval.pipeline import tables
+from saleval.pipeline.records.provenance import Provenance
+from saleval.pipeline.records.run_inputs import RunInputs, resolve_input
+from saleval.pipeline.records.run_record import RUN_JSON, RunRecord, ancestry
 from saleval.pipeline.stage import Stage
-from saleval.pipeline.stage_tracking import StageTracking
+from saleval.pipeline.tracker import tracking_reads
+from saleval.pipeline.tracker.stage_tracking import StageTracking
 from saleval.stages.compare import chain
 from saleval.vocab import Population, Target
 
@@ -150,7 +151,7 @@ def test_the_record_file_is_named_in_one_place() -> None:
         ]
         if hits:
             spelt[_rel(path)] = hits
-    assert list(spelt) == ["pipeline/run_record.py"], spelt
+    assert list(spelt) == ["pipeline/records/run_record.py"], spelt
 
 
 def test_a_record_reads_back_as_written_and_keeps_fields_it_does_not_know(
@@ -333,7 +334,7 @@ def test_every_mlflow_run_is_made_in_the_tracking_module() -> None:
     """A stage run (``tracking.start_run``) and a child run (``tracking.make_child``: a
     method's row, a model a stage trains) are made one way; only a catch-up copies a run."""
     made = {_rel(p): lines for p in _modules() if (lines := _run_makers(p))}
-    allowed = {"pipeline/tracking.py", "pipeline/catch_up.py"}
+    allowed = {"pipeline/tracker/tracking.py", "pipeline/tracker/catch_up.py"}
     assert set(made) - allowed == set(), made
     tracking_src = (SRC / "pipeline" / "tracking.py").read_text()
     assert tracking_src.count(".create_run(") == 1  # in make_child

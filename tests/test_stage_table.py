@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from saleval import cli, paths
-from saleval.pipeline import run_inputs, stage_table
+from saleval.pipeline import stage_table
 from saleval.pipeline.compose import root_schemas
+from saleval.pipeline.records import run_inputs
 from saleval.pipeline.stage_table import TABLE, StageSpec
 from tests.cli_support import TOOLS
 

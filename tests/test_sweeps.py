@@ -11,10 +11,10 @@ from omegaconf import DictConfig
 
 from saleval.analysis import comparison, gathering
 from saleval.pipeline import tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.merge import MergeError
-from saleval.pipeline.provenance import ProvenanceError
-from saleval.pipeline.run_inputs import resolve_inputs
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.merge import MergeError
+from saleval.pipeline.records.provenance import ProvenanceError
+from saleval.pipeline.records.run_inputs import resolve_inputs
 from saleval.stages import report
 from saleval.stages import tasks as tasks_stage
 from saleval.testing import make_result_run

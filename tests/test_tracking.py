@@ -15,7 +15,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from saleval.modeling.models import build_model, load_tokenizer, load_trained
-from saleval.pipeline import run_naming, tracking, tracking_models, tracking_reads, views
+from saleval.pipeline import views
+from saleval.pipeline.records import run_naming
+from saleval.pipeline.tracker import tracking, tracking_models, tracking_reads
 from saleval.testing import explain_frames, make_explain_run
 from tests.conftest import compose_config
 

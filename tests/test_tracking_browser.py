@@ -31,8 +31,8 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from saleval.pipeline import tables
-from saleval.pipeline.run_record import RunRecord
-from saleval.pipeline.tracking_reads import method_rows
+from saleval.pipeline.records.run_record import RunRecord
+from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.pipeline.views import VIEW_PARAM
 from saleval.testing.load_servers import free_port, stop, wait_healthy
 from tests.annotate_support import launch_chromium, needs_chromium

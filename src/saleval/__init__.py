@@ -2,7 +2,7 @@
 
 The package is a pipeline of Hydra stages (``saleval.stages``) that exchange the
 typed tables declared in :mod:`saleval.pipeline.tables` and log every run to MLflow
-(:mod:`saleval.pipeline.tracking`). In a notebook, :mod:`saleval.api` runs the same code on
+(:mod:`saleval.pipeline.tracker.tracking`). In a notebook, :mod:`saleval.api` runs the same code on
 texts and models you hold: ``saleval.explain``, ``saleval.evaluate``,
 ``saleval.highlight`` (``docs/api.md``). They load on first use, so ``import saleval``
 stays light.

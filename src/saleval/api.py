@@ -117,8 +117,8 @@ def load_model(
         load_tokenizer,
         load_trained,
     )
-    from saleval.pipeline.run_inputs import resolve_input, run_or_checkpoint
-    from saleval.pipeline.run_record import RunRecord
+    from saleval.pipeline.records.run_inputs import resolve_input, run_or_checkpoint
+    from saleval.pipeline.records.run_record import RunRecord
 
     conf = None if isinstance(source, tuple) else _conf_model(str(source))
     if isinstance(source, Classifier):
@@ -353,8 +353,8 @@ def explain(
 
 def read_explanations(run: str | os.PathLike[str]) -> pd.DataFrame:
     """An explain run (dir, ``runs:/<id>`` or ``latest``) as the frame :func:`explain` returns."""
-    from saleval.pipeline.run_inputs import resolve_input
-    from saleval.pipeline.run_record import RunRecord
+    from saleval.pipeline.records.run_inputs import resolve_input
+    from saleval.pipeline.records.run_record import RunRecord
 
     run_dir = resolve_input("explain", str(run))
     prov = RunRecord.read(run_dir).provenance_of_run(run_dir)

@@ -181,7 +181,7 @@ def _isatty(stream: Any) -> bool:
 def expected_line(err: BaseException) -> str | None:
     """The one line a job ends with for ``err`` (None: a bug, whose traceback is shown): a
     user error, a full disk (:func:`disk_full`), or a tracking store that failed
-    (:func:`saleval.pipeline.tracking_health.failure_message`)."""
+    (:func:`saleval.pipeline.tracker.tracking_health.failure_message`)."""
     if isinstance(err, EXPECTED):
         return one_line(err)
     if isinstance(err, OSError) and disk_full(err) is not None:
@@ -190,20 +190,20 @@ def expected_line(err: BaseException) -> str | None:
         return None
     import mlflow
 
-    from saleval.pipeline import tracking_health
+    from saleval.pipeline.tracker import tracking_health
 
     return tracking_health.failure_message(err, mlflow.get_tracking_uri())
 
 
 def secret_in_command_line(overrides: list[str]) -> str | None:
     """The line refusing a password in an override's URL or in ``MLFLOW_TRACKING_URI``
-    (:mod:`saleval.pipeline.tracking_health`), checked before Hydra writes the overrides
+    (:mod:`saleval.pipeline.tracker.tracking_health`), checked before Hydra writes the overrides
     into ``.hydra/`` or a sweep's ``multirun.yaml``.
 
     >>> print(secret_in_command_line(["seed=1", "tracking.uri=http://u:pw@h:5000"])[:53])
     tracking.uri=http://u:***@h:5000 holds a password, wh
     """
-    from saleval.pipeline import tracking_health
+    from saleval.pipeline.tracker import tracking_health
 
     items = ((o.partition("=")[0].lstrip("+~"), o.partition("=")[2]) for o in overrides)
     return tracking_health.environment_problem() or tracking_health.first_secret(items)
@@ -213,7 +213,7 @@ def refuse_secrets(cfg: DictConfig, scrub: bool = False) -> None:
     """Refuse a composed config any of whose settings holds a password (from a YAML file,
     or an environment variable it reads); ``scrub``: Hydra has already written its files
     for this job, so the password is taken out of them first."""
-    from saleval.pipeline import tracking_health
+    from saleval.pipeline.tracker import tracking_health
 
     try:
         plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
@@ -231,13 +231,13 @@ def refuse_secrets(cfg: DictConfig, scrub: bool = False) -> None:
 
 def _remove_stub(cfg: DictConfig) -> None:
     """A run refused before its stage started leaves no dir of Hydra's files behind
-    (:func:`saleval.pipeline.run_outputs.remove_stub`); a ``-m`` job's dir stays, the
+    (:func:`saleval.pipeline.records.run_outputs.remove_stub`); a ``-m`` job's dir stays, the
     sweep's record of that job (its log holds the line)."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 
-    from saleval.pipeline.run_outputs import remove_stub
+    from saleval.pipeline.records.run_outputs import remove_stub
 
     if HydraConfig.initialized() and not _multirun():
         root = OmegaConf.select(cfg, "paths.output_root", default=None)
@@ -251,7 +251,7 @@ def _scrub_hydra_files() -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
-    from saleval.pipeline import tracking_health
+    from saleval.pipeline.tracker import tracking_health
 
     if not HydraConfig.initialized():
         return
@@ -301,7 +301,7 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[
 
     def task(cfg: DictConfig) -> Any:
         from saleval.config.keys import check_keys
-        from saleval.pipeline.input_paths import check_input_paths
+        from saleval.pipeline.records.input_paths import check_input_paths
 
         quiet_libraries()
         try:
@@ -389,13 +389,13 @@ def compose_or_exit(config_name: str, overrides: list[str]) -> DictConfig:
     """The config a command line composes (with its ``hydra`` node), or one line on stderr
     and exit status 2 when it does not compose (an unknown key, also one added with ``+``:
     :mod:`saleval.config.keys`; a bad value, a missing option) or an ``inputs.*`` path is
-    not there (:mod:`saleval.pipeline.input_paths`), unless ``HYDRA_FULL_ERROR=1``."""
+    not there (:mod:`saleval.pipeline.records.input_paths`), unless ``HYDRA_FULL_ERROR=1``."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from saleval.config.keys import UnknownKeyError, check_keys
-    from saleval.pipeline.input_paths import InputError, check_input_paths
+    from saleval.pipeline.records.input_paths import InputError, check_input_paths
 
     try:
         with initialize_config_dir(str(paths.conf_dir()), version_base="1.3"):

@@ -16,7 +16,7 @@ A warning about a setting, which a user can act on but which does not stop the r
 said once per process (:func:`warn_once`), however many batches, methods or model loads
 meet it.
 
->>> from saleval.pipeline.input_paths import InputError
+>>> from saleval.pipeline.records.input_paths import InputError
 >>> issubclass(InputError, UserError) and issubclass(InputError, ValueError)
 True
 """

@@ -72,7 +72,7 @@ RENAMES: Mapping[str, str] = {
     "saleval.analysis.planning.cheapest": "saleval.analysis.costing.cheapest",
     # the MLflow side: datasets and models logged, runs read back (issue #54)
     **{
-        f"saleval.pipeline.tracking.{name}": f"saleval.pipeline.{module}.{name}"
+        f"saleval.pipeline.tracking.{name}": f"saleval.pipeline.tracker.{module}.{name}"
         for module, names in {
             "tracking_models": ("log_dataset", "log_hf_model"),
             # PARENT_TAG and children: tracking reads them too, so those addresses stand
@@ -85,6 +85,38 @@ RENAMES: Mapping[str, str] = {
         }.items()
         for name in names
     },
+    # pipeline/ split by concept (issue #54): the run records and inputs, the MLflow side
+    **{
+        f"saleval.pipeline.{module}": f"saleval.pipeline.{package}.{module}"
+        for package, modules in {
+            "records": [
+                "run_record",
+                "provenance",
+                "run_inputs",
+                "merge",
+                "input_paths",
+                "run_outputs",
+                "jsonfiles",
+                "run_naming",
+                "dead_runs",
+                "slurm_state",
+            ],
+            "tracker": [
+                "tracking",
+                "tracking_health",
+                "tracking_journal",
+                "tracking_models",
+                "tracking_reads",
+                "catch_up",
+                "stage_tracking",
+            ],
+        }.items()
+        for module in modules
+    },
+    # a parent's config.yaml is read beside its record; the provenance rule in its module
+    "saleval.pipeline.run_inputs.read_run_config": (
+        "saleval.pipeline.records.run_record.read_run_config"
+    ),
     # "the embeddings" of every family beside the one forward (issue #54)
     "saleval.modeling.interface.EmbeddingPoint": "saleval.modeling.embedding.EmbeddingPoint",
     "saleval.modeling.interface.embedding_point": "saleval.modeling.embedding.embedding_point",

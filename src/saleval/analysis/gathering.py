@@ -22,11 +22,11 @@ from omegaconf import OmegaConf
 
 from saleval.analysis import metric_columns
 from saleval.metrics.registry import import_plugins
-from saleval.pipeline import merge, tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import resolve_input
-from saleval.pipeline.run_record import read_run_config
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline import tables
+from saleval.pipeline.records import merge
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.run_inputs import resolve_input
+from saleval.pipeline.records.run_record import RunRecord, read_run_config
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def dirs_of(
     """Every run dir named by ``inputs.runs``: runs, ``runs:/<id>``, sweep dirs (their
     jobs), ``saleval-run`` dirs (their compare run, else their score and metrics runs).
     A run that did not finish is refused unless ``allow_unfinished``
-    (:meth:`saleval.pipeline.run_record.RunRecord.unfinished_message`)."""
+    (:meth:`saleval.pipeline.records.run_record.RunRecord.unfinished_message`)."""
     out: list[Path] = []
     for spec in merge.as_specs(value):
         path = Path(spec).expanduser()

@@ -37,7 +37,7 @@ from saleval.analysis.reports import SIMULATED, display_name
 from saleval.crowd.importing.published_study import LU2024_READERS, published_verdicts
 from saleval.modeling.data import dataset_config
 from saleval.pipeline import tables
-from saleval.pipeline.run_record import ancestry
+from saleval.pipeline.records.run_record import ancestry
 
 VALIDATION_FILE = "validation.csv"
 VALIDATION_JSON = "validation.json"
@@ -376,7 +376,7 @@ def calibration_note(
 
 def upstream_simulation(run_dirs: Iterable[str | Path]) -> dict[str, Any] | None:
     """The ``simulation`` node of the simulated crowd upstream of ``run_dirs`` (the
-    nearest ``saleval-simulate`` ancestor: :func:`saleval.pipeline.run_record.ancestry`,
+    nearest ``saleval-simulate`` ancestor: :func:`saleval.pipeline.records.run_record.ancestry`,
     however far up), for :func:`calibration_note`; None when no ancestor is a simulate run."""
     for d, record in ancestry(run_dirs):
         if record.stage == "simulate" and (d / "config.yaml").is_file():

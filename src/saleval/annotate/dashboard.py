@@ -127,7 +127,7 @@ NUMERIC = [
 
 def metrics_of(figs: dict[str, Any]) -> dict[str, float]:
     """The finite numeric figures under ``dashboard_`` keys (the project's key style,
-    :func:`saleval.pipeline.run_naming.metric_key`); a NaN is left out, not logged."""
+    :func:`saleval.pipeline.records.run_naming.metric_key`); a NaN is left out, not logged."""
     out = {f"dashboard_{k}": float(figs[k]) for k in NUMERIC}
     return {k: v for k, v in out.items() if np.isfinite(v)}
 

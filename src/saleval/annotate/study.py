@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from saleval.config.annotate import StudyPhase
 from saleval.errors import UserError
 from saleval.pipeline import tables
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.records.run_record import RunRecord
 from saleval.vocab import IDK
 
 INSTRUCTIONS = "instructions.md"

@@ -93,7 +93,9 @@ class ExplainView:
 
 @dataclass
 class ExplainStageConfig(StageConfig):
-    dataset: DatasetConfig | None = None  # null: the train run's (saleval.pipeline.provenance)
+    dataset: DatasetConfig | None = (
+        None  # null: the train run's (saleval.pipeline.records.provenance)
+    )
     # null: the train run's; model=prompted: a causal LM (inputs.model or model.pretrained)
     # prompted to classify (docs/data-and-models.md#prompted-llms)
     model: ModelConfig | None = None
@@ -122,7 +124,9 @@ class TasksInputs:
 
 @dataclass
 class TasksStageConfig(StageConfig):
-    dataset: DatasetConfig | None = None  # null: the explain run's (saleval.pipeline.provenance)
+    dataset: DatasetConfig | None = (
+        None  # null: the explain run's (saleval.pipeline.records.provenance)
+    )
     study: StudyConfig = MISSING
     kgrid: KGridConfig = MISSING
     inputs: TasksInputs = field(default_factory=TasksInputs)
@@ -159,7 +163,9 @@ class PublishedTasksConfig:
 
 @dataclass
 class SimulateStageConfig(StageConfig):
-    dataset: DatasetConfig | None = None  # null: the task run's (saleval.pipeline.provenance)
+    dataset: DatasetConfig | None = (
+        None  # null: the task run's (saleval.pipeline.records.provenance)
+    )
     simulation: SimulationConfig = MISSING
     action: SimulateAction = SimulateAction.simulate
     # crowd=lu2024 crowd.path=<published file>: answer the original study's own tasks
@@ -183,7 +189,9 @@ class AnnotateStageConfig(StageConfig):
     action: AnnotateAction = AnnotateAction.serve
     inputs: AnnotateInputs = field(default_factory=AnnotateInputs)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
-    dataset: DatasetConfig | None = None  # null: the task run's (saleval.pipeline.provenance)
+    dataset: DatasetConfig | None = (
+        None  # null: the task run's (saleval.pipeline.records.provenance)
+    )
     # crowd.worker_id_case: the import's worker-ID rule, which the app follows too
     crowd: AnnotateCrowdConfig = field(default_factory=AnnotateCrowdConfig)
 

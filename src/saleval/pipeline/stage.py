@@ -10,28 +10,28 @@ module only when the job starts). Inside ``run``::
         st.log_metrics({...})
 
 ``Stage`` is built from two parts and restates neither. ``st.inputs`` is the run's
-:class:`saleval.pipeline.run_inputs.RunInputs` (``inputs.<name>`` resolved, each parent's
+:class:`saleval.pipeline.records.run_inputs.RunInputs` (``inputs.<name>`` resolved, each parent's
 ``config.yaml`` and record read once, the one provenance rule applied;
 ``st.inputs.read`` merges the tables of an input that names several runs); ``st.tracking``
-is its :class:`saleval.pipeline.stage_tracking.StageTracking` (the MLflow run: its id, tags,
+is its :class:`saleval.pipeline.tracker.stage_tracking.StageTracking` (the MLflow run: its id, tags,
 methods and per-method child runs). ``Stage`` itself owns the run's lifecycle and what it
 means: its provenance (``st.provenance``, the one place a run is ``simulated``, whose tags
 follow it), the resolved config and the record, ``run.json``
-(:class:`saleval.pipeline.run_record.RunRecord`: run id, fingerprint, parents, provenance),
+(:class:`saleval.pipeline.records.run_record.RunRecord`: run id, fingerprint, parents, provenance),
 written into the run dir as the run goes and at its end by ``st.record``
 (:class:`saleval.pipeline.stage_record.StageRecord`); it starts an MLflow run (nested under
 an active pipeline run), tags it (with the host, pid and pid start time that let a later
 stage tell it died), and always ends it, marking it FAILED on an exception (KILLED when stopped from outside:
 Ctrl-C, a SIGTERM turned into :class:`saleval.errors.Stopped`); before
 starting, it marks KILLED the RUNNING runs of this host
-whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`). In the extra processes of a multi-process
+whose process is gone (:func:`saleval.pipeline.records.dead_runs.end_dead_runs`). In the extra processes of a multi-process
 (DDP) job it does none of this (:func:`is_main_process`): one run dir, one MLflow run.
 
 What a run can be trusted for (docs/tracking.md): it starts only once its tracking store
-has answered (:func:`saleval.pipeline.tracking_health.check_store`), its parents having
-FINISHED with their tables unchanged (:class:`~saleval.pipeline.run_record.RunRecord`); ``run.json``
+has answered (:func:`saleval.pipeline.tracker.tracking_health.check_store`), its parents having
+FINISHED with their tables unchanged (:class:`~saleval.pipeline.records.run_record.RunRecord`); ``run.json``
 holds the checksum of every table it writes; everything it logs is kept in its run dir
-too (:mod:`saleval.pipeline.tracking_journal`), so a store that fails mid-run costs no
+too (:mod:`saleval.pipeline.tracker.tracking_journal`), so a store that fails mid-run costs no
 work and ``saleval-catch-up`` sends the rest later.
 """
 
@@ -51,13 +51,14 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths
-from saleval.pipeline import run_outputs, run_record, tracking, tracking_health
-from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import RunInputs
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.records import run_outputs, run_record
+from saleval.pipeline.records.provenance import Provenance
+from saleval.pipeline.records.run_inputs import RunInputs
+from saleval.pipeline.records.run_record import RunRecord
 from saleval.pipeline.stage_record import StageRecord
-from saleval.pipeline.stage_tracking import IDENTITY_TAGS, StageTracking
 from saleval.pipeline.tables import TableSpec
+from saleval.pipeline.tracker import tracking, tracking_health
+from saleval.pipeline.tracker.stage_tracking import IDENTITY_TAGS, StageTracking
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def end_status(exc_type: type[BaseException] | None) -> str:
 
 class Stage:
     """One stage run's lifecycle: run dir, ``config.yaml`` and its record
-    (:class:`~saleval.pipeline.run_record.RunRecord`), the provenance its outputs carry,
+    (:class:`~saleval.pipeline.records.run_record.RunRecord`), the provenance its outputs carry,
     table writing. What it reads is ``st.inputs`` (:class:`RunInputs`), its MLflow side
     ``st.tracking`` (:class:`StageTracking`)."""
 
@@ -277,7 +278,7 @@ class Stage:
     def log_metrics(
         self, metrics: Mapping[str, float], step: int | None = None, **kwargs: Any
     ) -> None:
-        """Into the stage run (keys: :func:`saleval.pipeline.run_naming.metric_key`); ``kwargs``:
+        """Into the stage run (keys: :func:`saleval.pipeline.records.run_naming.metric_key`); ``kwargs``:
         MLflow's ``model_id``/``dataset``."""
         if self.is_main:
             tracking.log_metrics(metrics, step=step, **kwargs)

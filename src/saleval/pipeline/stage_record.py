@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from saleval.pipeline import run_record, tracking
-from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import RunInputs
-from saleval.pipeline.run_record import RunRecord
-from saleval.pipeline.stage_tracking import StageTracking
+from saleval.pipeline.records import run_record
+from saleval.pipeline.records.provenance import Provenance
+from saleval.pipeline.records.run_inputs import RunInputs
+from saleval.pipeline.records.run_record import RunRecord
+from saleval.pipeline.tracker import tracking
+from saleval.pipeline.tracker.stage_tracking import StageTracking
 
 log = logging.getLogger(__name__)
 

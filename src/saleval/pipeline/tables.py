@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from saleval.errors import UserError
-from saleval.pipeline import run_record
+from saleval.pipeline.records import run_record
 from saleval.vocab import PROBS, ColumnFamily
 
 
@@ -106,7 +106,7 @@ class TableSpec:
 
     def read(self, run_dir_or_file: str | Path) -> pd.DataFrame:
         """Read and validate; a table its run dir's record lists with another checksum
-        (:func:`saleval.pipeline.run_record.table_problem`) or a file that cannot be parsed
+        (:func:`saleval.pipeline.records.run_record.table_problem`) or a file that cannot be parsed
         is one :class:`TableError` naming the file."""
         path = Path(run_dir_or_file)
         if path.is_dir():

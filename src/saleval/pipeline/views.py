@@ -19,10 +19,10 @@ from typing import Any
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from saleval.pipeline.run_naming import METHOD, metric_key
-from saleval.pipeline.tracking import is_local
-from saleval.pipeline.tracking_journal import Target, applies, send
-from saleval.pipeline.tracking_reads import children_filter
+from saleval.pipeline.records.run_naming import METHOD, metric_key
+from saleval.pipeline.tracker.tracking import is_local
+from saleval.pipeline.tracker.tracking_journal import Target, applies, send
+from saleval.pipeline.tracker.tracking_reads import children_filter
 
 
 def ui_url(uri: str, experiment_id: str, view: str | None = None) -> str:
@@ -156,7 +156,7 @@ def save_run_view(
     run_name: str, columns: Sequence[str], order_by: str | None = None, ascending: bool = False
 ) -> str | None:
     """:func:`save_view` of the active run's child runs, through its journal
-    (:mod:`saleval.pipeline.tracking_journal`): a run caught up later, or moved to another
+    (:mod:`saleval.pipeline.tracker.tracking_journal`): a run caught up later, or moved to another
     store, gets its view there. None when the store did not take it."""
     op = {
         "op": "view",

@@ -23,7 +23,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from saleval.errors import EXIT_USER_ERROR, UserError
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.records.run_record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,14 @@ def end_dead_runs(config: Any, before_submit: bool = True) -> None:
     (a store that does not answer, or refuses this client, refuses the sweep in one line,
     before anything is submitted: its jobs could only fail), and a job that died is KILLED
     in MLflow (and its run.json) before it is rerun
-    (:func:`saleval.pipeline.dead_runs.end_dead_runs`). MLflow's calls here and in the jobs
-    give up within the same wait (:func:`saleval.pipeline.tracking_health.bound_requests`).
+    (:func:`saleval.pipeline.records.dead_runs.end_dead_runs`). MLflow's calls here and in the jobs
+    give up within the same wait (:func:`saleval.pipeline.tracker.tracking_health.bound_requests`).
     After jobs were lost (``before_submit=False``), a store that does not answer is one
     warning: the lost jobs' line follows."""
     from mlflow.tracking import MlflowClient
 
-    from saleval.pipeline import dead_runs, tracking, tracking_health
+    from saleval.pipeline.records import dead_runs
+    from saleval.pipeline.tracker import tracking, tracking_health
 
     uri = tracking.tracking_uri(OmegaConf.select(config, "tracking.uri", default=None))
     wait_s = OmegaConf.select(config, "tracking.wait_s", default=None)
@@ -140,7 +141,7 @@ def end_dead_runs(config: Any, before_submit: bool = True) -> None:
         )
     except tracking_health.TrackingError as err:
         if before_submit:
-            from saleval.pipeline.run_outputs import remove_stub
+            from saleval.pipeline.records.run_outputs import remove_stub
 
             root = OmegaConf.select(config, "paths.output_root", default=None)
             remove_stub(Path(str(config.hydra.sweep.dir)), root, ("multirun.yaml",))

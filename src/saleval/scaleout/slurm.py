@@ -12,7 +12,7 @@ a user met on a small cluster (docs/scale-out.md) are handled here:
   each setting and the value that fits.
 * **A job that ends without a result is noticed.** Without an accounting database,
   ``sacct`` answers nothing and Submitit would wait for ever on a cancelled job; the wait
-  here reads ``squeue`` (:mod:`saleval.pipeline.slurm_state`) and ends the sweep with one
+  here reads ``squeue`` (:mod:`saleval.pipeline.records.slurm_state`) and ends the sweep with one
   line naming the job, its SLURM state and the command that reruns it.
 * **A job told to stop ends its run as KILLED.** ``scancel`` (with or without ``-s KILL``)
   and a preempting scheduler send SIGTERM before killing: the job turns it into
@@ -20,7 +20,7 @@ a user met on a small cluster (docs/scale-out.md) are handled here:
   the stage marks its MLflow run and ``run.json`` KILLED. So does the warning signal
   Submitit asks for before the time limit, unless ``max_num_timeout`` lets Submitit
   requeue. A job killed outright is marked by the next stage or launcher that starts
-  (:func:`saleval.pipeline.dead_runs.end_dead_runs`).
+  (:func:`saleval.pipeline.records.dead_runs.end_dead_runs`).
 
 Resubmitting into the same sweep dir (``hydra.sweep.dir=<sweep dir>``) runs only the jobs
 that did not finish (:mod:`saleval.scaleout.resume`).
@@ -44,7 +44,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 )
 
 from saleval.errors import Stopped, sigterm_raises
-from saleval.pipeline import slurm_state
+from saleval.pipeline.records import slurm_state
 from saleval.scaleout import resume
 from saleval.scaleout.needs import GpuUse, sweep_gpus
 from saleval.scaleout.resume import LauncherError, one_line_errors

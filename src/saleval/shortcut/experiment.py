@@ -38,7 +38,7 @@ from saleval.modeling.models import (
 )
 from saleval.modeling.padding import prepare_for_training
 from saleval.modeling.training import TextDataModule, fit
-from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.records.jsonfiles import write_json
 from saleval.pipeline.stage import fingerprint
 from saleval.progress import bar
 from saleval.shortcut.generate import ShortcutData, build_shortcut_data
@@ -159,7 +159,7 @@ def train_pair(
 ) -> tuple[dict[str, PreTrainedModel], dict[str, dict[str, Any]]]:
     """The original and the mixed model, saved under ``original/`` and ``mixed/``, each
     trained inside a child run of the stage's run (``child_run(name, tags)``: the stage's
-    :meth:`~saleval.pipeline.stage_tracking.StageTracking.child_run`), so that the two
+    :meth:`~saleval.pipeline.tracker.stage_tracking.StageTracking.child_run`), so that the two
     models' per-epoch curves do not interleave under the same metric names.
 
     With ``original_cache`` set, an original model trained earlier under the same

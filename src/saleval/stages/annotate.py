@@ -63,8 +63,8 @@ from saleval.config.annotate import (
 )
 from saleval.errors import Stopped, sigterm_raises
 from saleval.pipeline import tables
-from saleval.pipeline.provenance import FIELDS
-from saleval.pipeline.run_inputs import resolve_input
+from saleval.pipeline.records.provenance import FIELDS
+from saleval.pipeline.records.run_inputs import resolve_input
 from saleval.pipeline.stage import Stage
 from saleval.schema import to_schema
 

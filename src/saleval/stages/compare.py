@@ -29,8 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 from saleval.analysis import comparison, comparison_report, scoring
 from saleval.analysis.validation import calibration_note, upstream_simulation
 from saleval.metrics.registry import import_plugins
-from saleval.pipeline import merge, run_naming, tables
-from saleval.pipeline.run_record import ancestry
+from saleval.pipeline import tables
+from saleval.pipeline.records import merge, run_naming
+from saleval.pipeline.records.run_record import ancestry
 from saleval.pipeline.stage import Stage
 from saleval.vocab import PROBS
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 def chain(run_dir: Path) -> dict[str, tuple[Path, str]]:
     """Every run upstream of ``run_dir`` (itself included), nearest first: stage name ->
     (run dir, MLflow run id), the nearest run of each stage
-    (:func:`saleval.pipeline.run_record.ancestry`)."""
+    (:func:`saleval.pipeline.records.run_record.ancestry`)."""
     out: dict[str, tuple[Path, str]] = {}
     for d, record in ancestry([run_dir]):
         out.setdefault(record.stage or d.name, (d, record.run_id or ""))

@@ -36,9 +36,10 @@ from saleval import paths
 from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
-from saleval.pipeline import tables, tracking_models
-from saleval.pipeline.run_inputs import model_input
+from saleval.pipeline import tables
+from saleval.pipeline.records.run_inputs import model_input
 from saleval.pipeline.stage import Stage, fingerprint
+from saleval.pipeline.tracker import tracking_models
 from saleval.vocab import Population, Target
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def method_rows(
 ) -> pd.DataFrame:
     """One row per method: ``seconds``, ``examples_per_second`` and the mean diagnostics
     (``convergence_delta_abs_mean``: the IG / DeepLIFT completeness gap; ``<key>_mean``),
-    logged as the method's child run (:func:`saleval.pipeline.tracking.log_method_rows`).
+    logged as the method's child run (:func:`saleval.pipeline.tracker.tracking.log_method_rows`).
 
     >>> method_rows({"lime": {"seconds": 2.0, "examples_per_s": 5.0}},
     ...             {"lime": {"convergence_delta": [-1.0, 3.0]}}).to_dict("records")

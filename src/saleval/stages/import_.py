@@ -34,7 +34,7 @@ from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.rows import CrowdImport, RejectedRows, reject_summary
 from saleval.crowd.importing.source import ImportContext, crowd_source, source_run
 from saleval.pipeline import tables
-from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.records.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 

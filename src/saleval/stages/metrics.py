@@ -30,9 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval.metrics.config import MetricsConfig
 from saleval.modeling.devices import device_for
-from saleval.pipeline import run_naming, tables
-from saleval.pipeline.run_inputs import model_input
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline import tables
+from saleval.pipeline.records import run_naming
+from saleval.pipeline.records.run_inputs import model_input
+from saleval.pipeline.records.run_record import RunRecord
 from saleval.pipeline.stage import Stage
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ def write_eraser_inputs(st: Stage, scored: Scored, dcfg: DictConfig, split: str)
 def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per method, as its child run logs it: each metric under its own name
     (grid average or single-valued) and ``<metric>_k<k>`` per k
-    (:func:`saleval.pipeline.run_naming.metric_at_k`)."""
+    (:func:`saleval.pipeline.records.run_naming.metric_at_k`)."""
     keys = [run_naming.metric_at_k(m, k) for m, k in zip(summary["metric"], summary["k"])]
     wide = summary.assign(key=keys).pivot_table(
         index="method", columns="key", values="value", aggfunc="first", sort=False
@@ -189,7 +190,7 @@ def method_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 #: the dataset and max_length the explain run used, the model of the train run (and of the
-#: explain run); a value given here is checked against them (saleval.pipeline.provenance)
+#: explain run); a value given here is checked against them (saleval.pipeline.records.provenance)
 INHERITS = {"dataset": ["explain"], "model": ["model", "explain"], "max_length": ["explain"]}
 
 

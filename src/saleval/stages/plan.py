@@ -44,10 +44,11 @@ from saleval.crowd.importing.source import (
 )
 from saleval.crowd.simulation.workers import expected_seconds, simulate_crowd
 from saleval.modeling.data import load_dataset
-from saleval.pipeline import tables, tracking
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline import tables
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.run_inputs import given_input
 from saleval.pipeline.stage import Stage
+from saleval.pipeline.tracker import tracking
 from saleval.progress import bar
 from saleval.schema import to_schema
 

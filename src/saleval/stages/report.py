@@ -46,9 +46,10 @@ from saleval.analysis.gathering import (
     sources_of,
     variants,
 )
-from saleval.pipeline import run_naming, tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_record import ALLOW_UNFINISHED, RunRecord
+from saleval.pipeline import tables
+from saleval.pipeline.records import run_naming
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.run_record import ALLOW_UNFINISHED, RunRecord
 from saleval.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)

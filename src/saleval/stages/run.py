@@ -38,21 +38,14 @@ from saleval import paths
 from saleval.analysis.validation import published_ranking_agreement
 from saleval.config.keys import check_keys
 from saleval.errors import UserError
-from saleval.pipeline import (
-    dead_runs,
-    run_naming,
-    run_outputs,
-    stage_table,
-    tracking,
-    tracking_health,
-    tracking_journal,
-    views,
-)
+from saleval.pipeline import stage_table, views
 from saleval.pipeline.compose import compose_root, register_configs, stage_overrides
-from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.run_inputs import resolve_input
-from saleval.pipeline.run_record import RunRecord
+from saleval.pipeline.records import dead_runs, run_naming, run_outputs
+from saleval.pipeline.records.jsonfiles import write_json
+from saleval.pipeline.records.run_inputs import resolve_input
+from saleval.pipeline.records.run_record import RunRecord
 from saleval.pipeline.stage import stage_fingerprint
+from saleval.pipeline.tracker import tracking, tracking_health, tracking_journal
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +324,8 @@ def mark_orphans_killed(out_root: Path) -> list[str]:
     A ``kill -9`` leaves no chance to end a run, so its pipeline run and the stage run
     it was in stay RUNNING for ever. A resume in the same run dir is the first moment
     that knows they are dead (two pipelines never share a run dir), whichever host ran
-    them; they are ended by :func:`saleval.pipeline.dead_runs.mark_killed` (the same as runs
-    whose process is gone, :func:`saleval.pipeline.dead_runs.end_dead_runs`) and their ids
+    them; they are ended by :func:`saleval.pipeline.records.dead_runs.mark_killed` (the same as runs
+    whose process is gone, :func:`saleval.pipeline.records.dead_runs.end_dead_runs`) and their ids
     returned.
     """
     root = out_root.resolve()

@@ -38,9 +38,9 @@ from saleval.crowd.importing.source import (
     source_run,
 )
 from saleval.pipeline import tables
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.jsonfiles import write_json
+from saleval.pipeline.records.run_inputs import given_input
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Population, Target
 
@@ -112,7 +112,7 @@ def score_outputs(
     st.write(tables.SCORES, result.scores)
     st.write(tables.FLIPS, result.flips)
     result.histogram.to_csv(st.path("flip_histogram.csv"), index=False)
-    # what the study means comes from the run's provenance (saleval.pipeline.provenance), not a guess
+    # what the study means comes from the run's provenance (saleval.pipeline.records.provenance), not a guess
     prov = st.provenance
     study = {
         "target": str(prov.target or Target.gold),

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from saleval.config.model import is_prompted
 from saleval.errors import UserError
 from saleval.pipeline import tables
-from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.records.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
 from saleval.vocab import Target
 

@@ -56,11 +56,12 @@ from saleval.crowd.importing.source import (
 )
 from saleval.crowd.simulation.workers import SimulatedCrowd, read_tasks, simulate_crowd
 from saleval.modeling.data import load_dataset
-from saleval.pipeline import tables, tracking
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.jsonfiles import write_json
-from saleval.pipeline.run_inputs import given_input
+from saleval.pipeline import tables
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.jsonfiles import write_json
+from saleval.pipeline.records.run_inputs import given_input
 from saleval.pipeline.stage import Stage
+from saleval.pipeline.tracker import tracking
 from saleval.schema import to_schema
 
 NOTICE = """# SIMULATED

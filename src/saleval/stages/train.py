@@ -28,9 +28,9 @@ from omegaconf import DictConfig, open_dict
 
 from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
-from saleval.pipeline import tracking_models
-from saleval.pipeline.jsonfiles import write_json
+from saleval.pipeline.records.jsonfiles import write_json
 from saleval.pipeline.stage import Stage
+from saleval.pipeline.tracker import tracking_models
 
 log = logging.getLogger(__name__)
 

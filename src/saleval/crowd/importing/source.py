@@ -47,10 +47,10 @@ from saleval import paths
 from saleval.config.crowd import Policy
 from saleval.crowd.errors import CrowdImportError
 from saleval.crowd.importing.rows import CrowdImport, sha256_file
-from saleval.pipeline import tracking
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.run_inputs import file_input, given_input
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.run_inputs import file_input, given_input
 from saleval.pipeline.stage import Stage
+from saleval.pipeline.tracker import tracking
 
 FileFinder = Callable[[str, str], tuple[Path, str | None]]
 """``(input name, file name)`` → the file ``inputs.<name>`` names (a plain file, or that
@@ -76,7 +76,7 @@ class Given:
     @classmethod
     def of(cls, cfg: DictConfig, stage: str) -> Given:
         """What ``cfg`` gives ``saleval-<stage>``: its ``inputs.*``, the dataset, and how a
-        file input is found (:func:`saleval.pipeline.run_inputs.file_input`)."""
+        file input is found (:func:`saleval.pipeline.records.run_inputs.file_input`)."""
         names = OmegaConf.select(cfg, "inputs", default=None) or {}
         inputs = {str(k): v for k in names if (v := given_input(cfg, str(k))) is not None}
         output_root = paths.output_root(cfg)

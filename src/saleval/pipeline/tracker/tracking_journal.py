@@ -6,11 +6,11 @@ per-method child runs, saved views, datasets, the model, the run's end) is one *
 JSON object appended to ``<run dir>/tracking_log.jsonl`` and then sent (:func:`send`).
 One function per kind of op does the sending (:func:`applies` registers it), and the same
 function serves the live run and, later, ``saleval-catch-up``
-(:mod:`saleval.pipeline.catch_up`), which sends the journal's ops again into the same run
+(:mod:`saleval.pipeline.tracker.catch_up`), which sends the journal's ops again into the same run
 or, for a run moved to another store, into a new one.
 
 While the store answers, each op is sent as it is written. When it fails after MLflow's
-own retries (:func:`saleval.pipeline.tracking_health.store_failure`: connection lost,
+own retries (:func:`saleval.pipeline.tracker.tracking_health.store_failure`: connection lost,
 server errors, 401/403, a database gone), the run goes on: that op and every later one are
 kept in the journal only, one warning line says so, and the run's record says what was not
 logged (:meth:`Journal.record`, written into ``run.json``). The ops the store took are
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from saleval.pipeline import tracking_health
+from saleval.pipeline.tracker import tracking_health
 
 log = logging.getLogger(__name__)
 

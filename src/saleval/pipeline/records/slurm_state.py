@@ -2,7 +2,7 @@
 
 Used on both sides of a sweep: the launcher waits on its jobs with it, and every stage,
 when it starts, ends as KILLED the MLflow runs whose SLURM job is over
-(:func:`saleval.pipeline.dead_runs.end_dead_runs`). Imports nothing of saleval.
+(:func:`saleval.pipeline.records.dead_runs.end_dead_runs`). Imports nothing of saleval.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@
 * :func:`store_failure` tells an error of the store (a lost connection, an HTTP error
   status, a database that went away) from any other, so that a run whose server stops
   answering after it started goes on and keeps what it could not log
-  (:mod:`saleval.pipeline.tracking_journal`).
+  (:mod:`saleval.pipeline.tracker.tracking_journal`).
 
 This module imports MLflow only inside the functions that talk to a server, so the console
 scripts can check settings for passwords before they import anything.

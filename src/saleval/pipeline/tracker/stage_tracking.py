@@ -21,17 +21,11 @@ import mlflow
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from saleval.pipeline import (
-    dead_runs,
-    run_naming,
-    run_outputs,
-    tracking,
-    tracking_health,
-    tracking_journal,
-    views,
-)
-from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_inputs import RunInputs
+from saleval.pipeline import views
+from saleval.pipeline.records import dead_runs, run_naming, run_outputs
+from saleval.pipeline.records.provenance import Provenance
+from saleval.pipeline.records.run_inputs import RunInputs
+from saleval.pipeline.tracker import tracking, tracking_health, tracking_journal
 
 #: the tags that say what a run is about, kept equal to its provenance (:func:`identity_tags`)
 IDENTITY_TAGS = ("dataset", "model", "simulated")
@@ -83,10 +77,10 @@ class StageTracking:
         """Start the run (nested under an active pipeline run) in the config's experiment
         (default ``saleval/<dataset>``), tagged (:func:`run_tags`), with the stage's params
         and a ``-m`` job's overrides; first, outside a pipeline, end as KILLED the runs of
-        this host whose process is gone (:func:`saleval.pipeline.dead_runs.end_dead_runs`).
+        this host whose process is gone (:func:`saleval.pipeline.records.dead_runs.end_dead_runs`).
         From here on, what the run logs is kept in its run dir too (its journal,
-        :mod:`saleval.pipeline.tracking_journal`). A store that refuses or fails here, before
-        any work, is one :class:`~saleval.pipeline.tracking_health.TrackingError` line."""
+        :mod:`saleval.pipeline.tracker.tracking_journal`). A store that refuses or fails here, before
+        any work, is one :class:`~saleval.pipeline.tracker.tracking_health.TrackingError` line."""
         p = self._provenance()
         experiment = str(
             OmegaConf.select(self.cfg, "tracking.experiment", default=None)
@@ -141,7 +135,7 @@ class StageTracking:
         return None if self.journal is None else self.journal.record()
 
     def run_name(self) -> str:
-        """``tracking.run_name`` when given, else what ran (:func:`saleval.pipeline.run_naming.run_name`)."""
+        """``tracking.run_name`` when given, else what ran (:func:`saleval.pipeline.records.run_naming.run_name`)."""
         given = OmegaConf.select(self.cfg, "tracking.run_name", default=None)
         if given:
             return str(given)
@@ -191,7 +185,7 @@ class StageTracking:
         self, name: str, tags: Mapping[str, str] | None = None
     ) -> AbstractContextManager[str | None]:
         """A child run of this run named ``<name> · <stage>``, active inside the block
-        (:func:`saleval.pipeline.tracking.child_run`), tagged with this run's dataset, model
+        (:func:`saleval.pipeline.tracker.tracking.child_run`), tagged with this run's dataset, model
         and ``simulated`` as its method rows are, and ``tags``; nothing before the run
         starts (a DDP rank > 0)."""
         if self.run_id is None:
@@ -207,9 +201,9 @@ class StageTracking:
         order_by: str | None = None,
         ascending: bool = False,
     ) -> dict[str, str]:
-        """One nested child run per method (:func:`saleval.pipeline.tracking.log_method_rows`),
+        """One nested child run per method (:func:`saleval.pipeline.tracker.tracking.log_method_rows`),
         tagged with this run's dataset, model and ``simulated``, with the method's own
-        settings from the ``method`` group as params (:func:`saleval.pipeline.run_naming.method_settings`);
+        settings from the ``method`` group as params (:func:`saleval.pipeline.records.run_naming.method_settings`);
         the rows' methods become the run's ``methods`` when not given yet. A saved MLflow
         view shows the rows side by side (:func:`saleval.pipeline.views.save_view`), sorted by
         ``order_by`` (default: ``human_score`` where there is one, else the first numeric

@@ -4,7 +4,7 @@ A stage's inputs are run dirs, ``runs:/<id>``, ``latest``, a sweep dir, an answe
 (``inputs.model``) a checkpoint: a ``save_pretrained`` directory or a hub id. A local path
 that does not exist is reported at once, naming the path, instead of after the stage has
 imported its libraries and read its other inputs (the console scripts call
-:func:`check_input_paths` first; :mod:`saleval.pipeline.run_inputs` applies the same rule when it
+:func:`check_input_paths` first; :mod:`saleval.pipeline.records.run_inputs` applies the same rule when it
 resolves a run). This module imports no library, so the check costs nothing.
 
 >>> input_path_problem("model", "/no/such/dir", "outputs")  # doctest: +ELLIPSIS

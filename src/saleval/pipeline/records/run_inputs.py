@@ -3,9 +3,9 @@
 :class:`RunInputs` is everything a stage learns from its inputs before it starts (a stage
 reaches it as ``st.inputs``): each ``inputs.<name>`` resolved to run dirs (a run dir,
 ``runs:/<id>``, ``latest``; or several runs, a list or a ``-m`` sweep dir, whose tables
-:meth:`RunInputs.read` merges: :mod:`saleval.pipeline.merge`), each parent's record
-(:class:`~saleval.pipeline.run_record.RunRecord`) and ``config.yaml`` read once, and the
-one provenance rule applied (:mod:`saleval.pipeline.provenance`: adopt the parents' dataset, model,
+:meth:`RunInputs.read` merges: :mod:`saleval.pipeline.records.merge`), each parent's record
+(:class:`~saleval.pipeline.records.run_record.RunRecord`) and ``config.yaml`` read once, and the
+one provenance rule applied (:mod:`saleval.pipeline.records.provenance`: adopt the parents' dataset, model,
 max_length, study target and population when the config gives none, check them when it
 does). It writes nothing and logs nothing, so it can be built, and fail, before a run
 exists; :class:`saleval.pipeline.stage.Stage` owns the run's lifecycle.
@@ -24,17 +24,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import paths
 from saleval.modeling.data import complete_label_names
-from saleval.pipeline import merge, provenance, stage_table, tracking_health, tracking_reads
-from saleval.pipeline.input_paths import (
+from saleval.pipeline import stage_table
+from saleval.pipeline.records import merge, provenance
+from saleval.pipeline.records.input_paths import (
     LATEST,
     InputError,
     input_path_problem,
     kind_problem,
     latest_link,
 )
-from saleval.pipeline.provenance import Provenance
-from saleval.pipeline.run_record import ALLOW_UNFINISHED, RUN_JSON, RunRecord, read_run_config
+from saleval.pipeline.records.provenance import Provenance
+from saleval.pipeline.records.run_record import (
+    ALLOW_UNFINISHED,
+    RUN_JSON,
+    RunRecord,
+    read_run_config,
+)
 from saleval.pipeline.tables import TableSpec
+from saleval.pipeline.tracker import tracking_health, tracking_reads
 
 #: the stage whose runs an input names (``inputs.<name>=latest`` looks there), from the
 #: stage table
@@ -52,7 +59,7 @@ def resolve_input(
 ) -> Path:
     """A run dir, ``runs:/<run id>`` or ``latest`` → a local run dir holding that run's files.
 
-    The run must have FINISHED (:meth:`~saleval.pipeline.run_record.RunRecord.unfinished_message`)
+    The run must have FINISHED (:meth:`~saleval.pipeline.records.run_record.RunRecord.unfinished_message`)
     unless ``allow_unfinished``. ``output_root``: where ``latest`` is looked for and a
     run not on this machine is downloaded to (default :func:`saleval.paths.output_root`)."""
     run_dir = _locate(name, str(spec), output_root)
@@ -108,7 +115,7 @@ def resolve_inputs(
 ) -> list[Path]:
     """Every run dir an ``inputs.<name>`` value names: one run (:func:`resolve_input`), a
     list of runs, a ``-m`` sweep dir (its jobs) or a ``saleval-run`` dir (its run of the
-    stage producing ``<name>``); see :mod:`saleval.pipeline.merge`. Each must have
+    stage producing ``<name>``); see :mod:`saleval.pipeline.records.merge`. Each must have
     FINISHED unless ``allow_unfinished``. ``output_root``: a path or a composed config
     (:func:`saleval.paths.output_root`)."""
     unset = value is None or (isinstance(value, str) and value in ("???", "", "None"))
@@ -226,7 +233,7 @@ class RunInputs(Mapping[str, Path]):
         simulated: bool = False,
     ) -> None:
         allow = bool(OmegaConf.select(cfg, ALLOW_UNFINISHED, default=False))
-        #: every run behind each input (several for a list or a sweep dir: saleval.pipeline.merge)
+        #: every run behind each input (several for a list or a sweep dir: saleval.pipeline.records.merge)
         self.input_runs: dict[str, list[Path]] = {
             k: resolve_inputs(k, v, cfg, allow) for k, v in (inputs or {}).items() if v is not None
         }
@@ -281,7 +288,7 @@ class RunInputs(Mapping[str, Path]):
             }
         where = {k: str(p) for k, p in self.runs.items()}
         #: the run's provenance: given by ``cfg``, adopted from and checked against its
-        #: parents (the one rule: saleval.pipeline.provenance), known where ``requires`` says
+        #: parents (the one rule: saleval.pipeline.records.provenance), known where ``requires`` says
         self.provenance = provenance.of_run(
             cfg, self._provenance, where, inherits, simulated, self.unfinished
         )
@@ -310,7 +317,7 @@ class RunInputs(Mapping[str, Path]):
 
     def read(self, spec: TableSpec, name: str) -> pd.DataFrame:
         """``spec``'s table of ``inputs.<name>``: of its run, or merged over its runs when it
-        names several (a list, a sweep dir; :func:`saleval.pipeline.merge.read_merged`)."""
+        names several (a list, a sweep dir; :func:`saleval.pipeline.records.merge.read_merged`)."""
         return merge.read_merged(spec, self.input_runs[name], f"inputs.{name}")
 
     def runs_of(self, name: str) -> list[tuple[Path, RunRecord, DictConfig]]:

@@ -23,9 +23,9 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from saleval.pipeline import slurm_state
-from saleval.pipeline.run_record import RunRecord
-from saleval.pipeline.tracking_health import redact
+from saleval.pipeline.records import slurm_state
+from saleval.pipeline.records.run_record import RunRecord
+from saleval.pipeline.tracker.tracking_health import redact
 
 log = logging.getLogger(__name__)
 

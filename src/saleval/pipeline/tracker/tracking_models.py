@@ -1,7 +1,7 @@
 """What a stage run read and what it trained, logged to MLflow: the rows as a run
 input (name, digest, schema, size; never the rows) and the classifier as an MLflow model
 (the ``transformers`` flavor). Both go through the run's journal like every other op
-(:mod:`saleval.pipeline.tracking_journal`), so a store that was down gets them later
+(:mod:`saleval.pipeline.tracker.tracking_journal`), so a store that was down gets them later
 from ``saleval-catch-up`` (docs/tracking.md).
 """
 
@@ -19,7 +19,7 @@ import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from saleval.pipeline.tracking_journal import Target, applies, send
+from saleval.pipeline.tracker.tracking_journal import Target, applies, send
 
 
 def log_dataset(df: pd.DataFrame, name: str, context: str, targets: str | None = None) -> None:

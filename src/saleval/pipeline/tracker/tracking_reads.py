@@ -14,7 +14,7 @@ import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from saleval.pipeline.run_naming import METHOD
+from saleval.pipeline.records.run_naming import METHOD
 
 PARENT_TAG = "mlflow.parentRunId"
 

@@ -3,7 +3,7 @@
 belongs to, and the summary with the next steps. :class:`saleval.pipeline.stage.Stage` calls
 these with what it knows; each is a plain function of its arguments, so a test or another
 tool can call it without a run. The record itself, ``run.json``, is
-:class:`saleval.pipeline.run_record.RunRecord`.
+:class:`saleval.pipeline.records.run_record.RunRecord`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from saleval.pipeline import stage_table, views
-from saleval.pipeline.input_paths import LATEST, latest_link
+from saleval.pipeline.records.input_paths import LATEST, latest_link
 
 
 def run_dir_of(cfg: DictConfig) -> Path:

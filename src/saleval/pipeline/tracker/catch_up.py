@@ -2,7 +2,7 @@
 view: docs/tracking.md, *When the tracking server fails*).
 
 Every saleval run keeps what it sends to MLflow in its run dir (its journal,
-:mod:`saleval.pipeline.tracking_journal`), so a run dir can be logged again later:
+:mod:`saleval.pipeline.tracker.tracking_journal`), so a run dir can be logged again later:
 
 * **after an outage**, into the store it was meant for (the one its ``run.json`` names):
   its MLflow run gets the params, metrics, tags, files, child runs and views it missed,
@@ -17,7 +17,7 @@ Every saleval run keeps what it sends to MLflow in its run dir (its journal,
 It takes run dirs, ``-m`` sweep dirs (every job) and ``saleval-run`` dirs (the pipeline's
 run, then each stage's). It is idempotent: a run whose record says everything reached the
 store, or that has a finished copy there, is left alone, so running it twice logs once.
-Only FINISHED runs whose tables are the ones they wrote (:class:`~saleval.pipeline.run_record.RunRecord`)
+Only FINISHED runs whose tables are the ones they wrote (:class:`~saleval.pipeline.records.run_record.RunRecord`)
 are logged; the others are named, one line each, and the command exits 1 after logging the
 rest.
 
@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from saleval.errors import UserError
-from saleval.pipeline import tracking, tracking_health, tracking_journal, tracking_reads, views
-from saleval.pipeline.merge import PIPELINE_JSON, is_sweep_dir, sweep_jobs
-from saleval.pipeline.run_record import FINISHED, RUN_JSON, RunRecord, write_atomically
+from saleval.pipeline import views
+from saleval.pipeline.records.merge import PIPELINE_JSON, is_sweep_dir, sweep_jobs
+from saleval.pipeline.records.run_record import FINISHED, RUN_JSON, RunRecord, write_atomically
+from saleval.pipeline.tracker import tracking, tracking_health, tracking_journal, tracking_reads
 from saleval.progress import interactive
 
 log = logging.getLogger(__name__)
@@ -356,7 +357,7 @@ class CatchUp:
 
 
 #: tracking and views register the function that sends each kind of op a journal holds
-#: (:func:`saleval.pipeline.tracking_journal.applies`): imported, every kind has its sender
+#: (:func:`saleval.pipeline.tracker.tracking_journal.applies`): imported, every kind has its sender
 _SENDERS = (tracking, views)
 
 

@@ -6,7 +6,7 @@ writes its record through it (:meth:`RunRecord.write`) and every reader reads on
 it (:meth:`RunRecord.read`). It says what the run is (stage, MLflow run id and store,
 fingerprint, parents, provenance), which process ran it, how it ended (``status``), the
 SHA-256 of every declared table it wrote (``checksums``) and what its tracking store took
-(``tracking``, :mod:`saleval.pipeline.tracking_journal`).
+(``tracking``, :mod:`saleval.pipeline.tracker.tracking_journal`).
 
 Before a stage reads a parent it asks the parent's record two questions, each one method:
 
@@ -43,8 +43,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from saleval import renames
 from saleval.errors import UserError
-from saleval.pipeline.input_paths import InputError
-from saleval.pipeline.provenance import Provenance
+from saleval.pipeline.records.input_paths import InputError
+from saleval.pipeline.records.provenance import Provenance
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class RunRecord:
     parent_dirs: Mapping[str, str] = field(default_factory=dict)
     #: a simulated crowd answered upstream (also in ``provenance``; older runs hold only this)
     simulated: bool = False
-    #: what its rows mean (:mod:`saleval.pipeline.provenance`); None: recorded before the field
+    #: what its rows mean (:mod:`saleval.pipeline.records.provenance`); None: recorded before the field
     provenance: Provenance | None = None
     #: which machine and process ran it (the jobs of a parallel multirun or a cluster differ)
     host: str | None = None
@@ -97,7 +97,7 @@ class RunRecord:
     #: table file name -> ``sha256:<hex>`` of each declared table written; None: recorded
     #: before checksums
     checksums: Mapping[str, str] | None = None
-    #: what its tracking store took (:meth:`saleval.pipeline.tracking_journal.Journal.record`)
+    #: what its tracking store took (:meth:`saleval.pipeline.tracker.tracking_journal.Journal.record`)
     tracking: Mapping[str, Any] | None = None
     #: RUNNING, FINISHED, FAILED or KILLED; the seconds it took, its error
     status: str | None = None
@@ -211,7 +211,7 @@ class RunRecord:
     def provenance_of_run(self, run_dir: str | Path, cfg: DictConfig | None = None) -> Provenance:
         """What the run's rows mean: its ``provenance``, or for a run recorded before the
         field, what its ``config.yaml`` (``cfg`` when already read) says
-        (:meth:`Provenance.of_run <saleval.pipeline.provenance.Provenance.of_run>`)."""
+        (:meth:`Provenance.of_run <saleval.pipeline.records.provenance.Provenance.of_run>`)."""
         return Provenance.of_run(run_dir, self.provenance, self.simulated, cfg)
 
     # -- fit to be read ------------------------------------------------------------------

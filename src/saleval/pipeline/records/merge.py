@@ -12,7 +12,7 @@ run dirs it names; :func:`read_merged` reads one table from each and merges them
   is returned.
 
 Same dataset, model and ``max_length`` are checked before, by the provenance rule over
-every run (:mod:`saleval.pipeline.provenance`), so a mixed sweep fails naming the runs.
+every run (:mod:`saleval.pipeline.records.provenance`), so a mixed sweep fails naming the runs.
 
 >>> label("explain", 0, 1), label("explain", 1, 2)
 ('explain', 'explain.1')
@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from saleval.pipeline.run_record import RUN_JSON, RunRecord
+from saleval.pipeline.records.run_record import RUN_JSON, RunRecord
 from saleval.pipeline.tables import TableSpec
 
 #: Hydra writes this file into the sweep dir of every ``-m`` run
@@ -86,13 +86,13 @@ def as_specs(value: Any) -> list[str]:
 
 def expand(name: str, value: Any, stage: str, allow_unfinished: bool = False) -> list[str]:
     """Every single run an ``inputs.<name>`` value names, in order, each still to be
-    resolved (a dir, ``runs:/<id>``, ``latest``: :func:`saleval.pipeline.run_inputs.resolve_inputs`).
+    resolved (a dir, ``runs:/<id>``, ``latest``: :func:`saleval.pipeline.records.run_inputs.resolve_inputs`).
 
     A list names several runs; a sweep dir names its jobs; a ``saleval-run`` dir (or a
     sweep of them) names its run of ``stage`` (the stage producing this input). A sweep
     job that did not finish (no ``run.json``, or one that is not FINISHED) is refused
     naming the sweep's rerun, unless ``allow_unfinished``
-    (:meth:`saleval.pipeline.run_record.RunRecord.unfinished_message`). Why it returns
+    (:meth:`saleval.pipeline.records.run_record.RunRecord.unfinished_message`). Why it returns
     specs, not run dirs: the caller resolves each one in one place, so locating a run
     is written once.
     """

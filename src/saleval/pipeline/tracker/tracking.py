@@ -8,15 +8,15 @@
 * One experiment per dataset (``saleval/<dataset>``), tagged as a machine-learning
   experiment (:data:`EXPERIMENT_KIND`) so the UI lists its runs side by side.
 * What is logged, the same way everywhere: params and metrics in batches under the keys
-  of :mod:`saleval.pipeline.run_naming`, files, the rows a run read, the trained model,
+  of :mod:`saleval.pipeline.records.run_naming`, files, the rows a run read, the trained model,
   and one nested child run per method (:func:`log_method_rows`) whose keys are the same
   for every method, so the runs table and the compare view put methods in rows.
 
 The rest of the MLflow side is one module per concept: run names, params and keys
-(:mod:`~saleval.pipeline.run_naming`), links and saved views
+(:mod:`~saleval.pipeline.records.run_naming`), links and saved views
 (:mod:`~saleval.pipeline.views`), runs whose process died
-(:mod:`~saleval.pipeline.dead_runs`), a stage run's own lifecycle
-(:mod:`~saleval.pipeline.stage_tracking`).
+(:mod:`~saleval.pipeline.records.dead_runs`), a stage run's own lifecycle
+(:mod:`~saleval.pipeline.tracker.stage_tracking`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from saleval.errors import UserError
-from saleval.pipeline import tracking_health, tracking_journal, tracking_models
-from saleval.pipeline.jsonfiles import plain
-from saleval.pipeline.run_naming import METHOD, SEP, flatten, metric_key, param_key
-from saleval.pipeline.tracking_journal import Target, applies, send
-from saleval.pipeline.tracking_reads import PARENT_TAG, children
+from saleval.pipeline.records.jsonfiles import plain
+from saleval.pipeline.records.run_naming import METHOD, SEP, flatten, metric_key, param_key
+from saleval.pipeline.tracker import tracking_health, tracking_journal, tracking_models
+from saleval.pipeline.tracker.tracking_journal import Target, applies, send
+from saleval.pipeline.tracker.tracking_reads import PARENT_TAG, children
 
 try:
     import fcntl
@@ -51,7 +51,7 @@ except ImportError:  # Windows: no multirun store lock
 log = logging.getLogger(__name__)
 
 #: the modules whose senders a replayed journal needs besides this one's (the dataset and
-#: model ops: :mod:`saleval.pipeline.tracking_models`), loaded with it
+#: model ops: :mod:`saleval.pipeline.tracker.tracking_models`), loaded with it
 SENDERS = (tracking_models,)
 
 _MAX_PARAM_LEN = 6000
@@ -65,7 +65,7 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 def tracking_uri(configured: str | None) -> str:
     """The store a run uses: ``MLFLOW_TRACKING_URI`` when set, else ``tracking.uri``; one
-    holding a password is refused (:func:`saleval.pipeline.tracking_health.check_uri`):
+    holding a password is refused (:func:`saleval.pipeline.tracker.tracking_health.check_uri`):
     it would be written into every run dir and MLflow."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     uri = env or configured
@@ -143,7 +143,7 @@ def start_run(
     fresh: bool = True,
 ) -> tracking_journal.Journal:
     """Start a saleval run (nested under the active run when ``nested``) and its journal in
-    ``run_dir`` (:mod:`saleval.pipeline.tracking_journal`): from here on, what it logs is
+    ``run_dir`` (:mod:`saleval.pipeline.tracker.tracking_journal`): from here on, what it logs is
     kept in the run dir as well, so a store that fails later loses nothing."""
     outer = mlflow.active_run() if nested else None
     run = mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags))

@@ -11,7 +11,7 @@ the stage's own config does not give is **adopted** from its parents; a value it
 a parent's, fail naming both values and where they came from. ``simulated`` is the one
 exception: it is true when any parent (or the stage itself) says so, and cannot be unset.
 ``unfinished`` is sticky the same way: the runs read although they had not finished
-(``allow_unfinished_inputs=true``, :mod:`saleval.pipeline.run_record`) stay named in every
+(``allow_unfinished_inputs=true``, :mod:`saleval.pipeline.records.run_record`) stay named in every
 run downstream of them.
 
 >>> a = Provenance(dataset="imdb", label_names=("negative", "positive"))
@@ -20,7 +20,7 @@ run downstream of them.
 >>> inherit("dataset", "ag_news", {"explain": a}, {"explain": "runs/e"})
 Traceback (most recent call last):
 ...
-saleval.pipeline.provenance.ProvenanceError: dataset=ag_news is given, but inputs.explain (runs/e) has dataset=imdb: drop the override or pass dataset=imdb
+saleval.pipeline.records.provenance.ProvenanceError: dataset=ag_news is given, but inputs.explain (runs/e) has dataset=imdb: drop the override or pass dataset=imdb
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Provenance:
         cfg: DictConfig | None = None,
     ) -> Provenance:
         """A parent's provenance: what its record holds (``recorded``: the ``provenance`` of
-        its :class:`~saleval.pipeline.run_record.RunRecord`), or (runs recorded before the
+        its :class:`~saleval.pipeline.records.run_record.RunRecord`), or (runs recorded before the
         field existed) what its ``config.yaml`` (``cfg`` when already read) says, with the
         record's ``simulated``."""
         if recorded is not None:
