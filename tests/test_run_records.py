@@ -541,7 +541,9 @@ def test_a_server_back_before_the_run_ends_gets_what_it_missed_from_the_stage_it
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         tracking_health.forget_checks()
         cfg = compose_stage("explain", ["dataset=ag_news", "method=[random,lime]"])
-        cfg.run_dir, cfg.tracking.wait_s = str(run), 30
+        # a call to the hung server gives up within wait_s (3 tries of 2 s and the pauses
+        # between: tracking_health.request_bounds), and one back answers well inside it
+        cfg.run_dir, cfg.tracking.wait_s = str(run), 10
         with Stage(cfg, "explain") as st:
             os.killpg(server.proc.pid, signal.SIGSTOP)  # hung: connections wait
             try:

@@ -798,6 +798,7 @@ def test_the_page_in_one_shell(walk: Walk, monkeypatch: pytest.MonkeyPatch) -> N
         _a_job_dies(walk, env, client, secrets)
         walk.step("slurm-stop")
         assert cluster.node_state() == ""  # nothing answers any more
+        assert not _naming((str(cluster.root),)), "a SLURM daemon outlived slurm-local-stop"
         assert not walk.var("SLURM_CONF")
         log = walk.log.read_text()
         assert not [k for k, v in secrets.items() if v in log], "a secret in the walk's log"

@@ -411,6 +411,33 @@ def test_the_local_cluster_needs_no_venv(monkeypatch: pytest.MonkeyPatch, tmp_pa
     ]
 
 
+def test_a_stopped_cluster_is_not_asked_anything(tmp_path: Path, monkeypatch) -> None:
+    """With no ``slurmctld`` of the cluster running (no pid file, or one naming a process
+    that ended) its state is '' and ``stop`` runs no ``scancel``, without spending SLURM's
+    message timeout on a controller that is not there; a running one is asked."""
+    from saleval.scaleout import slurm_local
+
+    asked: list[str] = []
+
+    def run(args, **kw):
+        asked.append(Path(args[0]).name)
+        return subprocess.CompletedProcess(args, 0, stdout="idle\n", stderr="")
+
+    monkeypatch.setattr(slurm_local.subprocess, "run", run)
+    cluster = slurm_local.LocalCluster(tmp_path)
+    cluster._write()
+    assert cluster.node_state() == "" and (cluster.stop() or asked == [])
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    (tmp_path / "slurmctld.pid").write_text(f"{ended.pid}\n")
+    assert cluster.node_state() == "" and (cluster.stop() or asked == [])
+    (tmp_path / "slurmctld.pid").write_text(f"{os.getpid()}\n")  # a live process
+    assert cluster.node_state() == "idle" and asked == ["sinfo"]
+    monkeypatch.setattr(slurm_local, "_kill_pidfile", lambda path: None)  # not this process
+    cluster.stop()
+    assert asked == ["sinfo", "scancel"]
+
+
 def test_two_jobs_logging_the_same_split_at_once_both_succeed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
