@@ -230,22 +230,32 @@ class LocalCluster:
             _kill_pidfile(self.root / pidfile)
 
 
+def _pid(pidfile: Path) -> int | None:
+    """The process id a pid file names; None when there is no readable one."""
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _alive(pidfile: Path) -> bool:
     """Whether the process a pid file names is running (a stale file: not)."""
+    pid = _pid(pidfile)
+    if pid is None:
+        return False
     try:
-        os.kill(int(pidfile.read_text().split()[0]), 0)
+        os.kill(pid, 0)
     except PermissionError:
         return True  # running, as another user
-    except (OSError, ValueError, IndexError):
-        return False  # no file, an unreadable one, or no such process
+    except OSError:
+        return False  # no such process
     return True
 
 
 def _kill_pidfile(path: Path, wait: float = 3.0) -> None:
     """SIGTERM the process a pid file names and wait for it (then SIGKILL)."""
-    try:
-        pid = int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+    pid = _pid(path)
+    if pid is None:
         return
     try:
         os.kill(pid, signal.SIGTERM)

@@ -28,6 +28,7 @@ from saleval.pipeline import stage_table
 from saleval.pipeline.records import merge, provenance
 from saleval.pipeline.records.input_paths import (
     LATEST,
+    UNSET,
     InputError,
     input_path_problem,
     kind_problem,
@@ -73,7 +74,7 @@ def resolve_input(
 def _locate(name: str, spec: str, output_root: Any) -> Path:
     """Where the run ``spec`` names sits (downloaded first when it is an MLflow run that is
     not on this machine)."""
-    if spec in ("???", "", "None"):
+    if spec in UNSET:
         raise InputError(f"inputs.{name} is required: pass inputs.{name}=<run dir or runs:/<id>>")
     root = paths.output_root(output_root)
     problem = input_path_problem(name, spec, root)
@@ -118,7 +119,7 @@ def resolve_inputs(
     stage producing ``<name>``); see :mod:`saleval.pipeline.records.merge`. Each must have
     FINISHED unless ``allow_unfinished``. ``output_root``: a path or a composed config
     (:func:`saleval.paths.output_root`)."""
-    unset = value is None or (isinstance(value, str) and value in ("???", "", "None"))
+    unset = value is None or (isinstance(value, str) and value in UNSET)
     try:  # an unset value is resolved as given, which says what to pass
         specs = (
             [str(value or "")]
@@ -203,7 +204,7 @@ def given_input(cfg: DictConfig, key: str) -> str | None:
     if inputs is None or key not in inputs or OmegaConf.is_missing(inputs, key):
         return None
     value = inputs[key]
-    return None if value in (None, "", "None", "???") else str(value)
+    return None if value is None or value in UNSET else str(value)
 
 
 class RunInputs(Mapping[str, Path]):
