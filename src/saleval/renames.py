@@ -120,6 +120,11 @@ RENAMES: Mapping[str, str] = {
     # "the embeddings" of every family beside the one forward (issue #54)
     "saleval.modeling.interface.EmbeddingPoint": "saleval.modeling.embedding.EmbeddingPoint",
     "saleval.modeling.interface.embedding_point": "saleval.modeling.embedding.embedding_point",
+    # a run's identity (its fingerprint) beside the rest of its record (issue #54)
+    **{
+        f"saleval.pipeline.stage.{name}": f"saleval.pipeline.records.fingerprints.{name}"
+        for name in ("fingerprint", "stage_fingerprint")
+    },
 }
 
 #: the config keys whose values are dotted paths of code

@@ -56,7 +56,7 @@ def method_identity(
     code: str,
 ) -> dict[str, Any]:
     """What one method's scores depend on besides its parents (module docstring): hashed
-    with the parents' fingerprints by :func:`saleval.pipeline.stage.fingerprint`.
+    with the parents' fingerprints by :func:`saleval.pipeline.records.fingerprints.fingerprint`.
 
     ``resolved``: the explain config, resolved; ``settings``: the method's entry;
     ``device``: its kind and bf16 support; ``code``: :func:`code_digest`.

@@ -150,6 +150,7 @@ def load_dataset(cfg: DatasetConfig | Mapping[str, Any] | Any) -> DatasetSplits:
                 f"(e.g. saleval.modeling.data.read_local): {err}"
             ) from err
         splits = reader(dc)
+    names = names_of(dc)
     limits = {"train": dc.max_train, "validation": dc.max_validation, "test": dc.max_test}
     for split, n in limits.items():
         if split in splits:
@@ -163,7 +164,7 @@ def load_dataset(cfg: DatasetConfig | Mapping[str, Any] | Any) -> DatasetSplits:
             )
     info = {f"n_{s}": len(df) for s, df in splits.items()}
     log.info("dataset %s from %s: %s", dc.name, dc.source, info)
-    return DatasetSplits(dc.name, names_of(dc), splits, str(dc.source), info)
+    return DatasetSplits(dc.name, names, splits, str(dc.source), info)
 
 
 def names_of(dc: DatasetConfig) -> list[str]:
@@ -335,7 +336,8 @@ def complete_label_names(cfg: Any) -> None:
     node = OmegaConf.select(cfg, "dataset", default=None)
     if node is None or node.get("label_names") is not None:
         return
-    names = label_names_in_data(dataset_config(node))
+    dc = dataset_config(node)
+    names = label_names_in_data(dc)
     log.info("dataset %s: label names from the data: %s", node.get("name"), names)
     node.label_names = names
 

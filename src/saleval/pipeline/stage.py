@@ -38,8 +38,6 @@ work and ``saleval-catch-up`` sends the rest later.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
@@ -51,10 +49,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saleval import paths
-from saleval.pipeline.records import run_outputs, run_record
+from saleval.pipeline.records import fingerprints, run_outputs, run_record
 from saleval.pipeline.records.provenance import Provenance
 from saleval.pipeline.records.run_inputs import RunInputs
-from saleval.pipeline.records.run_record import RunRecord
 from saleval.pipeline.stage_record import StageRecord
 from saleval.pipeline.tables import TableSpec
 from saleval.pipeline.tracker import tracking, tracking_health
@@ -75,48 +72,6 @@ def is_main_process() -> bool:
     ranks are all 0 (or unset) may write the run dir and log to MLflow.
     """
     return all(os.environ.get(v, "0").strip() in ("", "0") for v in _RANK_VARS)
-
-
-def fingerprint(cfg: Mapping[str, Any], parents: Mapping[str, str]) -> str:
-    """Hash of what determines a stage's outputs: its config and its parents' fingerprints."""
-    blob = json.dumps(
-        {"cfg": cfg, "parents": dict(sorted(parents.items()))}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-# Keys that name where things go rather than what is computed.
-_VOLATILE = ("run_dir", "paths", "tracking", "hydra", "inputs", "progress", "reuse_methods")
-
-
-def stage_fingerprint(
-    cfg: DictConfig,
-    stage: str,
-    input_dirs: Mapping[str, Path],
-    parents: Mapping[str, RunRecord] | None = None,
-    resolved: dict[str, Any] | None = None,
-) -> str:
-    """What a run of ``stage`` with ``cfg`` on these parent run dirs would compute.
-
-    Two runs with the same fingerprint produce the same outputs (up to hardware
-    nondeterminism); ``saleval-run`` reuses a finished one instead of recomputing.
-    ``parents`` (their records) and ``resolved`` (``cfg`` resolved) spare reading
-    and resolving them again when the caller has them.
-    """
-    if resolved is None:
-        container = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(container, dict)
-        resolved = cast(dict[str, Any], container)  # a stage config's keys are str
-    stable = {k: v for k, v in resolved.items() if k not in _VOLATILE}
-    if isinstance(stable.get("dataset"), dict):  # where the files sit is not what they are
-        stable["dataset"] = {k: v for k, v in stable["dataset"].items() if k != "data_root"}
-    records = parents or {k: RunRecord.read(p) for k, p in input_dirs.items()}
-    prints = {k: records[k].fingerprint or "" for k in input_dirs}
-    # inputs given as plain files (a platform's answers.csv) count by their content
-    for k, v in (resolved.get("inputs") or {}).items():
-        if k not in prints and isinstance(v, str) and Path(v).is_file():
-            prints[k] = "sha256:" + hashlib.sha256(Path(v).read_bytes()).hexdigest()
-    return fingerprint({"stage": stage, **stable}, prints)
 
 
 def end_status(exc_type: type[BaseException] | None) -> str:
@@ -169,7 +124,7 @@ class Stage:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
         self.resolved: dict[str, Any] = cast(dict[str, Any], resolved)  # keys are str
-        self.fingerprint = stage_fingerprint(
+        self.fingerprint = fingerprints.stage_fingerprint(
             cfg, stage, self.inputs.runs, self.inputs.records, self.resolved
         )
         self.extra_tags = dict(tags or {})

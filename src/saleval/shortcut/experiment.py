@@ -38,8 +38,8 @@ from saleval.modeling.models import (
 )
 from saleval.modeling.padding import prepare_for_training
 from saleval.modeling.training import TextDataModule, fit
+from saleval.pipeline.records.fingerprints import fingerprint
 from saleval.pipeline.records.jsonfiles import write_json
-from saleval.pipeline.stage import fingerprint
 from saleval.progress import bar
 from saleval.shortcut.generate import ShortcutData, build_shortcut_data
 from saleval.shortcut.rules import ShortcutRule, extend_vocabulary, prepare_source, rule_from_config

@@ -37,8 +37,9 @@ from saleval.config.model import is_prompted
 from saleval.modeling.data import load_dataset
 from saleval.modeling.data_checks import DataError
 from saleval.pipeline import tables
+from saleval.pipeline.records.fingerprints import fingerprint
 from saleval.pipeline.records.run_inputs import model_input
-from saleval.pipeline.stage import Stage, fingerprint
+from saleval.pipeline.stage import Stage
 from saleval.pipeline.tracker import tracking_models
 from saleval.vocab import Population, Target
 

@@ -8,7 +8,7 @@ profile fails at once, naming the stage and the key. Stages chain through
 ``inputs.<name>=<run dir>`` exactly as a user would chain them by hand.
 
 Resumable: before running a stage its fingerprint (config + parents'
-fingerprints, see :func:`saleval.pipeline.stage.stage_fingerprint`) is looked up among
+fingerprints, see :func:`saleval.pipeline.records.fingerprints.stage_fingerprint`) is looked up among
 finished runs in the MLflow store; a match whose run dir still exists is reused.
 
 Reads no run unless given one per stage (``+inputs.<stage>=<run dir>``); writes one run dir
@@ -41,10 +41,10 @@ from saleval.errors import UserError
 from saleval.pipeline import stage_table, views
 from saleval.pipeline.compose import compose_root, register_configs, stage_overrides
 from saleval.pipeline.records import dead_runs, run_naming, run_outputs
+from saleval.pipeline.records.fingerprints import stage_fingerprint
 from saleval.pipeline.records.jsonfiles import write_json
 from saleval.pipeline.records.run_inputs import resolve_input
 from saleval.pipeline.records.run_record import RunRecord
-from saleval.pipeline.stage import stage_fingerprint
 from saleval.pipeline.tracker import tracking, tracking_health, tracking_journal
 
 log = logging.getLogger(__name__)

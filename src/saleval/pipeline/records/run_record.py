@@ -80,7 +80,7 @@ class RunRecord:
     #: the MLflow run's id, and the store it was meant for
     run_id: str | None = None
     tracking_uri: str | None = None
-    #: what it computed (:func:`saleval.pipeline.stage.stage_fingerprint`)
+    #: what it computed (:func:`saleval.pipeline.records.fingerprints.stage_fingerprint`)
     fingerprint: str | None = None
     #: each parent by its label (the input's name, ``<name>.<i>`` for several): run id, dir
     parents: Mapping[str, str | None] = field(default_factory=dict)
