@@ -97,6 +97,11 @@ class LocalCluster:
     def conf(self) -> Path:
         return self.root / "slurm.conf"
 
+    @property
+    def controller_pidfile(self) -> Path:
+        """Where the cluster's ``slurmctld`` writes its pid: whether it runs is read there."""
+        return self.root / "slurmctld.pid"
+
     def env(self) -> dict[str, str]:
         """What a client (``sbatch``, ``srun``, a Hydra launcher) needs in its environment."""
         return {"SLURM_CONF": str(self.conf)}
@@ -129,7 +134,7 @@ class LocalCluster:
                     f"AuthInfo=socket={munge / 'munge.socket'}",
                     f"StateSaveLocation={r / 'state'}",
                     f"SlurmdSpoolDir={r / 'spool'}",
-                    f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+                    f"SlurmctldPidFile={self.controller_pidfile}",
                     f"SlurmdPidFile={r / 'slurmd.pid'}",
                     f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
                     f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
@@ -202,7 +207,7 @@ class LocalCluster:
 
         With no ``slurmctld`` of this cluster running nothing can answer, and ``sinfo``
         would spend its message timeout (about 9 s) finding that out: '' at once."""
-        if not _alive(self.root / "slurmctld.pid"):
+        if not _alive(self.controller_pidfile):
             return ""
         try:
             out = subprocess.run(
@@ -219,15 +224,16 @@ class LocalCluster:
     def stop(self) -> None:
         """End every job (so no process outlives the cluster), then the daemons."""
         env = {**os.environ, **self.env()}
-        if self.conf.exists() and _alive(self.root / "slurmctld.pid"):  # else none to ask
+        if self.conf.exists() and _alive(self.controller_pidfile):  # else none to ask
             subprocess.run(
                 [_which("scancel"), "--full", "--partition", self.partition],
                 env=env,
                 capture_output=True,
                 timeout=30,
             )
-        for pidfile in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
-            _kill_pidfile(self.root / pidfile)
+        for pidfile in (self.root / "slurmd.pid", self.controller_pidfile,
+                        self.root / "munge" / "munged.pid"):  # fmt: skip
+            _kill_pidfile(pidfile)
 
 
 def _pid(pidfile: Path) -> int | None:
