@@ -18,11 +18,16 @@ SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["
 
 
 def script(
-    stage: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+    stage: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    then: str = "",
 ) -> subprocess.CompletedProcess[str]:
-    """``saleval-<stage> args...`` through the function pyproject.toml names."""
+    """``saleval-<stage> args...`` through the function pyproject.toml names; ``then``: code
+    the process runs after the stage returns, before it exits (what it had loaded)."""
     module, attr = SCRIPTS[f"saleval-{stage}"].split(":")
-    code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
+    code = f"import sys\nfrom {module} import {attr}\ncode = {attr}()\n{then}\nsys.exit(code)"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,

@@ -501,6 +501,46 @@ def test_explain_frame_tables(model, tok) -> None:
     assert (first == df.set_index("sample_id")["label"].loc[first.index]).all()
 
 
+def test_a_one_process_trainer_runs_the_job_here_and_several_go_to_lightning(
+    model, tok, monkeypatch
+) -> None:
+    """A ``conf/trainer`` for one process gives the tables of ``trainer=None`` without a
+    Trainer (saleval.modeling.devices.one_process); several devices, several nodes or a
+    launcher's ranks go through Lightning's predict loop (saleval.attribution.distributed)."""
+    from saleval.attribution import distributed
+    from saleval.modeling.devices import one_process
+
+    df = pd.DataFrame({"sample_id": ["a", "b", "c"], "text": TEXTS[:3]})
+    methods = {"random": "random", "vg": "vanilla_gradient"}
+    sent: list[object] = []
+
+    def predict(trainer: object, model: object, job: object) -> dict:
+        sent.append(trainer)
+        raise RuntimeError("sent to Lightning")
+
+    monkeypatch.setattr(distributed, "predict", predict)
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    alone = explain_frame(model, tok, df, methods, trainer=None, max_length=64)
+    for one in ({"accelerator": "cpu"}, {"accelerator": "cpu", "devices": 1, "strategy": "ddp"}):
+        assert one_process(one)
+        here = explain_frame(model, tok, df, methods, trainer=one, max_length=64)
+        for got, want in zip(here, alone):
+            pd.testing.assert_frame_equal(got, want)
+    assert sent == []
+    several = [{"accelerator": "cpu", "devices": 2}, {"accelerator": "cpu", "num_nodes": 2}]
+    for cfg in several:
+        with pytest.raises(RuntimeError, match="sent to Lightning"):
+            explain_frame(model, tok, df, methods, trainer=cfg, max_length=64)
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):  # ranks started by torchrun / srun
+        with monkeypatch.context() as m:
+            m.setenv(var, "2")
+            assert not one_process({"accelerator": "cpu"})
+            with pytest.raises(RuntimeError, match="sent to Lightning"):
+                explain_frame(model, tok, df, methods, trainer={"accelerator": "cpu"})
+    assert sent == [*several, {"accelerator": "cpu"}, {"accelerator": "cpu"}]
+
+
 def test_overlap_matrix_by_hand() -> None:
     rows = []
     # sample a: m1 ranks w0 > w1 > w2, m2 ranks w2 > w1 > w0; sample b: both rank w0 > w1
@@ -803,7 +843,7 @@ def test_training_and_attribution_refuse_a_missing_gpu_by_the_same_rule(monkeypa
     """Training (before Lightning builds its Trainer) and the attribution Trainer ask
     device_for, so `gpu` without one is the same one line there as in the metrics stage
     (test_faithfulness), not Lightning's traceback and not a CUDA device that is not there."""
-    from saleval.attribution.frame import make_trainer
+    from saleval.attribution.distributed import make_trainer
     from saleval.modeling import training
     from saleval.modeling.devices import DeviceError
 

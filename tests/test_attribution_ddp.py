@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +28,12 @@ from lightning.pytorch.strategies.launchers import (
 from mlflow.tracking import MlflowClient
 
 from saleval.attribution import Attributor, Texts
-from saleval.attribution.frame import make_trainer
+from saleval.attribution.distributed import make_trainer
 from saleval.pipeline import tables
 from saleval.pipeline.stage import _RANK_VARS, Stage, is_main_process
 from saleval.pipeline.tracker.tracking_reads import method_rows
 from saleval.vocab import PROBS
+from tests.cli_support import environment
 from tests.conftest import compose_config
 
 #: the explain stage's default methods (all nine), as conf/explain.yaml lists them
@@ -139,6 +144,36 @@ def test_make_trainer_spawns_instead_of_rerunning_the_command(monkeypatch) -> No
     joined = make_trainer({"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
     assert isinstance(joined.strategy.launcher, _SubprocessScriptLauncher)
     assert joined.strategy.cluster_environment.creates_processes_externally
+
+
+def test_sigterm_ends_a_job_inside_lightnings_predict_loop_at_once() -> None:
+    """In Lightning's predict loop (the ranks of several devices) a SIGTERM ends the job as
+    Ctrl-C does, mid-job: Lightning's own handler would only set a flag its loops read
+    between batches, and the whole job is one batch, so the job's 60 s would run out first.
+    (On one process the job runs outside Lightning: tests/test_cli.py stops it there.)"""
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        import torch
+        from saleval.attribution import distributed
+
+        def job(model, rank, world):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+            return {}
+
+        distributed.predict({"accelerator": "cpu"}, torch.nn.Linear(2, 2), job)
+        print("the job ran to its end")
+        """
+    )
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env=environment(),
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "the job ran to its end" not in done.stdout
+    assert time.monotonic() - start < 45, "the SIGTERM waited for the job's end"
 
 
 def test_a_stage_in_a_rank_above_zero_writes_and_logs_nothing(

@@ -12,6 +12,7 @@ import ast
 import contextlib
 import fcntl
 import importlib.util
+import json
 import os
 import pty
 import re
@@ -309,8 +310,12 @@ def test_a_tiny_train_and_explain_print_no_lightning_chatter_and_nothing_twice(
         f"run_dir={tmp_path / 'explain'}",
         *scratch(tmp_path),
         timeout=600,
+        then="print('lightning loaded:', 'lightning' in sys.modules)",
     )
     assert explain.returncode == 0, explain.stderr[-3000:]
+    # one device of one node: the methods ran in the process, no Trainer and no import of
+    # Lightning (saleval.modeling.devices.one_process)
+    assert "lightning loaded: False" in explain.stdout, explain.stdout[-2000:]
     for done in (train, explain):
         output = done.stdout + done.stderr
         assert not [c for c in LIGHTNING_CHATTER if c in output], output
@@ -323,12 +328,14 @@ def test_a_tiny_train_and_explain_print_no_lightning_chatter_and_nothing_twice(
 
 
 def test_sigterm_stops_explain_while_it_explains(tmp_path: Path, tiny_train_run: Path) -> None:
-    """A scheduler's or a user's SIGTERM ends ``saleval-explain`` mid-job (Lightning alone
-    would only set a flag its loops read between batches, and the job is one batch)."""
+    """A scheduler's or a user's SIGTERM ends ``saleval-explain`` mid-job. On one device the
+    job runs in the process (saleval.attribution.frame), where it raises ``Stopped``; in
+    Lightning's ranks: tests/test_attribution_ddp.py."""
     module, attr = SCRIPTS["saleval-explain"].split(":")
     code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
     args = [f"inputs.model={tiny_train_run}", "method=[lime]", "method.lime.num_samples=20000",
-            "data.n_samples=40", "progress=true", *scratch(tmp_path)]  # fmt: skip
+            "data.n_samples=40", "progress=true", f"run_dir={tmp_path / 'run'}",
+            *scratch(tmp_path)]  # fmt: skip
     # stderr on a terminal (a pty), as a user's: LIME's bar shows there (saleval.progress)
     reader, terminal = pty.openpty()
     # a terminal's size (a new pty has none, and tqdm draws nothing 0 columns wide)
@@ -358,6 +365,9 @@ def test_sigterm_stops_explain_while_it_explains(tmp_path: Path, tiny_train_run:
                     os.read(reader, 65536)
         code_ = proc.wait(timeout=1)
         assert code_ != 0 and time.monotonic() - start < 60
+        # stopped from outside, not failed and not left running (docs/architecture.md)
+        record = json.loads((tmp_path / "run" / "run.json").read_text())
+        assert record["status"] == "KILLED" and "SIGTERM" in record["error"], record
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -125,6 +125,8 @@ RENAMES: Mapping[str, str] = {
         f"saleval.pipeline.stage.{name}": f"saleval.pipeline.records.fingerprints.{name}"
         for name in ("fingerprint", "stage_fingerprint")
     },
+    # the Trainer for several processes in its own module, imported only for them
+    "saleval.attribution.frame.make_trainer": "saleval.attribution.distributed.make_trainer",
 }
 
 #: the config keys whose values are dotted paths of code

@@ -12,53 +12,31 @@ everywhere before the methods run; and the tables have the same rows in the same
 on any number of devices. A failure on one rank is raised on every rank, so no rank is
 left waiting in a collective.
 
-With a ``trainer`` config the job runs inside a predict-only Lightning Trainer, which
-places the model on ``trainer.accelerator`` (GPU when present) and starts the processes
-and their process group (gloo on CPU, NCCL on GPU). Its loader holds one item per rank,
-so each rank's ``predict_step`` runs the job once, over its own batches. The loop runs
-with ``inference_mode=False`` because gradient methods need autograd.
-
-How the processes start matters inside a Hydra app. Lightning's plain ``ddp`` launcher
-re-runs the command line for ranks > 0: the whole stage again, a ``-m`` sweep or a
-``saleval-run`` pipeline from its start, or the pytest session. Attribution is
-predict-only, so :func:`make_trainer` runs a ``ddp`` config as ``ddp_spawn``: the workers
-run only this job and the calling process, the only one that writes tables and logs,
-gets the result back. Lightning returns no predictions from spawned workers, so local
-rank 0 leaves the result in a temporary file of the caller's. Where the processes exist
-already (``torchrun``; ``srun`` with one task per device) each rank runs the stage, the
-job joins the ranks as they are, and every rank gets the full result from the predict
-loop; :class:`saleval.pipeline.stage.Stage` keeps ranks > 0 from writing or logging anything.
-``ddp_fork`` / ``ddp_notebook`` (no pickling; CPU, or CUDA not yet initialised) are used
-as given.
+With a ``trainer`` config for one process (:func:`saleval.modeling.devices.one_process`:
+one device of one node, no ranks beside it) the job runs here, on the device
+``trainer.accelerator`` names (:func:`saleval.modeling.devices.device_for`), as it does with
+no config on the model's own device; a SIGTERM raises :class:`saleval.errors.Stopped` in
+it. On several devices or nodes, or in ranks a launcher started, it runs inside a
+predict-only Lightning Trainer (:mod:`saleval.attribution.distributed`, which says how the
+processes start and the result comes back); only then is Lightning imported.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch.strategies import DDPStrategy
-
-# Lightning's own launcher classes: the same checks its predict loop and DDP strategy make.
-from lightning.pytorch.strategies.launchers import (
-    _MultiProcessingLauncher,
-    _SubprocessScriptLauncher,
-)
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from saleval.attribution.base import AttributionError, Attributor, build_method, method_name
 from saleval.config.model import DEFAULT_MAX_LENGTH
 from saleval.errors import sigterm_raises
-from saleval.modeling.devices import device_for
+from saleval.modeling.devices import device_for, one_process
 from saleval.modeling.inference import n_labels_of, predict_proba
 from saleval.modeling.interface import check_padding
 from saleval.modeling.models import label_names_of
@@ -66,55 +44,11 @@ from saleval.progress import bar
 from saleval.vocab import PROBS, Target
 from saleval.words import Segmentation, segment
 
+if TYPE_CHECKING:
+    import lightning as L
+
 #: one phase's per-batch function: example indices -> (one output per example, diagnostics)
 _BatchFn = Callable[[list[int]], tuple[list[Any], dict[str, list[float]]]]
-
-
-def make_trainer(trainer_cfg: Mapping[str, Any]) -> L.Trainer:
-    """A predict-only Trainer for attribution from a ``conf/trainer`` mapping.
-
-    Always full precision (``32-true``): bf16 is a per-method option for forward-only
-    methods. ``devices: auto`` means one device (one GPU when there is one), so several
-    devices are an explicit choice (``trainer=ddp``, ``trainer.devices=N``); they need a
-    DDP strategy, and one that would re-run the command line is started by spawning
-    instead (module docstring).
-    """
-    devices = trainer_cfg.get("devices", "auto")
-    if str(devices) == "auto":
-        devices = 1
-    num_nodes = int(trainer_cfg.get("num_nodes") or 1)
-    strategy = trainer_cfg.get("strategy") or "auto"
-    accelerator = trainer_cfg.get("accelerator", "auto")
-    device_for(accelerator)  # a GPU asked for where there is none: one line, before Lightning
-
-    def build(strategy: Any) -> L.Trainer:
-        return L.Trainer(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            strategy=strategy,
-            precision="32-true",
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=False,  # one item per rank: the job shows its own bars
-            inference_mode=False,
-        )
-
-    trainer = build(strategy)
-    world = trainer.num_nodes * trainer.num_devices
-    if world == 1:  # no process group for one process (`ddp` would start one here)
-        return build("auto") if isinstance(trainer.strategy, DDPStrategy) else trainer
-    if not isinstance(trainer.strategy, DDPStrategy):
-        raise AttributionError(
-            f"trainer.strategy={strategy!r} on {world} devices: attribution on several devices "
-            "needs a DDP strategy (ddp, ddp_spawn, ddp_fork)"
-        )
-    env = trainer.strategy.cluster_environment
-    external = env is not None and env.creates_processes_externally
-    if isinstance(trainer.strategy.launcher, _SubprocessScriptLauncher) and not external:
-        trainer = build("ddp_spawn")
-    return trainer
 
 
 def _all_gather(obj: Any, world: int) -> list[Any]:
@@ -181,7 +115,8 @@ def _targets(probs: np.ndarray, labels: Sequence[int], target: Target) -> list[i
 
 @dataclass
 class _Job:
-    """Everything one rank needs to explain its batches; picklable for spawned workers."""
+    """Everything one rank needs to explain its batches; picklable for spawned workers
+    (:mod:`saleval.attribution.distributed` runs :meth:`run` on each rank)."""
 
     tokenizer: PreTrainedTokenizerFast
     segs: list[Segmentation]
@@ -190,8 +125,6 @@ class _Job:
     batch_size: int
     methods: list[tuple[str, Attributor]]
     progress: bool = False
-    #: where local rank 0 of spawned workers leaves the result for the calling process
-    result_path: str | None = None
 
     def run(self, model: PreTrainedModel, rank: int = 0, world: int = 1) -> dict[str, Any]:
         """Probabilities, then every method's scores (full, in example order) on every rank,
@@ -228,77 +161,21 @@ class _Job:
         return {"probs": probs, "scores": scores, "seconds": seconds, "diagnostics": diagnostics}
 
 
-def _register_output_capture(model: torch.nn.Module) -> None:
-    """Let an unpickled model record attentions again in a freshly spawned process.
+def _run(
+    job: _Job, model: PreTrainedModel, trainer: Mapping[str, Any] | L.Trainer | None
+) -> dict[str, Any]:
+    """The job's result, computed where ``trainer`` says (module docstring): here, on the
+    model's device (None) or on its ``accelerator`` (one process), else in Lightning's ranks."""
+    if trainer is None:
+        return job.run(model)
+    if isinstance(trainer, Mapping) and one_process(trainer):
+        torch.nn.Module.to(model, device_for(trainer.get("accelerator", "auto")))
+        # a scheduler's or a user's SIGTERM ends the job (a stage's run: KILLED)
+        with sigterm_raises():
+            return job.run(model)
+    from saleval.attribution import distributed
 
-    Transformers registers what a model class can record (``output_attentions``,
-    ``output_hidden_states``) in a process-wide table when an instance is built;
-    unpickling skips ``__init__``, so in a spawned worker the attention methods would get
-    no weights. Registers every sub-model as ``PreTrainedModel.__init__`` does.
-    """
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # a transformers without the table records outputs without it
-        return
-    for mod in model.modules():
-        if isinstance(mod, PreTrainedModel) and str(type(mod)) not in _CAN_RECORD_REGISTRY:
-            _CAN_RECORD_REGISTRY[mod] = getattr(mod, "_can_record_outputs", None)
-
-
-def _as_ctrl_c(signum: int) -> KeyboardInterrupt:
-    """SIGTERM stops the explain job as Ctrl-C does. While it runs, Lightning replaces the
-    SIGTERM handler with one that only sets a flag, which its loops read between batches;
-    the whole job is one predict batch, so without this a user's or a scheduler's SIGTERM
-    would go unheard until the job ended. A ``KeyboardInterrupt``, not
-    :class:`saleval.errors.Stopped`: Lightning shuts down on it as on Ctrl-C, stopping the
-    other ranks of a multi-process job too."""
-    return KeyboardInterrupt(f"SIGTERM ({signum})")
-
-
-class _JobModule(L.LightningModule):
-    """Holds the model (Lightning moves it to each rank's device); runs the job once per rank."""
-
-    def __init__(self, model: PreTrainedModel, job: _Job) -> None:
-        super().__init__()
-        self.model = model
-        self.job = job
-
-    def predict_step(self, batch: int, batch_idx: int) -> dict[str, Any]:
-        rank, world = self.trainer.global_rank, self.trainer.world_size
-        if int(batch) != rank:
-            raise AttributionError(f"rank {rank} of {world} got work item {batch}, not its own")
-        _register_output_capture(self.model)
-        with torch.enable_grad(), sigterm_raises(_as_ctrl_c):
-            result = self.job.run(self.model, rank, world)
-        if self.job.result_path is not None and self.trainer.local_rank == 0:
-            with open(self.job.result_path, "wb") as f:
-                pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
-        return result
-
-
-def _only(items: list[Any]) -> Any:
-    return items[0]
-
-
-def _run_on(trainer: L.Trainer, model: PreTrainedModel, job: _Job) -> dict[str, Any]:
-    """The job through ``trainer.predict``: one loader item per rank; the full result back."""
-    world = trainer.num_nodes * trainer.num_devices
-    # a list is a map-style dataset (len + getitem); the stubs want a Dataset subclass
-    ranks = cast("torch.utils.data.Dataset[int]", list(range(world)))
-    loader: torch.utils.data.DataLoader[int] = torch.utils.data.DataLoader(
-        ranks, batch_size=1, shuffle=False, collate_fn=_only
-    )
-    if not isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
-        outputs = trainer.predict(_JobModule(model, job), dataloaders=loader)
-        assert outputs is not None and len(outputs) == 1
-        return outputs[0]  # type: ignore[return-value]
-    with tempfile.TemporaryDirectory(prefix="saleval-explain-") as tmp:
-        path = os.path.join(tmp, "result.pkl")
-        trainer.predict(_JobModule(model, replace(job, result_path=path)), dataloaders=loader)
-        if not os.path.isfile(path):
-            raise AttributionError("the attribution workers returned no result")
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    return distributed.predict(trainer, model, job.run)
 
 
 def _check_frame(df: pd.DataFrame, target: Target) -> None:
@@ -343,8 +220,9 @@ def explain_frame(
     ``methods``: name → method config (``conf/method`` entry, registry name or built
     attributor; ``None`` disables that entry). ``target``
     (:class:`saleval.vocab.Target`): ``prediction`` (default) or ``gold``. ``batch_size``: examples per prediction batch (methods batch by their own
-    ``batch_size``). ``trainer``: a ``conf/trainer`` mapping (see :func:`make_trainer`;
-    ``devices`` > 1 shards the batches over DDP ranks), or a Trainer built with
+    ``batch_size``). ``trainer``: a ``conf/trainer`` mapping (one process: here, on the
+    device its ``accelerator`` names; ``devices`` > 1 shards the batches over DDP ranks, see
+    :func:`saleval.attribution.distributed.make_trainer`), or a Trainer built with
     ``inference_mode=False`` and used as given, to run through Lightning's predict loop;
     ``None`` runs in this process on the model's current device. ``timings`` /
     ``diagnostics`` (optional dicts) receive per-method wall time and examples/s, and
@@ -383,12 +261,7 @@ def explain_frame(
     for _, a in attributors:
         a.prepare(model, tokenizer)
     job = _Job(tokenizer, segs, labels, target, int(batch_size), attributors, progress)
-    if trainer is None:
-        result = job.run(model)
-    else:
-        runner = trainer if isinstance(trainer, L.Trainer) else make_trainer(trainer)
-        result = _run_on(runner, model, job)
-
+    result = _run(job, model, trainer)
     probs: np.ndarray = result["probs"]
     predictions = pd.DataFrame(
         {

@@ -18,6 +18,7 @@ names on hosts and in processes that never load a model.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -82,3 +83,22 @@ def single_device(trainer_cfg: Mapping[str, Any] | None = None) -> bool:
     cfg = trainer_cfg or {}
     devices = str(cfg.get("devices", "auto"))
     return devices in ("1", "auto") and int(cfg.get("num_nodes") or 1) == 1
+
+
+#: where a launcher that starts the ranks itself says how many there are: ``torchrun``,
+#: ``srun`` (one task per device)
+_WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS")
+
+
+def one_process(trainer_cfg: Mapping[str, Any] | None = None) -> bool:
+    """Whether a job on a ``conf/trainer`` node is this process alone: one device of one
+    node (:func:`single_device`) and no ranks a launcher started beside it. Then it needs no
+    process group and no Trainer: attribution runs in the process
+    (:func:`saleval.attribution.frame.explain_frame`), and the explain stage may reuse a
+    method's stored scores, which several ranks would each have to agree on.
+
+    >>> one_process({"devices": 1}), one_process({"devices": 1, "num_nodes": 2})
+    (True, False)
+    """
+    ranks = max(int(os.environ.get(v) or 1) for v in _WORLD_VARS)
+    return single_device(trainer_cfg) and ranks == 1

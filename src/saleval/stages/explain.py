@@ -3,9 +3,9 @@
 Reads ``inputs.model`` (a train run), explains ``data.split`` of ``dataset`` (all of
 it, ``data.n_samples`` seeded class-balanced samples, or ``data.sample_ids``; from
 ``data.population``: all, the correctly classified or the misclassified ones) with
-every method in ``method``, through Lightning's predict loop on
-``trainer.accelerator`` (``trainer=ddp``: the examples sharded over every GPU, the same
-tables as on one; see :mod:`saleval.attribution.frame`). Writes ``attributions.parquet``
+every method in ``method``, on ``trainer.accelerator`` (``trainer=ddp``: the examples
+sharded over every GPU by Lightning's predict loop, the same tables as on one; see
+:mod:`saleval.attribution.frame`). Writes ``attributions.parquet``
 and ``predictions.parquet``; logs the explained samples as the run's input, per method
 (one child run each) wall time, examples/s and IG/DeepLIFT convergence deltas, and the
 views (``views/highlights.html``, ``views/overlap.csv``,
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from saleval import paths
 from saleval.config.model import is_prompted
@@ -132,14 +132,13 @@ def method_reuse(cfg: DictConfig, st: Stage) -> MethodReuse:
     turned off, or unsafe: several processes (each must run the same methods), a model
     that is no train run, or a parent without a fingerprint."""
     from saleval.attribution.reuse import MethodReuse, MethodStore, code_digest, method_identity
-    from saleval.modeling.devices import device_for
+    from saleval.modeling.devices import device_for, one_process
     from saleval.modeling.inference import bf16_native
 
-    devices = str(OmegaConf.select(cfg, "trainer.devices", default=1))
     parent = st.inputs.parents["model"].fingerprint if "model" in st.inputs.parents else None
     if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0" or not parent:
         return MethodReuse()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or devices not in ("1", "auto"):
+    if not one_process(cfg.trainer):
         return MethodReuse()
     dev = device_for(cfg.trainer.accelerator)
     device = {"type": dev.type, "bf16_native": bf16_native(dev)}

@@ -86,7 +86,7 @@ _COMPARED: dict[str, tuple[str, ...]] = {
 
 
 #: per stage, the config groups it composes but reads only in part: the keys it reads
-#: (``saleval-explain`` runs a predict-only Trainer: only where it runs, not how to train)
+#: (``saleval-explain`` reads only where it runs, on how many devices: not how to train)
 _PARAMS_USED: dict[str, dict[str, tuple[str, ...]]] = {
     "explain": {"trainer": ("accelerator", "devices", "num_nodes", "strategy")},
 }
