@@ -17,6 +17,13 @@ TOOLS = {"saleval-catch-up": "saleval.pipeline.tracker.catch_up:main"}
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
+def script_code(stage: str, then: str = "") -> str:
+    """``python -c`` code that runs ``saleval-<stage>`` as its console script does, then
+    ``then``, and exits with the stage's code."""
+    module, attr = SCRIPTS[f"saleval-{stage}"].split(":")
+    return f"import sys\nfrom {module} import {attr}\ncode = {attr}()\n{then}\nsys.exit(code)"
+
+
 def script(
     stage: str,
     *args: str,
@@ -26,10 +33,8 @@ def script(
 ) -> subprocess.CompletedProcess[str]:
     """``saleval-<stage> args...`` through the function pyproject.toml names; ``then``: code
     the process runs after the stage returns, before it exits (what it had loaded)."""
-    module, attr = SCRIPTS[f"saleval-{stage}"].split(":")
-    code = f"import sys\nfrom {module} import {attr}\ncode = {attr}()\n{then}\nsys.exit(code)"
     return subprocess.run(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, "-c", script_code(stage, then), *args],
         capture_output=True,
         text=True,
         env=environment(env),

@@ -30,7 +30,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from saleval import cli
-from tests.cli_support import ROOT, SCRIPTS, environment, script
+from tests.cli_support import ROOT, SCRIPTS, environment, script, script_code
 from tests.conftest import compose_config
 
 #: a file (or dir) each stage writes, as its help must name it
@@ -331,8 +331,7 @@ def test_sigterm_stops_explain_while_it_explains(tmp_path: Path, tiny_train_run:
     """A scheduler's or a user's SIGTERM ends ``saleval-explain`` mid-job. On one device the
     job runs in the process (saleval.attribution.frame), where it raises ``Stopped``; in
     Lightning's ranks: tests/test_attribution_ddp.py."""
-    module, attr = SCRIPTS["saleval-explain"].split(":")
-    code = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())"
+    code = script_code("explain")
     args = [f"inputs.model={tiny_train_run}", "method=[lime]", "method.lime.num_samples=20000",
             "data.n_samples=40", "progress=true", f"run_dir={tmp_path / 'run'}",
             *scratch(tmp_path)]  # fmt: skip

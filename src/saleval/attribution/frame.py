@@ -173,9 +173,9 @@ def _run(
         # a scheduler's or a user's SIGTERM ends the job (a stage's run: KILLED)
         with sigterm_raises():
             return job.run(model)
-    from saleval.attribution import distributed
+    from saleval.attribution.distributed import predict  # Lightning's import: only here
 
-    return distributed.predict(trainer, model, job.run)
+    return predict(trainer, model, job.run)
 
 
 def _check_frame(df: pd.DataFrame, target: Target) -> None:

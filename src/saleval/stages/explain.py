@@ -136,9 +136,8 @@ def method_reuse(cfg: DictConfig, st: Stage) -> MethodReuse:
     from saleval.modeling.inference import bf16_native
 
     parent = st.inputs.parents["model"].fingerprint if "model" in st.inputs.parents else None
-    if not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0" or not parent:
-        return MethodReuse()
-    if not one_process(cfg.trainer):
+    off = not cfg.reuse_methods or os.environ.get(REUSE_ENV, "1") == "0"
+    if off or not parent or not one_process(cfg.trainer):
         return MethodReuse()
     dev = device_for(cfg.trainer.accelerator)
     device = {"type": dev.type, "bf16_native": bf16_native(dev)}
